@@ -1,0 +1,1 @@
+"""Thin absl entry points; the logic lives in jaxmech."""

@@ -1,0 +1,302 @@
+"""Frozen, validated configuration for the task, the model and training.
+
+Every default is the value fixed by SPEC.md. A config is validated once, at
+construction; a bad value raises `ConfigError` naming the field, the value and the
+allowed range, before anything is compiled.
+
+Field names are unique across the three groups, so a flat mapping
+(`{"n_pair_labels": 5, "lr": 3e-4}`) addresses any field: that is how absl flags,
+sweep specs and `config.json` files override them (`Config.from_flat`).
+
+Sweepable fields (`SWEEPABLE`) are the ones that may differ between models trained in
+one compiled program; they travel into jitted code as arrays (`train.Settings`), never
+as static values. Every other field is static and shared by all models of a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any, Mapping, NamedTuple
+
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "TaskConfig",
+    "ModelConfig",
+    "TrainConfig",
+    "Config",
+    "SWEEPABLE",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the range."""
+
+
+# Fields that may vary per model inside one compiled program.
+SWEEPABLE = ("seed", "n_pair_labels", "layouts_per_pair", "single_frac", "lr", "weight_decay")
+
+SINGLE_CAPTIONS = ("side", "label", "side_pair")
+CAPTION_MODES = ("left", "left_right")
+
+
+def _fail(field: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"{field} = {value!r} is invalid: allowed {allowed}")
+
+
+def _int_in(field: str, value: Any, lo: int, hi: float = math.inf, why: str = "") -> None:
+    """Checks `lo <= value <= hi` for an int (bools are not ints here)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        _fail(field, value, f"an integer in [{lo}, {hi}]{why}")
+    if not lo <= value <= hi:
+        _fail(field, value, f"an integer in [{lo}, {hi}]{why}")
+
+
+def _float_in(
+    field: str, value: Any, lo: float, hi: float = math.inf, lo_open: bool = False
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        _fail(field, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+    ok = (value > lo if lo_open else value >= lo) and value <= hi
+    if not ok:
+        _fail(field, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+
+
+def _choice(field: str, value: Any, options: tuple[str, ...]) -> None:
+    if value not in options:
+        _fail(field, value, "one of " + ", ".join(repr(o) for o in options))
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """The 1D left/right image-caption task of SPEC.md."""
+
+    image_len: int = 10
+    n_labels: int = 20
+    n_val_labels: int = 5
+    n_pair_labels: int = 15
+    n_single_holdout: int = 2
+    layouts_per_pair: int = 15
+    single_captions: str = "side"
+    caption_mode: str = "left"
+    single_frac: float = 0.5
+    data_seed: int = 0
+
+    @property
+    def n_layouts(self) -> int:
+        """Number of two-object layouts (p_X < p_Y)."""
+        return self.image_len * (self.image_len - 1) // 2
+
+    @property
+    def max_pair_labels(self) -> int:
+        """Labels available for training pairs: all but the validation labels."""
+        return self.n_labels - self.n_val_labels
+
+    def __post_init__(self):
+        _int_in("image_len", self.image_len, 2, 4096)
+        _int_in("n_labels", self.n_labels, 4, 100_000)
+        _int_in(
+            "n_val_labels",
+            self.n_val_labels,
+            2,
+            self.n_labels - 2,
+            " (at least 2 for unseen pairs, at most n_labels - 2)",
+        )
+        _int_in(
+            "n_pair_labels",
+            self.n_pair_labels,
+            2,
+            self.max_pair_labels,
+            " (n_labels - n_val_labels)",
+        )
+        _int_in(
+            "n_single_holdout",
+            self.n_single_holdout,
+            0,
+            self.image_len - 1,
+            " (image_len - 1: each label must keep a training position)",
+        )
+        _int_in(
+            "layouts_per_pair",
+            self.layouts_per_pair,
+            1,
+            self.n_layouts,
+            f" (the number of layouts, image_len*(image_len-1)/2 = {self.n_layouts})",
+        )
+        _choice("single_captions", self.single_captions, SINGLE_CAPTIONS)
+        _choice("caption_mode", self.caption_mode, CAPTION_MODES)
+        _float_in("single_frac", self.single_frac, 0.0, 1.0)
+        _int_in("data_seed", self.data_seed, 0, 2**31 - 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The CLIP-style dual encoder (both towers share these sizes).
+
+    `text_n_layers` None means the text tower has `n_layers` layers too.
+    """
+
+    n_layers: int = 1
+    text_n_layers: int | None = None
+    n_heads: int = 4
+    d_model: int = 128
+    d_head: int = 32
+    d_embed: int = 128
+    d_mlp: int = 512
+    layernorm: bool = False
+    mlp: bool = False
+    causal_text: bool = True
+    cls_position: bool = False
+    init_E: float = 0.02
+    init_P: float = 0.02
+    logit_scale_init: float = math.log(1 / 0.07)
+    logit_scale_max: float = math.log(100.0)
+
+    @property
+    def text_layers(self) -> int:
+        return self.n_layers if self.text_n_layers is None else self.text_n_layers
+
+    def __post_init__(self):
+        _int_in("n_layers", self.n_layers, 1, 64)
+        if self.text_n_layers is not None:
+            _int_in("text_n_layers", self.text_n_layers, 1, 64)
+        _int_in("n_heads", self.n_heads, 1, 1024)
+        _int_in("d_model", self.d_model, 1, 65536)
+        if self.d_model % self.n_heads:
+            _fail(
+                "d_model",
+                self.d_model,
+                f"a multiple of n_heads = {self.n_heads} (d_model must divide into heads)",
+            )
+        _int_in("d_head", self.d_head, 1, 65536)
+        _int_in("d_embed", self.d_embed, 1, 65536)
+        _int_in("d_mlp", self.d_mlp, 1, 1 << 20)
+        for name in ("layernorm", "mlp", "causal_text", "cls_position"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(name, getattr(self, name), "True or False")
+        _float_in("init_E", self.init_E, 0.0, 100.0, lo_open=True)
+        _float_in("init_P", self.init_P, 0.0, 100.0, lo_open=True)
+        _float_in("logit_scale_init", self.logit_scale_init, -20.0, 20.0)
+        _float_in("logit_scale_max", self.logit_scale_max, self.logit_scale_init, 20.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """AdamW with linear warm-up, streaming batches, in-run evaluation."""
+
+    steps: int = 1500
+    batch_size: int = 256
+    eval_every: int = 250
+    lr: float = 1e-3
+    warmup_steps: int = 100
+    b1: float = 0.9
+    b2: float = 0.98
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    seed: int = 0
+
+    @property
+    def n_evals(self) -> int:
+        return self.steps // self.eval_every
+
+    def __post_init__(self):
+        _int_in("steps", self.steps, 1, 10**9)
+        _int_in("batch_size", self.batch_size, 2, 10**6, " (the CLIP loss needs 2+)")
+        _int_in("eval_every", self.eval_every, 1, self.steps, " (steps)")
+        if self.steps % self.eval_every:
+            _fail(
+                "eval_every",
+                self.eval_every,
+                f"a divisor of steps = {self.steps} (evaluation ends the run)",
+            )
+        _float_in("lr", self.lr, 0.0, 10.0, lo_open=True)
+        _int_in("warmup_steps", self.warmup_steps, 0, 10**9)
+        _float_in("b1", self.b1, 0.0, 1.0)
+        _float_in("b2", self.b2, 0.0, 1.0)
+        _float_in("eps", self.eps, 0.0, 1.0, lo_open=True)
+        _float_in("weight_decay", self.weight_decay, 0.0, 100.0)
+        _int_in("seed", self.seed, 0, 2**31 - 1)
+
+
+class Settings(NamedTuple):
+    """The sweepable values of one model (scalars) or of K models (arrays `[K]`).
+
+    These reach jitted code as arrays, so models with different settings share one
+    compiled program. Field order is `SWEEPABLE`.
+    """
+
+    seed: Any
+    n_pair_labels: Any
+    layouts_per_pair: Any
+    single_frac: Any
+    lr: Any
+    weight_decay: Any
+
+
+_GROUPS = {"task": TaskConfig, "model": ModelConfig, "train": TrainConfig}
+_FIELD_GROUP = {f.name: g for g, cls in _GROUPS.items() for f in dataclasses.fields(cls)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Task, model and training settings of one run (all models of a sweep share it)."""
+
+    task: TaskConfig = TaskConfig()
+    model: ModelConfig = ModelConfig()
+    train: TrainConfig = TrainConfig()
+
+    def __post_init__(self):
+        for name, cls in _GROUPS.items():
+            if not isinstance(getattr(self, name), cls):
+                _fail(name, getattr(self, name), f"a {cls.__name__}")
+
+    @staticmethod
+    def field_names() -> tuple[str, ...]:
+        return tuple(_FIELD_GROUP)
+
+    def flat(self) -> dict[str, Any]:
+        """All fields as one flat dict (names are unique across groups)."""
+        out = {}
+        for g in _GROUPS:
+            out.update(dataclasses.asdict(getattr(self, g)))
+        return out
+
+    def replace(self, **overrides: Any) -> "Config":
+        """A new validated config with flat field overrides; unknown names are errors."""
+        groups: dict[str, dict[str, Any]] = {g: {} for g in _GROUPS}
+        for key, value in overrides.items():
+            if key not in _FIELD_GROUP:
+                raise ConfigError(
+                    f"unknown config field {key!r}; known fields: {', '.join(_FIELD_GROUP)}"
+                )
+            groups[_FIELD_GROUP[key]][key] = value
+        return Config(
+            **{
+                g: dataclasses.replace(getattr(self, g), **kw) if kw else getattr(self, g)
+                for g, kw in groups.items()
+            }
+        )
+
+    @classmethod
+    def from_flat(cls, values: Mapping[str, Any]) -> "Config":
+        return cls().replace(**dict(values))
+
+    def settings(self) -> Settings:
+        """This config's own sweepable values, as Python scalars."""
+        flat = self.flat()
+        return Settings(*(flat[name] for name in SWEEPABLE))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {g: dataclasses.asdict(getattr(self, g)) for g in _GROUPS}, indent=2, sort_keys=True
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> "Config":
+        raw = json.loads(text)
+        flat: dict[str, Any] = {}
+        for g in _GROUPS:
+            flat.update(raw.get(g, {}))
+        return cls.from_flat(flat)

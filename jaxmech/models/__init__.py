@@ -1,0 +1,1 @@
+"""Models: explicit-parameter attention, interventions as data, the dual encoder."""

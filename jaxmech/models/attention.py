@@ -1,0 +1,198 @@
+"""Explicit-parameter transformer blocks as pure functions of a params dict.
+
+Block params (TransformerLens layout, head axis first):
+  W_Q, W_K, W_V [H, D, Dh]   b_Q, b_K, b_V [H, Dh]   W_O [H, Dh, D]   b_O [D]
+  optional LayerNorm: ln1_w, ln1_b, ln2_w, ln2_b [D]
+  optional MLP:       W_in [D, M], b_in [M], W_out [M, D], b_out [D]
+
+Axis names: B batch, S sequence (keys), Q query rows, D d_model, H heads, Dh d_head.
+Attention per head: softmax(mask((x W_Q + b_Q)(x W_K + b_K)^T / sqrt(Dh))) (x W_V + b_V),
+then summed over heads through W_O, plus b_O.
+
+`attn_scores` in the intermediates are the scaled logits *before* the causal mask;
+the mask is applied only inside the softmax. This keeps every logit term of
+`analysis.decompose` defined everywhere and the sums exact.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmech.models.edits import Edits
+
+LN_EPS = 1e-5
+
+
+def layer_norm(x, w, b):
+    """LayerNorm over the last axis with weight w and bias b."""
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + LN_EPS) * w + b
+
+
+def ln_parts(x, parts, w, b):
+    """LayerNorm of `x = sum(parts)` split into per-part contributions plus the bias.
+
+    With the per-token scale frozen at its value for the full `x`, LayerNorm is linear
+    in each part: LN(x) = sum_i w * (part_i - mean(part_i)) / s + b. Exact at this
+    input; not a linear function of the inputs in general.
+    """
+    s = jax.lax.rsqrt(((x - x.mean(-1, keepdims=True)) ** 2).mean(-1, keepdims=True) + LN_EPS)
+    return [(p - p.mean(-1, keepdims=True)) * s * w for p in parts], b
+
+
+def has_ln(block) -> bool:
+    return "ln1_w" in block
+
+
+def has_mlp(block) -> bool:
+    return "W_in" in block
+
+
+def _rows(a, q_rows_BxQ, batched=True):
+    """Rows `q_rows` of a [B, S, ...] array (or of a shared [S, ...] one) -> [B, Q, ...]."""
+    if not batched:
+        return a[q_rows_BxQ]
+    idx = q_rows_BxQ.reshape(q_rows_BxQ.shape + (1,) * (a.ndim - 2))
+    return jnp.take_along_axis(a, idx, axis=1)
+
+
+def block_forward(
+    block,
+    x_BxSxD,
+    *,
+    causal: bool,
+    q_rows_BxQ=None,
+    edits: Edits,
+    prefix: str,
+    suffix: str = "",
+    parts=None,
+    factored=None,
+    term_keep=None,
+    vp_keep=None,
+):
+    """One transformer block.
+
+    Args:
+      block: block params (module docstring).
+      x_BxSxD: residual stream in.
+      causal: key j is visible to query i only if j <= i.
+      q_rows_BxQ: int positions of the query rows to compute (None: all S rows). The
+        output then has Q rows: the residual stream at those positions only. Exact,
+        since keys and values still see every position.
+      edits: named interventions, applied at `"{prefix}{point}{suffix}"`.
+      prefix, suffix: e.g. `"vision/"` and `".0"` (the layer).
+      parts: (E_part, P_part) [B, S, D] summing to x_BxSxD (first layer only), needed
+        for `term_keep` / `vp_keep`.
+      factored: (tokens_BxS, E_VxD, P_rows [S, D] or [B, S, D]) with
+        x = E[tokens] + P_rows, for a first block without LayerNorm: Q, K and V are then
+        looked up from `E W` and `P W` (V + S rows) instead of projecting B * S rows.
+        Same values up to float reassociation; this is the training fast path.
+      term_keep: [H, 9] keep-weights on the logit terms (`edits.TERMS`).
+      vp_keep: [H] keep-weights on P W_V in the values.
+
+    Returns:
+      (resid_post_BxQxD, intermediates dict keyed `"{prefix}{point}{suffix}"`).
+      q, k, v, z are [B, S or Q, H, Dh]; attn_scores, pattern [B, H, Q, S].
+    """
+    nm = lambda point: f"{prefix}{point}{suffix}"  # noqa: E731
+    aux = {}
+    B, S, D = x_BxSxD.shape
+    d_head = block["W_Q"].shape[-1]
+    scale = d_head**-0.5
+
+    def take_rows(a):
+        return a if q_rows_BxQ is None else _rows(a, q_rows_BxQ)
+
+    x_in = x_BxSxD
+    bias_in = jnp.zeros((D,), x_BxSxD.dtype)
+    if has_ln(block):
+        if factored is not None:
+            raise ValueError("factored projections need a first block without LayerNorm")
+        x_in = layer_norm(x_BxSxD, block["ln1_w"], block["ln1_b"])
+        if parts is not None:
+            parts, bias_in = ln_parts(x_BxSxD, parts, block["ln1_w"], block["ln1_b"])
+
+    def project(W, rows: bool):
+        """x W per head, [B, S or Q, H, Dh] (without bias)."""
+        if factored is None:
+            return jnp.einsum("bsd,hde->bshe", take_rows(x_in) if rows else x_in, W)
+        tokens, E, P_rows = factored
+        t = take_rows(tokens) if rows else tokens
+        p = (
+            _rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
+            if rows and q_rows_BxQ is not None
+            else P_rows
+        )
+        return jnp.einsum("vd,hde->vhe", E, W)[t] + jnp.einsum("...sd,hde->...she", p, W)
+
+    q = edits(nm("q"), project(block["W_Q"], True) + block["b_Q"])
+    k = edits(nm("k"), project(block["W_K"], False) + block["b_K"])
+    v = project(block["W_V"], False) + block["b_V"]
+    if vp_keep is not None:
+        v = v - (1.0 - vp_keep)[:, None] * jnp.einsum("bsd,hde->bshe", parts[1], block["W_V"])
+    v = edits(nm("v"), v)
+    scores = jnp.einsum("bqhe,bshe->bhqs", q, k) * scale
+    if term_keep is not None:
+        # Subtract the removed terms from the logits computed anyway: an all-ones mask
+        # subtracts exact zeros, so it is bit-identical to the plain forward.
+        parts_q = parts if q_rows_BxQ is None else [take_rows(p) for p in parts]
+        scores = scores - _removed_logits(block, parts, parts_q, bias_in, term_keep, scale)
+    scores = edits(nm("attn_scores"), scores)
+    if causal:
+        q_pos = jnp.broadcast_to(jnp.arange(S)[None], (B, S)) if q_rows_BxQ is None else q_rows_BxQ
+        visible = jnp.arange(S)[None, None, None, :] <= q_pos[:, None, :, None]
+        masked = jnp.where(visible, scores, -jnp.inf)
+    else:
+        masked = scores
+    pattern = edits(nm("pattern"), jax.nn.softmax(masked, axis=-1))
+    z = edits(nm("z"), jnp.einsum("bhqs,bshe->bqhe", pattern, v))
+    attn_out = edits(nm("attn_out"), jnp.einsum("bqhe,hed->bqd", z, block["W_O"]) + block["b_O"])
+    resid_mid = edits(nm("resid_mid"), take_rows(x_BxSxD) + attn_out)
+    aux.update(
+        {
+            nm("q"): q,
+            nm("k"): k,
+            nm("v"): v,
+            nm("attn_scores"): scores,
+            nm("pattern"): pattern,
+            nm("z"): z,
+            nm("attn_out"): attn_out,
+            nm("resid_mid"): resid_mid,
+        }
+    )
+    resid_post = resid_mid
+    if has_mlp(block):
+        h = layer_norm(resid_mid, block["ln2_w"], block["ln2_b"]) if has_ln(block) else resid_mid
+        mlp_out = jax.nn.gelu(h @ block["W_in"] + block["b_in"]) @ block["W_out"] + block["b_out"]
+        mlp_out = edits(nm("mlp_out"), mlp_out)
+        aux[nm("mlp_out")] = mlp_out
+        resid_post = resid_mid + mlp_out
+    resid_post = edits(nm("resid_post"), resid_post)
+    aux[nm("resid_post")] = resid_post
+    return resid_post, aux
+
+
+def _removed_logits(block, parts_k, parts_q, bias_in, term_keep, scale):
+    """sum_t (1 - keep_t) * term_t with query parts [B, Q, D] and key parts [B, S, D]."""
+    Eq, Pq = parts_q
+    Ek, Pk = parts_k
+    qE = jnp.einsum("bqd,hde->bhqe", Eq, block["W_Q"])
+    qP = jnp.einsum("bqd,hde->bhqe", Pq, block["W_Q"])
+    kE = jnp.einsum("bsd,hde->bhse", Ek, block["W_K"])
+    kP = jnp.einsum("bsd,hde->bhse", Pk, block["W_K"])
+    qB = jnp.broadcast_to(
+        (block["b_Q"] + jnp.einsum("d,hde->he", bias_in, block["W_Q"]))[None, :, None], qE.shape
+    )
+    kB = (block["b_K"] + jnp.einsum("d,hde->he", bias_in, block["W_K"]))[None, :, None]
+    drop = (1.0 - term_keep).reshape(-1, 3, 3)  # [H, query comp, key comp]
+    out = 0.0
+    for a, qa in enumerate((qE, qP, qB)):
+        k_mix = (
+            drop[None, :, a, 0, None, None] * kE
+            + drop[None, :, a, 1, None, None] * kP
+            + drop[None, :, a, 2, None, None] * kB
+        )
+        out = out + jnp.einsum("bhqe,bhse->bhqs", qa, k_mix)
+    return out * scale

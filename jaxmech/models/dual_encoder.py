@@ -1,0 +1,344 @@
+"""The CLIP-style dual encoder: one pure forward, and the Flax module that declares it.
+
+Params (a plain nested dict; `init_params` builds it):
+
+  vision/ E [V_img, D]   P [L (+1 with cls_position), D]   block_0 ... block_{n-1}
+          (lnf_w, lnf_b [D] with LayerNorm)   W_proj [D, d_embed]
+  text/   E [V_txt, D]   P [T, D]   block_*   (lnf_*)   W_proj [D, d_embed]
+  logit_scale []
+
+Everything the forward needs about the architecture is read off the params (number
+of blocks, heads, LayerNorm, MLP, whether the CLS token has a position row), so
+analysis code calls `forward(params, ...)` with no module or config object. The only
+behavioural switches without parameters are keyword arguments (`causal_text`).
+
+Vision input: `[CLS, x_0 .. x_{L-1}]`; output = residual stream at CLS (row 0).
+Text input: `BOS w.. EOT PAD..`; output = residual stream at the first EOT, whose id is
+the last text token id (`data.vocab`).
+
+Axis names: B batch (images), C captions, L image length, T caption length, S = L + 1
+vision sequence, D d_model, H heads, Dh d_head, K embedding dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxmech.config import Config, ModelConfig
+from jaxmech.data.vocab import CAPTION_LEN, Vocab
+from jaxmech.models.attention import block_forward, layer_norm
+from jaxmech.models.edits import NO_EDITS, Edits
+
+LOGIT_SCALE_MAX = math.log(100.0)
+
+
+def n_blocks(tower) -> int:
+    return sum(1 for k in tower if k.startswith("block_"))
+
+
+def _position_rows(P, positions):
+    """Rows of P at (possibly fractional) positions: linear interpolation for floats."""
+    positions = jnp.asarray(positions)
+    if jnp.issubdtype(positions.dtype, jnp.integer):
+        return P[positions]
+    lo = jnp.clip(jnp.floor(positions).astype(jnp.int32), 0, P.shape[0] - 1)
+    hi = jnp.clip(lo + 1, 0, P.shape[0] - 1)
+    frac = (positions - jnp.floor(positions))[..., None]
+    return (1.0 - frac) * P[lo] + frac * P[hi]
+
+
+def vision_inputs(tower, images_BxL, positions=None):
+    """Tokens [B, S] (CLS first) and position rows of the vision input.
+
+    `positions` ([L] or [B, L], int or float) are the pixel positions whose rows of P
+    are added (default: natural order 0..L-1). Mirrored codes are `L - 1 - arange(L)`;
+    fractional positions interpolate between neighbouring rows. The position rows are
+    [S, D] (or [B, S, D] for batched positions); the CLS row is zero unless P has a row
+    for it (P with L + 1 rows: `cls_position`).
+    """
+    B, L = images_BxL.shape
+    E, P = tower["E"], tower["P"]
+    if P.shape[0] not in (L, L + 1):
+        raise ValueError(
+            f"vision P has {P.shape[0]} rows but images have length {L}: expected {L} "
+            f"(CLS without position) or {L + 1} (CLS at position 0)"
+        )
+    cls_has_pos = P.shape[0] == L + 1
+    cls_id = E.shape[0] - 1
+    tokens = jnp.concatenate([jnp.full((B, 1), cls_id, images_BxL.dtype), images_BxL], axis=1)
+    if positions is None:
+        positions = jnp.arange(L)
+    pix = _position_rows(P, jnp.asarray(positions) + int(cls_has_pos))
+    cls = P[0] if cls_has_pos else jnp.zeros((P.shape[1],), P.dtype)
+    cls = jnp.broadcast_to(cls, pix.shape[:-2] + (1, P.shape[1]))
+    return tokens, jnp.concatenate([cls, pix], axis=-2)
+
+
+def text_inputs(tower, captions_CxT, positions=None):
+    """Tokens [C, T] and position rows ([T, D], or [C, T, D] for batched positions)."""
+    T = captions_CxT.shape[1]
+    if positions is None:
+        positions = jnp.arange(T)
+    return captions_CxT, _position_rows(tower["P"], positions)
+
+
+def eot_index(tower, captions_CxT):
+    """Position of the first EOT token (the last text token id) in each caption."""
+    eot = tower["E"].shape[0] - 1
+    return jnp.argmax(captions_CxT == eot, axis=1)
+
+
+def encode(
+    tower,
+    tokens_BxS,
+    p_rows,
+    readout_idx,
+    *,
+    name: str,
+    causal: bool,
+    readout_only: bool = False,
+    edits: Edits = NO_EDITS,
+):
+    """Runs one tower and reads out one row per sequence.
+
+    Args:
+      tower: this tower's params.
+      tokens_BxS: input token ids; the input is `E[tokens] + p_rows`.
+      p_rows: position rows, [S, D] shared or [B, S, D].
+      readout_idx: [B] int, the row to read out (CLS 0, or the EOT position).
+      name: "vision" or "text" (prefix of intermediates and edit names).
+      causal: causal self-attention mask.
+      readout_only: compute the last layer's attention for the readout row only
+        (exact; the training fast path). Last-layer intermediates then have one row.
+      edits: named interventions.
+
+    Returns:
+      (embed_BxK L2-normalised, intermediates dict).
+    """
+    aux = {}
+    E = tower["E"]
+    e_part = E[tokens_BxS]
+    p_part = jnp.broadcast_to(p_rows, e_part.shape)
+    first_in = f"{name}/resid_pre.0"
+    x = edits(first_in, e_part + p_part)
+    # Layer 0 sees x = E[tokens] + P: its projections can be looked up from E W and P W
+    # unless LayerNorm or an edit of resid_pre.0 comes between.
+    can_factor = (
+        "ln1_w" not in tower["block_0"]
+        and first_in not in edits.replace
+        and first_in not in edits.add
+    )
+    n = n_blocks(tower)
+    for layer in range(n):
+        last = layer == n - 1
+        q_rows = readout_idx[:, None] if (readout_only and last) else None
+        first = layer == 0
+        aux[f"{name}/resid_pre.{layer}"] = x
+        x, block_aux = block_forward(
+            tower[f"block_{layer}"],
+            x,
+            causal=causal,
+            q_rows_BxQ=q_rows,
+            edits=edits,
+            prefix=f"{name}/",
+            suffix=f".{layer}",
+            parts=(e_part, p_part) if first else None,
+            factored=(tokens_BxS, E, p_rows) if first and can_factor else None,
+            term_keep=edits.term_keep.get(name) if first else None,
+            vp_keep=edits.vp_keep.get(name) if first else None,
+        )
+        aux.update(block_aux)
+        if not last:
+            x = edits(f"{name}/resid_pre.{layer + 1}", x)
+    if readout_only:
+        readout = x[:, 0]
+    else:
+        readout = jnp.take_along_axis(x, readout_idx[:, None, None], axis=1)[:, 0]
+    readout = edits(f"{name}/readout", readout)
+    aux[f"{name}/readout"] = readout
+    h = layer_norm(readout, tower["lnf_w"], tower["lnf_b"]) if "lnf_w" in tower else readout
+    proj = h @ tower["W_proj"]
+    embed = proj / jnp.linalg.norm(proj, axis=-1, keepdims=True).clip(1e-12)
+    embed = edits(f"{name}/embed", embed)
+    aux[f"{name}/embed"] = embed
+    return embed, aux
+
+
+def encode_images(params, images_BxL, *, positions=None, readout_only=False, edits=NO_EDITS):
+    """Vision embeddings [B, K] (normalised) and intermediates for int images [B, L]."""
+    tower = params["vision"]
+    tokens, p_rows = vision_inputs(tower, images_BxL, positions)
+    idx = jnp.zeros((images_BxL.shape[0],), jnp.int32)
+    return encode(
+        tower,
+        tokens,
+        p_rows,
+        idx,
+        name="vision",
+        causal=False,
+        readout_only=readout_only,
+        edits=edits,
+    )
+
+
+def encode_texts(
+    params, captions_CxT, *, positions=None, causal=True, readout_only=False, edits=NO_EDITS
+):
+    """Text embeddings [C, K] (normalised) and intermediates for captions [C, T]."""
+    tower = params["text"]
+    tokens, p_rows = text_inputs(tower, captions_CxT, positions)
+    return encode(
+        tower,
+        tokens,
+        p_rows,
+        eot_index(tower, captions_CxT),
+        name="text",
+        causal=causal,
+        readout_only=readout_only,
+        edits=edits,
+    )
+
+
+def logit_scale(params, max_value=LOGIT_SCALE_MAX):
+    """exp(clip(logit_scale, max)): the temperature of the similarities."""
+    return jnp.exp(jnp.minimum(params["logit_scale"], max_value))
+
+
+def forward(
+    params,
+    images_BxL,
+    captions_CxT,
+    *,
+    edits: Edits = NO_EDITS,
+    vision_positions=None,
+    text_positions=None,
+    causal_text: bool = True,
+    readout_only: bool = False,
+    logit_scale_max: float = LOGIT_SCALE_MAX,
+):
+    """The dual encoder's one forward pass.
+
+    Args:
+      params: the params dict (module docstring).
+      images_BxL: int images. captions_CxT: int caption tokens.
+      edits: interventions as data (`models.edits`).
+      vision_positions / text_positions: position ids ([L]/[T] or batched; float
+        positions interpolate rows of P). Default: natural order.
+      causal_text: causal mask in the text encoder.
+      readout_only: last layers compute only the CLS / EOT query row (exact, faster).
+      logit_scale_max: clip of the learned log temperature.
+
+    Returns:
+      (sims_BxC = exp(logit_scale) * cos(image, caption), intermediates dict with
+      every named point of both towers, `vision/embed`, `text/embed`, `logit_scale`).
+    """
+    img, aux_v = encode_images(
+        params, images_BxL, positions=vision_positions, readout_only=readout_only, edits=edits
+    )
+    txt, aux_t = encode_texts(
+        params,
+        captions_CxT,
+        positions=text_positions,
+        causal=causal_text,
+        readout_only=readout_only,
+        edits=edits,
+    )
+    scale = logit_scale(params, logit_scale_max)
+    aux = {**aux_v, **aux_t, "logit_scale": scale}
+    return scale * img @ txt.T, aux
+
+
+# ---------------------------------------------------------------------------
+# Flax modules: they declare the parameters (names, shapes, initialisers) and
+# delegate the computation to `forward`, so there is one forward pass.
+
+
+def _normal(std):
+    return nn.initializers.normal(stddev=std)
+
+
+class Block(nn.Module):
+    """Declares one block's parameters and returns them as a dict."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self):
+        c = self.cfg
+        H, D, Dh = c.n_heads, c.d_model, c.d_head
+        zeros = nn.initializers.zeros
+        p = {}
+        for w in "QKV":
+            p[f"W_{w}"] = self.param(f"W_{w}", _normal(D**-0.5), (H, D, Dh))
+            p[f"b_{w}"] = self.param(f"b_{w}", zeros, (H, Dh))
+        p["W_O"] = self.param("W_O", _normal((H * Dh) ** -0.5), (H, Dh, D))
+        p["b_O"] = self.param("b_O", zeros, (D,))
+        if c.layernorm:
+            for i in ("1", "2"):
+                p[f"ln{i}_w"] = self.param(f"ln{i}_w", nn.initializers.ones, (D,))
+                p[f"ln{i}_b"] = self.param(f"ln{i}_b", zeros, (D,))
+        if c.mlp:
+            p["W_in"] = self.param("W_in", _normal(D**-0.5), (D, c.d_mlp))
+            p["b_in"] = self.param("b_in", zeros, (c.d_mlp,))
+            p["W_out"] = self.param("W_out", _normal(c.d_mlp**-0.5), (c.d_mlp, D))
+            p["b_out"] = self.param("b_out", zeros, (D,))
+        return p
+
+
+class Tower(nn.Module):
+    """Declares one encoder's parameters and returns them as a dict."""
+
+    cfg: ModelConfig
+    vocab_size: int
+    n_pos: int
+    n_layers: int
+
+    @nn.compact
+    def __call__(self):
+        c = self.cfg
+        p = {
+            "E": self.param("E", _normal(c.init_E), (self.vocab_size, c.d_model)),
+            "P": self.param("P", _normal(c.init_P), (self.n_pos, c.d_model)),
+        }
+        for i in range(self.n_layers):
+            p[f"block_{i}"] = Block(c, name=f"block_{i}")()
+        if c.layernorm:
+            p["lnf_w"] = self.param("lnf_w", nn.initializers.ones, (c.d_model,))
+            p["lnf_b"] = self.param("lnf_b", nn.initializers.zeros, (c.d_model,))
+        p["W_proj"] = self.param("W_proj", _normal(c.d_model**-0.5), (c.d_model, c.d_embed))
+        return p
+
+
+class DualEncoder(nn.Module):
+    """The two towers and the learned logit scale; `__call__` is `forward`."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, images_BxL, captions_CxT, **kwargs):
+        c, t = self.config.model, self.config.task
+        v = Vocab(t.n_labels)
+        params = {
+            "vision": Tower(
+                c, v.image_vocab_size, t.image_len + int(c.cls_position), c.n_layers, name="vision"
+            )(),
+            "text": Tower(c, v.text_vocab_size, CAPTION_LEN, c.text_layers, name="text")(),
+            "logit_scale": self.param(
+                "logit_scale", nn.initializers.constant(c.logit_scale_init), ()
+            ),
+        }
+        kwargs.setdefault("causal_text", c.causal_text)
+        kwargs.setdefault("logit_scale_max", c.logit_scale_max)
+        return forward(params, images_BxL, captions_CxT, **kwargs)
+
+
+def init_params(config: Config, key: jax.Array):
+    """A fresh params dict for `config` (plain nested dict of arrays)."""
+    t = config.task
+    images = jnp.zeros((1, t.image_len), jnp.int32)
+    captions = jnp.asarray([Vocab(t.n_labels).encode([1])], jnp.int32)
+    return DualEncoder(config).init(key, images, captions, readout_only=True)["params"]
