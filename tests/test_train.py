@@ -1,0 +1,187 @@
+"""Training: vmapped == looped, no retrace, learning, divergence, results folders."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxmech import results
+from jaxmech.config import Config, ConfigError
+from jaxmech.sweep import expand, parse_spec, run_grid
+from jaxmech.train import (
+    _train_program,
+    build_data,
+    clip_loss,
+    diverged_models,
+    init_state,
+    stack_settings,
+    train_models,
+    train_step,
+)
+
+SMALL = Config().replace(
+    d_model=32, d_head=8, d_embed=32, batch_size=32, steps=20, eval_every=10, n_labels=8,
+    n_val_labels=3, n_pair_labels=5, layouts_per_pair=5, image_len=6,
+)
+
+
+def _settings(config, **vary):
+    k = len(next(iter(vary.values())))
+    return stack_settings(
+        [config.replace(**{n: v[i] for n, v in vary.items()}).settings() for i in range(k)]
+    )
+
+
+def test_vmapped_equals_each_model_alone():
+    s = _settings(SMALL, seed=[0, 1, 2], n_pair_labels=[5, 3, 4], lr=[1e-3, 3e-3, 1e-3])
+    data = build_data(SMALL)
+    state, curves = train_models(SMALL, s, data=data)
+    for i in range(3):
+        one = jax.tree_util.tree_map(lambda x: x[i : i + 1], s)
+        st1, cv1 = train_models(SMALL, one, data=data)
+        flat = jax.tree_util.tree_flatten_with_path(state.params)[0]
+        flat1 = jax.tree_util.tree_leaves(st1.params)
+        for (path, a), b in zip(flat, flat1):
+            name = jax.tree_util.keystr(path)
+            if "b_K" in name:
+                # b_K only adds a per-row constant to the logits (softmax-invariant): its
+                # gradient is zero up to rounding, which Adam rescales to full-size
+                # steps, so its value is rounding noise and differs between programs.
+                continue
+            np.testing.assert_allclose(
+                np.asarray(a)[i], np.asarray(b)[0], rtol=2e-4, atol=2e-5, err_msg=name
+            )
+        np.testing.assert_allclose(curves["loss"][i], cv1["loss"][0], rtol=1e-4)
+    # different settings really give different models
+    assert not np.allclose(state.params["vision"]["E"][0], state.params["vision"]["E"][1])
+
+
+def test_no_retrace_when_only_sweepable_values_change():
+    data = build_data(SMALL)
+    before = _train_program._cache_size()
+    train_models(SMALL, _settings(SMALL, seed=[0, 1], n_pair_labels=[5, 3]), data=data)
+    after_first = _train_program._cache_size()
+    train_models(
+        SMALL,
+        _settings(SMALL, seed=[7, 9], n_pair_labels=[2, 4], layouts_per_pair=[1, 3], lr=[1e-2, 1e-4],
+                  weight_decay=[0.0, 0.5], single_frac=[0.1, 0.9]),
+        data=data,
+    )
+    assert after_first - before <= 1
+    assert _train_program._cache_size() == after_first
+
+
+def test_resume_equals_uninterrupted():
+    s = _settings(SMALL, seed=[0, 1], n_pair_labels=[5, 4])
+    data = build_data(SMALL)
+    full, _ = train_models(SMALL, s, data=data)
+    half, _ = train_models(SMALL, s, data=data, n_chunks=1)
+    assert int(np.asarray(half.step)[0]) == SMALL.train.eval_every
+    resumed, _ = train_models(SMALL, s, data=data, state=half)
+    for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_two_default_models_learn_in_a_few_hundred_steps():
+    config = Config().replace(steps=400, eval_every=200)
+    s = _settings(config, seed=[0, 1])
+    _, curves = train_models(config, s)
+    final = {k: np.asarray(v)[:, -1] for k, v in curves.items()}
+    assert np.all(final["single_acc"] >= 0.9), final
+    assert np.all(final["labelset_acc"] >= 0.9), final
+    assert np.all(final["seen_acc"] >= 0.75), final
+    assert np.all(final["unseen_acc"] >= 0.6), final
+    assert np.all(np.asarray(curves["loss"])[:, -1] < np.asarray(curves["loss"])[:, 0])
+
+
+def test_nonfinite_model_is_frozen_and_reported():
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(SMALL))
+    s = SMALL.settings()
+    state = init_state(SMALL, s)
+    bad = state._replace(
+        params={**state.params, "logit_scale": jnp.asarray(jnp.nan, jnp.float32)}
+    )
+    new, metrics = train_step(bad, s, data, SMALL)
+    assert not np.isfinite(metrics["loss"])
+    assert int(new.diverged_step) == 0
+    # params stay as they were (no NaN update spreads), later steps keep the record
+    np.testing.assert_array_equal(new.params["vision"]["E"], bad.params["vision"]["E"])
+    newer, _ = train_step(new, s, data, SMALL)
+    assert int(newer.diverged_step) == 0
+    stacked = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], newer)
+    lines = diverged_models(stacked, stack_settings([s]))
+    assert len(lines) == 1 and "model 0" in lines[0] and "n_pair_labels=5" in lines[0]
+
+
+def test_clip_loss_treats_identical_captions_as_positives():
+    from jaxmech.models.dual_encoder import forward
+
+    config = SMALL
+    data = build_data(config)
+    params = init_state(config, config.settings()).params
+    # larger embeddings than at init, so the similarities differ visibly
+    params = {
+        **params,
+        "vision": {**params["vision"], "E": params["vision"]["E"] * 100},
+        "text": {**params["text"], "E": params["text"]["E"] * 100},
+    }
+    imgs = jnp.asarray(data.evals.unseen_images[[0, 7, 20, 40]])
+    c = data.evals.unseen_true[:, 0]
+    ids = jnp.asarray([c[0], c[0], c[45], c[60]])  # samples 0 and 1 share a caption
+    sims = np.asarray(forward(params, imgs, jnp.asarray(data.tables.captions)[ids])[0], np.float64)
+
+    def xent(logits, target):
+        logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+        return -(target * logp).sum(1).mean()
+
+    uniform = np.asarray([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
+    expected = 0.5 * (xent(sims, uniform) + xent(sims.T, uniform))
+    got = float(clip_loss(params, imgs, ids, data.tables.captions, config))
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+    # Note: for exactly repeated captions the columns are identical, so this equals the
+    # plain diagonal-target loss too (see BUILD_NOTES); the check pins SPEC's definition.
+
+
+def test_results_folder_round_trip_and_no_overwrite(tmp_path):
+    grid = expand(SMALL, {"n_pair": "3,5"}, seeds=2)
+    out = str(tmp_path / "run")
+    run = run_grid(grid, out, log=lambda *_: None)
+    loaded = results.load_run(out)
+    assert loaded.config == grid.config
+    assert [r["n_pair_labels"] for r in loaded.results] == [3, 3, 5, 5]
+    assert [r["seed"] for r in loaded.results] == [0, 1, 0, 1]
+    assert loaded.params["vision"]["E"].shape[0] == 4
+    assert len(loaded.curves) == 4 * SMALL.train.n_evals
+    assert loaded.results[2]["unseen_acc"] == pytest.approx(run["rows"][2]["unseen_acc"])
+    before = open(os.path.join(out, "results.csv")).read()
+    with pytest.raises(results.OutputExistsError, match="--overwrite"):
+        run_grid(grid, out, log=lambda *_: None)
+    assert open(os.path.join(out, "results.csv")).read() == before
+
+
+@pytest.mark.parametrize(
+    "specs, match",
+    [
+        ({"n_pair": "9:5"}, "empty range"),
+        ({"n_pair": "5:16"}, "n_pair_labels"),
+        ({"n_pair": ""}, "empty spec"),
+        ({"no_such_field": "1"}, "unknown config field"),
+        ({"layouts_per_pair": "0,3"}, "layouts_per_pair"),
+        ({"d_model": "64,128"}, "not sweepable"),
+        ({"lr": "a"}, "lr"),
+        ({"n_pair": "5:10:0"}, "step must be positive"),
+    ],
+)
+def test_bad_sweep_specs_fail_clearly(specs, match):
+    with pytest.raises(ConfigError, match=match):
+        expand(Config(), specs, seeds=1)
+
+
+def test_parse_spec_forms():
+    assert parse_spec("n_pair_labels", "5:8") == [5, 6, 7, 8]
+    assert parse_spec("n_pair_labels", "5:15:5") == [5, 10, 15]
+    assert parse_spec("lr", "1e-3,3e-4") == [1e-3, 3e-4]
+    grid = expand(Config(), {"n_pair": "5:6", "n_2": "1,3"}, seeds=3)
+    assert len(grid.settings) == 12 and grid.swept == ("n_pair_labels", "layouts_per_pair")
