@@ -1,1 +1,48 @@
-"""jaxmech"""
+"""jaxmech: a pure-JAX laboratory for mechanistic studies of spatial reasoning.
+
+Top-level API: configs, `init_params`, the one `forward` (and its towers), edits,
+training and evaluation functions, and results loading.
+"""
+
+from jaxmech.config import (
+    SWEEPABLE,
+    Config,
+    ConfigError,
+    ModelConfig,
+    Settings,
+    TaskConfig,
+    TrainConfig,
+)
+from jaxmech.data.relations1d import build_eval_sets, build_tables, sample_batch
+from jaxmech.evaluate import evaluate
+from jaxmech.models.dual_encoder import encode_images, encode_texts, forward, init_params
+from jaxmech.models.edits import TERMS, Edits, term_mask
+from jaxmech.results import load_run
+from jaxmech.train import build_data, init_state, stack_settings, train_models, train_step
+
+__all__ = [
+    "SWEEPABLE",
+    "TERMS",
+    "Config",
+    "ConfigError",
+    "Edits",
+    "ModelConfig",
+    "Settings",
+    "TaskConfig",
+    "TrainConfig",
+    "build_data",
+    "build_eval_sets",
+    "build_tables",
+    "encode_images",
+    "encode_texts",
+    "evaluate",
+    "forward",
+    "init_params",
+    "init_state",
+    "load_run",
+    "sample_batch",
+    "stack_settings",
+    "term_mask",
+    "train_models",
+    "train_step",
+]

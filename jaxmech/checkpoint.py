@@ -21,12 +21,12 @@ class CheckpointError(RuntimeError):
 
 
 def _manager(directory: str, max_to_keep: int | None = 2, read_only: bool = False):
+    # Readers only pass create=False: Orbax's read_only mode logs warnings on every open.
     return ocp.CheckpointManager(
         os.path.abspath(directory),
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=max_to_keep,
+            max_to_keep=None if read_only else max_to_keep,
             create=not read_only,
-            read_only=read_only,
             enable_async_checkpointing=False,
         ),
         item_names=("state", "meta"),
@@ -68,9 +68,11 @@ def restore(directory: str, step: int | None = None, like: Any = None) -> tuple[
     target = None
     if like is not None:
         target = jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
-            if not isinstance(x, jax.ShapeDtypeStruct)
-            else x,
+            lambda x: (
+                jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)
+                if not isinstance(x, jax.ShapeDtypeStruct)
+                else x
+            ),
             like,
         )
     try:

@@ -74,3 +74,91 @@ def accuracy_vs(rows: list[dict], field: str, path: str, title: str = "") -> str
 def ensure_dir(path: str) -> str:
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def term_heatmaps(terms: dict, path: str, title: str = "", labels=None) -> str:
+    """One [S, S] heatmap per named term (rows: queries, columns: keys), shared colour scale."""
+    names = list(terms)
+    vmax = max(float(np.abs(np.asarray(terms[n])).max()) for n in names) or 1.0
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4))
+    for ax, n in zip(np.atleast_1d(axes), names):
+        im = ax.imshow(np.asarray(terms[n]), cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+        ax.set_title(n)
+        ax.set_xlabel("key")
+        if labels is not None:
+            ax.set_xticks(range(len(labels)), labels, fontsize=7)
+            ax.set_yticks(range(len(labels)), labels, fontsize=7)
+    np.atleast_1d(axes)[0].set_ylabel("query")
+    fig.colorbar(im, ax=list(np.atleast_1d(axes)), shrink=0.8, label="logit contribution")
+    fig.suptitle(title)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def head_profiles(profiles: dict, path: str, title: str = "") -> str:
+    """CLS-row terms over key positions, one panel per term, one line per head."""
+    names = list(profiles)
+    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), sharey=True)
+    for ax, n in zip(np.atleast_1d(axes), names):
+        prof = np.asarray(profiles[n])
+        for h in range(prof.shape[0]):
+            ax.plot(range(prof.shape[1]), prof[h], marker="o", ms=3, label=f"head {h}")
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set_title(f"CLS-row {n}")
+        ax.set_xlabel("key pixel position")
+    np.atleast_1d(axes)[0].set_ylabel("logit contribution")
+    np.atleast_1d(axes)[0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ablation_bars(rows: list[dict], ablations: list[str], path: str, title: str = "") -> str:
+    """Mean accuracy per ablation (bars), seeds as dots, for unseen-pair and label-set."""
+    keys = ("unseen_acc", "labelset_acc", "seen_acc", "single_acc")
+    fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(ablations) + 2), 4))
+    width = 0.8 / len(keys)
+    for j, key in enumerate(keys):
+        for i, a in enumerate(ablations):
+            v = np.asarray([r[key] for r in rows if r["ablation"] == a], float)
+            x = i + (j - (len(keys) - 1) / 2) * width
+            ax.bar(
+                x,
+                np.nanmean(v),
+                width,
+                color=f"C{j}",
+                alpha=0.7,
+                label=ACC_LABELS[key] if i == 0 else None,
+            )
+            ax.scatter(np.full(len(v), x), v, s=6, color="k", zorder=3)
+    ax.axhline(0.5, color="gray", ls=":", lw=1)
+    ax.set_xticks(range(len(ablations)), ablations, rotation=30)
+    ax.set_ylim(0.3, 1.05)
+    ax.set_ylabel("accuracy (mean; dots: models)")
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(title or "term ablations (all vision heads)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def groups_strip(groups: dict, path: str, ylabel: str, title: str = "") -> str:
+    """Values of several groups as strips with their means (e.g. EP gradient by outcome)."""
+    fig, ax = plt.subplots(figsize=(1.8 * len(groups) + 2, 4))
+    for i, (name, vals) in enumerate(groups.items()):
+        v = np.asarray(vals, float)
+        jitter = (np.random.default_rng(i).random(len(v)) - 0.5) * 0.3
+        ax.scatter(i + jitter, v, s=12, alpha=0.7)
+        if len(v):
+            ax.hlines(np.mean(v), i - 0.3, i + 0.3, color="k", lw=2)
+    ax.set_xticks(range(len(groups)), [f"{k}\n(n={len(v)})" for k, v in groups.items()])
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

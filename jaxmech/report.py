@@ -23,7 +23,8 @@ def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
         for x in sorted({r[field] for r in rows}):
             sel = [r for r in rows if r[field] == x and r["diverged_step"] < 0]
             means = {
-                k: np.nanmean([r[k] for r in sel]) for k in ("single_acc", "seen_acc", "unseen_acc", "labelset_acc")
+                k: np.nanmean([r[k] for r in sel])
+                for k in ("single_acc", "seen_acc", "unseen_acc", "labelset_acc")
             }
             log(f"  {field}={x}: " + "  ".join(f"{k}={v:.3f}" for k, v in means.items()))
     k = len(rows)

@@ -101,8 +101,14 @@ def _read_csv(path: str) -> list[dict]:
 
 
 def write_run(
-    out: str, config: Config, settings: Settings, params, curves: dict, diverged_step,
-    overwrite: bool = False, extra: dict | None = None,
+    out: str,
+    config: Config,
+    settings: Settings,
+    params,
+    curves: dict,
+    diverged_step,
+    overwrite: bool = False,
+    extra: dict | None = None,
 ) -> list[dict]:
     """Writes a results folder atomically (temp sibling, then rename). Returns the rows."""
     check_output(out, overwrite)

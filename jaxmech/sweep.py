@@ -25,7 +25,9 @@ def field_type(name: str) -> type:
             if f.name == name:
                 default = getattr(group, name)
                 return int if default is None else type(default)
-    raise ConfigError(f"unknown config field {name!r}; known fields: {', '.join(Config.field_names())}")
+    raise ConfigError(
+        f"unknown config field {name!r}; known fields: {', '.join(Config.field_names())}"
+    )
 
 
 def coerce(name: str, text: str) -> Any:
@@ -80,7 +82,9 @@ class Grid:
     settings: tuple[Settings, ...]
 
 
-def expand(config: Config, specs: dict[str, str], seeds: int, first_seed: int | None = None) -> Grid:
+def expand(
+    config: Config, specs: dict[str, str], seeds: int, first_seed: int | None = None
+) -> Grid:
     """Grid of models: every combination of the swept values x `seeds` seeds.
 
     `specs` maps field names (or ALIASES) to spec strings. Non-sweepable fields may
@@ -154,4 +158,9 @@ def run_grid(grid: Grid, out: str, *, overwrite: bool = False, log=print) -> dic
         overwrite=overwrite,
         extra={"swept": list(grid.swept), "wall_s": wall},
     )
-    return {"rows": rows, "curves": results.curve_rows(curves), "wall_s": wall, "diverged": diverged}
+    return {
+        "rows": rows,
+        "curves": results.curve_rows(curves),
+        "wall_s": wall,
+        "diverged": diverged,
+    }

@@ -19,7 +19,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmech.models.edits import Edits
+from jaxmech.models.edits import TERMS, Edits
 
 LN_EPS = 1e-5
 
@@ -174,25 +174,52 @@ def block_forward(
     return resid_post, aux
 
 
-def _removed_logits(block, parts_k, parts_q, bias_in, term_keep, scale):
-    """sum_t (1 - keep_t) * term_t with query parts [B, Q, D] and key parts [B, S, D]."""
-    Eq, Pq = parts_q
-    Ek, Pk = parts_k
-    qE = jnp.einsum("bqd,hde->bhqe", Eq, block["W_Q"])
-    qP = jnp.einsum("bqd,hde->bhqe", Pq, block["W_Q"])
-    kE = jnp.einsum("bsd,hde->bhse", Ek, block["W_K"])
-    kP = jnp.einsum("bsd,hde->bhse", Pk, block["W_K"])
-    qB = jnp.broadcast_to(
-        (block["b_Q"] + jnp.einsum("d,hde->he", bias_in, block["W_Q"]))[None, :, None], qE.shape
+def _head_logit_terms(W_Q, b_Q, W_K, b_K, parts_q, parts_k, bias_in, names):
+    """One head's logit terms (unscaled): query part a x key part b, each [B, Q, S].
+
+    W_Q, W_K [D, Dh]; b_Q, b_K [Dh]; parts_q [B, Q, D] and parts_k [B, S, D] per named
+    part; bias_in [D] is added to every input row (LayerNorm's bias), so it joins the
+    bias part B: q_B = b_Q + bias_in W_Q.
+    """
+    B, Q = parts_q[0].shape[:2]
+    S = parts_k[0].shape[1]
+    qs = [p @ W_Q for p in parts_q] + [jnp.broadcast_to(b_Q + bias_in @ W_Q, (B, Q, W_Q.shape[1]))]
+    ks = [p @ W_K for p in parts_k] + [jnp.broadcast_to(b_K + bias_in @ W_K, (B, S, W_K.shape[1]))]
+    return {
+        qa_name + kb_name: jnp.einsum("bqe,bse->bqs", qa, kb)
+        for qa_name, qa in zip(names, qs)
+        for kb_name, kb in zip(names, ks)
+    }
+
+
+def logit_terms(block, parts_q, parts_k, bias_in, names=("E", "P")):
+    """Every term of a block's pre-softmax logits, scaled by 1/sqrt(Dh).
+
+    Args:
+      block: block params (head axis first).
+      parts_q: named parts of the query rows' input, each [B, Q, D] (after the
+        LayerNorm split of `ln_parts` when the block has one).
+      parts_k: the same parts for every key row, each [B, S, D].
+      bias_in: [D] added to every input row (LayerNorm bias; zeros without LN).
+      names: the parts' one-letter names; "B" (biases) is appended.
+
+    Returns:
+      dict "AB" -> [B, H, Q, S] for every query part A and key part B (e.g. "EP" =
+      E W_QK P^T). They sum to the logits of `block_forward` up to float rounding.
+    """
+    names = tuple(names) + ("B",)
+    per_head = jax.vmap(
+        lambda wq, bq, wk, bk: _head_logit_terms(wq, bq, wk, bk, parts_q, parts_k, bias_in, names),
+        out_axes=1,
     )
-    kB = (block["b_K"] + jnp.einsum("d,hde->he", bias_in, block["W_K"]))[None, :, None]
-    drop = (1.0 - term_keep).reshape(-1, 3, 3)  # [H, query comp, key comp]
-    out = 0.0
-    for a, qa in enumerate((qE, qP, qB)):
-        k_mix = (
-            drop[None, :, a, 0, None, None] * kE
-            + drop[None, :, a, 1, None, None] * kP
-            + drop[None, :, a, 2, None, None] * kB
-        )
-        out = out + jnp.einsum("bhqe,bhse->bhqs", qa, k_mix)
-    return out * scale
+    terms = per_head(block["W_Q"], block["b_Q"], block["W_K"], block["b_K"])
+    scale = block["W_Q"].shape[-1] ** -0.5
+    return {k: v * scale for k, v in terms.items()}
+
+
+def _removed_logits(block, parts_k, parts_q, bias_in, term_keep, scale):
+    """sum_t (1 - keep_t) * term_t over the nine E/P/B terms; [B, H, Q, S]."""
+    del scale  # logit_terms scales
+    terms = logit_terms(block, parts_q, parts_k, bias_in)
+    drop = 1.0 - term_keep  # [H, 9]
+    return sum(drop[None, :, i, None, None] * terms[t] for i, t in enumerate(TERMS))

@@ -119,10 +119,11 @@ def encode(
     Returns:
       (embed_BxK L2-normalised, intermediates dict).
     """
-    aux = {}
     E = tower["E"]
     e_part = E[tokens_BxS]
     p_part = jnp.broadcast_to(p_rows, e_part.shape)
+    # The token and position parts of the input (what the logit decomposition splits).
+    aux = {f"{name}/e_part": e_part, f"{name}/p_part": p_part}
     first_in = f"{name}/resid_pre.0"
     x = edits(first_in, e_part + p_part)
     # Layer 0 sees x = E[tokens] + P: its projections can be looked up from E W and P W

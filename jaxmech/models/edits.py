@@ -17,7 +17,8 @@ sweep is one compiled call.
 
 Names of intermediates: `"{tower}/{point}.{layer}"` with tower `vision` or `text` and
 point one of `resid_pre, q, k, v, attn_scores, pattern, z, attn_out, resid_mid,
-mlp_out, resid_post`, plus `"{tower}/readout"` (the CLS/EOT vector before the final
+mlp_out, resid_post`, plus `"{tower}/e_part"` and `"{tower}/p_part"` (the token and
+position parts of the input; read-only), `"{tower}/readout"` (the CLS/EOT vector before the final
 LayerNorm and projection) and `"{tower}/embed"` (the normalised output embedding).
 """
 

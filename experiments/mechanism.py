@@ -1,0 +1,56 @@
+"""Mechanism report of trained models: term ablations, head roles, EP gradients.
+
+    python -m experiments.mechanism --run=runs/default
+    python -m experiments.mechanism --run=runs/default,runs/big_init --ablations=ep,ep+bp
+
+For each run folder (written by experiments.train or experiments.sweep) prints the
+ablation table (mean +- std [min, max] over models) and the head table, and writes
+RUN/mechanism/{ablations,heads,shares}.csv, summary.json and figures. With several
+runs, also compares the EP gradient of generalising and non-generalising models pooled
+over them (figure in --compare_out, default the first run's mechanism folder).
+"""
+
+import os
+
+from absl import app, flags
+
+from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, parse_ablation
+from jaxmech.cli import quiet_libraries
+from jaxmech.mechanism import analyse_run, compare_runs
+
+flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations (e.g. ep,ep+bp,vp)")
+flags.DEFINE_string("heads", None, "heads to ablate in (comma list; default all)")
+flags.DEFINE_float("threshold", 0.9, "unseen-pair accuracy that counts as generalising")
+flags.DEFINE_string("compare_out", None, "folder for the pooled comparison figure")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    quiet_libraries()
+    runs = [r for r in FLAGS.run.split(",") if r]
+    ablations = [a.strip().lower() for a in FLAGS.ablations.split(",") if a.strip()]
+    try:
+        for a in ablations:
+            parse_ablation(a)
+        heads = None if FLAGS.heads is None else [int(h) for h in FLAGS.heads.split(",")]
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    for r in runs:
+        if not os.path.isfile(os.path.join(r, "config.json")):
+            raise app.UsageError(f"--run: {r!r} is not a results folder (no config.json)")
+    if "none" not in ablations:
+        ablations = ["none", *ablations]
+    results = {}
+    for r in runs:
+        print(f"\n=== {r}")
+        results[r] = analyse_run(r, ablations, heads, FLAGS.threshold)
+    if len(runs) > 1:
+        out = FLAGS.compare_out or os.path.join(runs[0], "mechanism")
+        print("\n=== pooled EP gradient comparison")
+        print("figure:", compare_runs(results, out, FLAGS.threshold))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,1 @@
+"""Analyses: pure functions of (params, inputs) built on the one forward pass."""

@@ -1,0 +1,102 @@
+"""Throughput measurements: training steps per second against the machine's matmul rate.
+
+All numbers of one report are measured in the same process, so their ratios are
+meaningful even on a noisy machine. FLOP counts:
+
+* `dense_step_flops(config, readout_only)`: the textbook count of one training step
+  (forward + backward = 3 x forward) with every projection done as a dense matmul over
+  every token; `readout_only` computes the last layer's queries, attention and output
+  projection for the CLS / EOT row only.
+* XLA's own count of the compiled step (`cost_analysis`), i.e. what is executed. It is
+  far lower than the dense count because the first layer's projections are looked up
+  from `E W` and `P W` tables (`models.attention.block_forward`, `factored`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from jaxmech.config import Config
+from jaxmech.data.vocab import CAPTION_LEN
+from jaxmech.train import build_data, init_state, stack_settings, train_step
+
+
+def _tower_forward_flops(config: Config, seq: int, layers: int, readout_only: bool) -> float:
+    m = config.model
+    D, H, Dh = m.d_model, m.n_heads, m.d_head
+    f = 0.0
+    for layer in range(layers):
+        q_rows = 1 if (readout_only and layer == layers - 1) else seq
+        f += 2 * seq * D * 2 * H * Dh  # K, V
+        f += 2 * q_rows * D * H * Dh  # Q
+        f += 2 * 2 * q_rows * seq * H * Dh  # scores, pattern @ V
+        f += 2 * q_rows * H * Dh * D  # W_O
+        if m.mlp:
+            f += 2 * 2 * q_rows * D * m.d_mlp
+    return f + 2 * D * m.d_embed  # projection
+
+
+def dense_step_flops(config: Config, readout_only: bool = True) -> float:
+    """FLOPs of one training step done densely (see module docstring)."""
+    t, m = config.task, config.model
+    fwd = _tower_forward_flops(config, t.image_len + 1, m.n_layers, readout_only)
+    fwd += _tower_forward_flops(config, CAPTION_LEN, m.text_layers, readout_only)
+    B = config.train.batch_size
+    return 3.0 * B * fwd + 2.0 * B * B * m.d_embed
+
+
+def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
+    """Best-of f32 matmul throughput (FLOP/s) of an n x n x n product on this backend."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n**3 / best
+
+
+def _steps_program(config: Config, k: int, n_steps: int):
+    """A jitted function running n_steps training steps of k vmapped models."""
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
+    settings = jax.tree_util.tree_map(
+        jnp.asarray, stack_settings([config.replace(seed=i).settings() for i in range(k)])
+    )
+    state = jax.jit(jax.vmap(lambda s: init_state(config, s)))(settings)
+
+    def run(state):
+        def body(st, _):
+            return jax.vmap(lambda s_, x: train_step(s_, x, data, config)[0])(st, settings), None
+
+        return jax.lax.scan(body, state, None, length=n_steps)[0]
+
+    return jax.jit(run), state
+
+
+def step_flops_xla(config: Config) -> float | None:
+    """XLA's FLOP count of one compiled training step of one model (None if unknown)."""
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
+    s = config.settings()
+    state = init_state(config, s)
+    compiled = jax.jit(lambda st: train_step(st, s, data, config)).lower(state).compile()
+    cost = compiled.cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0] if cost else None
+    return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+def model_steps_per_second(config: Config, k: int, n_steps: int = 100, repeats: int = 3) -> float:
+    """Best-of throughput, in model-steps per second, of k models trained together."""
+    run, state = _steps_program(config, k, n_steps)
+    state = jax.block_until_ready(run(state))  # compile + warm up
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        state = jax.block_until_ready(run(state))
+        best = min(best, time.perf_counter() - t)
+    return k * n_steps / best
