@@ -149,7 +149,7 @@ def ablation_bars(rows: list[dict], ablations: list[str], path: str, title: str 
 def groups_strip(groups: dict, path: str, ylabel: str, title: str = "") -> str:
     """Values of several groups as strips with their means (e.g. EP gradient by outcome)."""
     fig, ax = plt.subplots(figsize=(1.8 * len(groups) + 2, 4))
-    for i, (name, vals) in enumerate(groups.items()):
+    for i, vals in enumerate(groups.values()):
         v = np.asarray(vals, float)
         jitter = (np.random.default_rng(i).random(len(v)) - 0.5) * 0.3
         ax.scatter(i + jitter, v, s=12, alpha=0.7)

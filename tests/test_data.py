@@ -246,29 +246,34 @@ def test_other_settings_and_single_frac():
     _check_batch(cfg, tables, images, caps, 4, 2, 0.3)
 
 
-def test_left_right_captions():
-    cfg = Config().replace(caption_mode="left_right", n_pair_labels=6, layouts_per_pair=4)
+@pytest.mark.parametrize("single_captions", ["side_pair", "label"])
+def test_left_right_and_single_caption_variants(single_captions):
+    # Both variants share one compiled sampler each: caption_mode and single_captions
+    # are static, n_pair_labels (which side_pair follows) is a setting.
+    cfg = Config().replace(
+        caption_mode="left_right",
+        single_captions=single_captions,
+        n_pair_labels=5,
+        layouts_per_pair=4,
+    )
     tables, images, caps = _draw(cfg, cfg.settings(), n_batches=1)
-    forms = _check_batch(cfg, tables, images, caps, 6, 4, 0.5)
-    # both forms, about half each (a fair coin per sample)
+    forms = _check_batch(cfg, tables, images, caps, 5, 4, 0.5)
+    # pairs: both forms, about half each (a fair coin per sample)
     assert 0.4 < forms["right"] / (forms["left"] + forms["right"]) < 0.6
-
-
-@pytest.mark.parametrize("mode", ["label", "side_pair"])
-def test_single_caption_variants(mode):
-    cfg = Config().replace(single_captions=mode, n_pair_labels=5)
-    tables, images, caps = _draw(cfg, cfg.settings(), n_batches=1)
-    _check_batch(cfg, tables, images, caps, 5, 15, 0.5)
-    count, left, *_ = _objects(images)
+    # singles
+    count, *_ = _objects(images)
     dec = _decoded(20)
     single_caps = {dec[c] for c in caps[count == 1]}
     n_words = {len(s.split()) for s in single_caps}
-    if mode == "label":
-        assert n_words == {1}
+    if single_captions == "label":
+        assert single_caps == {str(lab) for lab in range(1, 21)}
     else:
         assert n_words == {1, 5}
         assert {s for s in single_caps if len(s.split()) == 5} == {
             f"{lab} is on the {side}" for lab in range(1, 6) for side in ("left", "right")
+        }
+        assert {s for s in single_caps if len(s.split()) == 1} == {
+            str(lab) for lab in range(6, 21)
         }
 
 
