@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 from typing import Any, Mapping, NamedTuple
+
+import numpy as np
 
 __all__ = [
     "ConfigError",
@@ -47,8 +50,8 @@ def _fail(field: str, value: Any, allowed: str) -> None:
 
 
 def _int_in(field: str, value: Any, lo: int, hi: float = math.inf, why: str = "") -> None:
-    """Checks `lo <= value <= hi` for an int (bools are not ints here)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    """Checks `lo <= value <= hi` for an integer (NumPy ints too; bools are not ints here)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         _fail(field, value, f"an integer in [{lo}, {hi}]{why}")
     if not lo <= value <= hi:
         _fail(field, value, f"an integer in [{lo}, {hi}]{why}")
@@ -57,11 +60,23 @@ def _int_in(field: str, value: Any, lo: int, hi: float = math.inf, why: str = ""
 def _float_in(
     field: str, value: Any, lo: float, hi: float = math.inf, lo_open: bool = False
 ) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+    if (
+        isinstance(value, (bool, np.bool_))
+        or not isinstance(value, numbers.Real)
+        or math.isnan(value)
+    ):
         _fail(field, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
     ok = (value > lo if lo_open else value >= lo) and value <= hi
     if not ok:
         _fail(field, value, f"a number in {'(' if lo_open else '['}{lo}, {hi}]")
+
+
+def _normalise(obj) -> None:
+    """NumPy scalars -> Python scalars, so configs hash, compare and serialise plainly."""
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, np.generic):
+            object.__setattr__(obj, f.name, v.item())
 
 
 def _choice(field: str, value: Any, options: tuple[str, ...]) -> None:
@@ -95,6 +110,7 @@ class TaskConfig:
         return self.n_labels - self.n_val_labels
 
     def __post_init__(self):
+        _normalise(self)
         _int_in("image_len", self.image_len, 2, 4096)
         _int_in("n_labels", self.n_labels, 4, 100_000)
         _int_in(
@@ -159,6 +175,7 @@ class ModelConfig:
         return self.n_layers if self.text_n_layers is None else self.text_n_layers
 
     def __post_init__(self):
+        _normalise(self)
         _int_in("n_layers", self.n_layers, 1, 64)
         if self.text_n_layers is not None:
             _int_in("text_n_layers", self.text_n_layers, 1, 64)
@@ -202,6 +219,7 @@ class TrainConfig:
         return self.steps // self.eval_every
 
     def __post_init__(self):
+        _normalise(self)
         _int_in("steps", self.steps, 1, 10**9)
         _int_in("batch_size", self.batch_size, 2, 10**6, " (the CLIP loss needs 2+)")
         _int_in("eval_every", self.eval_every, 1, self.steps, " (steps)")
@@ -296,6 +314,9 @@ class Config:
     @classmethod
     def from_json(cls, text: str) -> "Config":
         raw = json.loads(text)
+        unknown = sorted(set(raw) - set(_GROUPS))
+        if unknown:
+            raise ConfigError(f"unknown config group(s) {unknown}; known: {', '.join(_GROUPS)}")
         flat: dict[str, Any] = {}
         for g in _GROUPS:
             flat.update(raw.get(g, {}))

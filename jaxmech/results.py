@@ -7,8 +7,7 @@ Layout of a results folder:
   curves.csv    one row per model per evaluation: model, step, CURVE_FIELDS
   params/       stacked params of all models (Orbax; leading axis = model)
 
-Folders are written to a temporary sibling and renamed into place at the end, so a run
-that fails leaves any earlier result where it was.
+`results.csv` is written last (atomically), so its presence marks a finished run.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import csv
 import json
 import os
 import shutil
-import tempfile
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -37,19 +35,6 @@ class Run(NamedTuple):
     params: Any  # stacked [K, ...]
     results: list[dict]
     curves: list[dict]
-
-
-class OutputExistsError(FileExistsError):
-    """The output folder already holds a result and overwriting was not asked for."""
-
-
-def check_output(out: str, overwrite: bool) -> None:
-    """Refuses a non-empty `out` unless `overwrite` (call before any compute)."""
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)) and not overwrite:
-        raise OutputExistsError(
-            f"output folder {out!r} already holds results; pass --overwrite to replace "
-            "them, or choose another --out"
-        )
 
 
 def result_rows(settings: Settings, curves: dict, diverged_step) -> list[dict]:
@@ -100,42 +85,30 @@ def _read_csv(path: str) -> list[dict]:
         return [{k: parse(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
-def write_run(
-    out: str,
-    config: Config,
-    settings: Settings,
-    params,
-    curves: dict,
-    diverged_step,
-    overwrite: bool = False,
+def write_files(
+    out: str, config: Config, settings: Settings, params, curves: dict, diverged_step,
     extra: dict | None = None,
 ) -> list[dict]:
-    """Writes a results folder atomically (temp sibling, then rename). Returns the rows."""
-    check_output(out, overwrite)
-    parent = os.path.dirname(os.path.abspath(out))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out) + "-", dir=parent)
-    try:
-        with open(os.path.join(tmp, "config.json"), "w") as f:
-            f.write(config.to_json())
-        rows = result_rows(settings, curves, diverged_step)
-        _write_csv(os.path.join(tmp, "results.csv"), rows)
-        _write_csv(os.path.join(tmp, "curves.csv"), curve_rows(curves))
-        meta = {
-            "settings": {n: np.asarray(v).tolist() for n, v in zip(SWEEPABLE, settings)},
-            **(extra or {}),
-        }
-        checkpoint.save(os.path.join(tmp, "params"), 0, params, meta)
-        if os.path.exists(out):
-            old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(out) + "-", dir=parent)
-            os.rename(out, os.path.join(old, "x"))
-            os.rename(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    """Writes the results files into folder `out`; results.csv last (it marks completion).
+
+    Returns the result rows.
+    """
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        f.write(config.to_json())
+    rows = result_rows(settings, curves, diverged_step)
+    _write_csv(os.path.join(out, "curves.csv"), curve_rows(curves))
+    meta = {
+        "settings": {n: np.asarray(v).tolist() for n, v in zip(SWEEPABLE, settings)},
+        **(extra or {}),
+    }
+    params_dir = os.path.join(out, "params")
+    if os.path.exists(params_dir):
+        shutil.rmtree(params_dir)
+    checkpoint.save(params_dir, 0, params, meta)
+    tmp = os.path.join(out, ".results.csv.tmp")
+    _write_csv(tmp, rows)
+    os.replace(tmp, os.path.join(out, "results.csv"))
     return rows
 
 

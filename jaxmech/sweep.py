@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
+import os
 from typing import Any
 
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
@@ -121,46 +123,203 @@ def expand(
     return Grid(base, swept, tuple(settings))
 
 
-def run_grid(grid: Grid, out: str, *, overwrite: bool = False, log=print) -> dict:
-    """Trains every model of `grid` in one compiled program and writes `out`.
+def default_chunk_size(k: int) -> int:
+    """Models per compiled call: small on CPU, large on accelerators; a device multiple.
 
-    The output folder is checked before any compute; the results are written
-    atomically at the end. Returns {"rows", "curves", "wall_s", "diverged"}.
+    On a 2-core CPU one model already keeps both cores busy and vmapping 4 models gains
+    ~1.5x per model over 1 while larger K gain little more (BUILD_NOTES.md, bench);
+    on GPU/TPU throughput grows with the batch of models until memory runs out.
     """
+    import jax
+
+    n_dev = jax.device_count()
+    per_dev = 4 if jax.default_backend() == "cpu" else 512
+    per_dev = min(per_dev, -(-k // n_dev))
+    return per_dev * n_dev
+
+
+def identity(grid: Grid) -> dict:
+    """What a sweep folder must match to be resumed: the config and every model's settings."""
+    return {
+        "format": 1,
+        "config": json.loads(grid.config.to_json()),
+        "swept": list(grid.swept),
+        "settings": [s._asdict() for s in grid.settings],
+    }
+
+
+class SweepMismatchError(RuntimeError):
+    """The output folder holds a different sweep (and --overwrite was not given)."""
+
+
+def _plan_segments(n_evals: int, evals_per_ckpt: int) -> list[int]:
+    """Evaluations per segment: equal segments of evals_per_ckpt, then the remainder."""
+    full, rest = divmod(n_evals, evals_per_ckpt)
+    return [evals_per_ckpt] * full + ([rest] if rest else [])
+
+
+def run_grid(
+    grid: Grid,
+    out: str,
+    *,
+    overwrite: bool = False,
+    chunk_size: int | None = None,
+    checkpoint_every: int | None = None,
+    log=print,
+) -> dict:
+    """Trains every model of `grid` and writes the results folder `out`, resumably.
+
+    Models train in chunks of `chunk_size` (default `default_chunk_size`), all chunks
+    through one compiled program (the last chunk is padded). Every `checkpoint_every`
+    steps (default: every evaluation) each chunk's stacked TrainState and curves are
+    saved under `out/checkpoints/`. Re-running the same grid resumes from there (also
+    after kill -9) and gives the same final results; re-running a finished grid trains
+    nothing. A folder holding anything else is refused unless `overwrite`; then the new
+    sweep is built in a temporary sibling and replaces the old folder only at the end.
+
+    Returns {"rows", "curves", "wall_s", "diverged", "trained_steps"}.
+    """
+    import shutil
+    import tempfile
     import time
 
     import jax
+    import numpy as np
 
-    from jaxmech import results
-    from jaxmech.train import build_data, diverged_models, stack_settings, train_models
+    from jaxmech import checkpoint, results
+    from jaxmech.train import (
+        CURVE_FIELDS,
+        TrainState,
+        _init_program,
+        build_data,
+        diverged_models,
+        stack_settings,
+        train_models,
+    )
 
-    results.check_output(out, overwrite)
-    settings = stack_settings(list(grid.settings))
+    cfg = grid.config
+    ident = identity(grid)
     k = len(grid.settings)
+    n_evals = cfg.train.n_evals
+    every = checkpoint_every or cfg.train.eval_every
+    if every % cfg.train.eval_every:
+        raise ValueError(
+            f"checkpoint_every = {every} must be a multiple of eval_every = {cfg.train.eval_every}"
+        )
+    chunk = chunk_size or default_chunk_size(k)
+    if chunk < 1:
+        raise ValueError(f"chunk_size = {chunk}: must be >= 1")
+
+    # ---- decide where to work before any compute
+    work = out
+    ident_path = os.path.join(out, "sweep.json")
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        same = False
+        if os.path.isfile(ident_path):
+            with open(ident_path) as f:
+                same = json.load(f) == ident
+        if not same:
+            if not overwrite:
+                what = "a different sweep" if os.path.isfile(ident_path) else "other files"
+                raise SweepMismatchError(
+                    f"output folder {out!r} holds {what}; pass --overwrite to replace it or "
+                    "choose another --out (nothing was changed)"
+                )
+            parent = os.path.dirname(os.path.abspath(out))
+            work = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out) + "-", dir=parent)
+        elif os.path.isfile(os.path.join(out, "results.csv")):
+            log(f"{out}: this sweep is already finished; nothing to train")
+            run = results.load_run(out)
+            return {"rows": run.results, "curves": run.curves, "wall_s": 0.0,
+                    "diverged": [r for r in run.results if r["diverged_step"] >= 0],
+                    "trained_steps": 0}
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, "sweep.json"), "w") as f:
+        json.dump(ident, f, indent=1)
+
+    data = build_data(cfg)
+    all_settings = stack_settings(list(grid.settings))
+    n_chunks = -(-k // chunk)
+    k_pad = n_chunks * chunk
+    padded = jax.tree_util.tree_map(
+        lambda x: np.concatenate([x, np.repeat(x[-1:], k_pad - k, 0)]), all_settings
+    )
+    like_state = jax.eval_shape(
+        lambda s: _init_program(s, cfg),
+        jax.tree_util.tree_map(lambda x: x[:chunk], padded),
+    )
     log(
-        f"training {k} model(s) x {grid.config.train.steps} steps on "
-        f"{jax.device_count()} {jax.default_backend()} device(s) in one program"
+        f"sweep: {k} model(s) in {n_chunks} chunk(s) of {chunk} x {cfg.train.steps} steps on "
+        f"{jax.device_count()} {jax.default_backend()} device(s); checkpoints every {every} steps"
     )
     t0 = time.perf_counter()
-    state, curves = train_models(grid.config, settings, data=build_data(grid.config))
-    jax.block_until_ready(curves)
+    trained = 0
+    total = k * cfg.train.steps
+    done_model_steps = 0
+    passed = []
+    states, curves_all = [], []
+    for c in range(n_chunks):
+        sl = slice(c * chunk, (c + 1) * chunk)
+        settings_c = jax.tree_util.tree_map(lambda x: x[sl], padded)
+        n_real = min(chunk, k - c * chunk)
+        ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
+        state, curves = None, {n: np.full((chunk, n_evals), np.nan, np.float32)
+                                for n in CURVE_FIELDS + ("step",)}
+        if checkpoint.latest_step(ckpt_dir) is not None:
+            tree, meta = checkpoint.restore(ckpt_dir, like={"state": like_state, "curves": curves})
+            if meta.get("chunk") != c or meta.get("settings") != [
+                s._asdict() for s in grid.settings[sl]
+            ]:
+                raise checkpoint.CheckpointError(
+                    f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
+                    "folder or pass --overwrite"
+                )
+            state, curves = TrainState(*tree["state"]), tree["curves"]
+        step = 0 if state is None else int(np.asarray(state.step).max())
+        done_model_steps += step * n_real
+        evals_done = step // cfg.train.eval_every
+        for seg in _plan_segments(n_evals - evals_done, every // cfg.train.eval_every):
+            ts = time.perf_counter()
+            state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
+            for n in curves:
+                curves[n][:, evals_done : evals_done + seg] = seg_curves[n]
+            evals_done += seg
+            step = evals_done * cfg.train.eval_every
+            checkpoint.save(
+                ckpt_dir, step, {"state": state, "curves": curves},
+                {"chunk": c, "step": step, "settings": [s._asdict() for s in grid.settings[sl]]},
+            )
+            trained += seg * cfg.train.eval_every * n_real
+            done_model_steps += seg * cfg.train.eval_every * n_real
+            elapsed = time.perf_counter() - t0
+            rate = trained / max(elapsed, 1e-9)
+            eta = (total - done_model_steps) / max(rate, 1e-9)
+            unseen_now = curves["unseen_acc"][:n_real, evals_done - 1]
+            log(
+                f"  chunk {c + 1}/{n_chunks} step {step}/{cfg.train.steps}  "
+                f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
+                f"unseen>=0.9: {int((unseen_now >= 0.9).sum()) + sum(passed)}/"
+                f"{n_real + c * chunk}  ({time.perf_counter() - ts:.1f} s this segment)"
+            )
+        passed.append(int((curves["unseen_acc"][:n_real, -1] >= 0.9).sum()))
+        states.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state))
+        curves_all.append({n: v[:n_real] for n, v in curves.items()})
     wall = time.perf_counter() - t0
-    diverged = diverged_models(state, settings)
+    state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *states)
+    curves = {n: np.concatenate([cv[n] for cv in curves_all]) for n in curves_all[0]}
+    diverged = diverged_models(state, all_settings)
     for line in diverged:
         log("WARNING: " + line)
-    rows = results.write_run(
-        out,
-        grid.config,
-        settings,
-        state.params,
-        curves,
-        state.diverged_step,
-        overwrite=overwrite,
+    rows = results.write_files(
+        work, cfg, all_settings, state.params, curves, state.diverged_step,
         extra={"swept": list(grid.swept), "wall_s": wall},
     )
-    return {
-        "rows": rows,
-        "curves": results.curve_rows(curves),
-        "wall_s": wall,
-        "diverged": diverged,
-    }
+    shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
+    if work != out:  # --overwrite: replace the old folder only now that the new one is whole
+        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(out) + "-",
+                               dir=os.path.dirname(os.path.abspath(out)))
+        os.rename(out, os.path.join(old, "x"))
+        os.rename(work, out)
+        shutil.rmtree(old)
+    return {"rows": rows, "curves": results.curve_rows(curves), "wall_s": wall,
+            "diverged": diverged, "trained_steps": trained}

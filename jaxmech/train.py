@@ -192,23 +192,46 @@ def stack_settings(settings_list: list[Settings]) -> Settings:
     )
 
 
-@functools.partial(jax.jit, static_argnames=("config", "n_chunks", "fresh"))
-def _train_program(state, settings, data, config: Config, n_chunks: int, fresh: bool):
-    # One compiled program for any K and any settings values (they are arrays).
-    if fresh:
-        state = jax.vmap(lambda s: init_state(config, s))(settings)
+@functools.partial(jax.jit, static_argnames=("config",))
+def _init_program(settings, config: Config):
+    return jax.vmap(lambda s: init_state(config, s))(settings)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "n_chunks"))
+def _train_program(state, settings, data, config: Config, n_chunks: int):
+    # One compiled program for any settings values (they are arrays) of a given K.
     return jax.vmap(lambda st, s: run_chunks(st, s, data, config, n_chunks))(state, settings)
 
 
 def _pad_models(tree, k_padded: int):
-    """Pads the leading model axis to k_padded by repeating the last model."""
+    """Pads the leading model axis to k_padded by repeating the last model (host NumPy)."""
 
     def pad(x):
-        x = jnp.asarray(x)
+        x = np.asarray(x)
         extra = k_padded - x.shape[0]
-        return x if extra == 0 else jnp.concatenate([x, jnp.repeat(x[-1:], extra, 0)])
+        return x if extra == 0 else np.concatenate([x, np.repeat(x[-1:], extra, 0)])
 
     return jax.tree_util.tree_map(pad, tree)
+
+
+def _to_global(tree, sharding):
+    """Host arrays -> global jax Arrays with `sharding`; every process holds the same host
+    copy and supplies its own devices' shards (works on one host and on many)."""
+
+    def put(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+
+    return jax.tree_util.tree_map(put, tree)
+
+
+def fetch(tree):
+    """Global arrays -> host NumPy on every process (gathers across hosts if needed)."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(tree, tiled=True)
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
 
 
 def train_models(
@@ -231,7 +254,8 @@ def train_models(
       mesh: device mesh (default: all devices).
 
     Returns:
-      (state, curves): stacked final state [K, ...] and curves {name: [K, n_chunks]}.
+      (state, curves) as host NumPy: stacked final state [K, ...] and curves
+      {name: [K, n_chunks]}.
     """
     data = build_data(config) if data is None else data
     k = int(np.asarray(settings.seed).shape[0])
@@ -243,13 +267,16 @@ def train_models(
     k_pad = -(-k // n_dev) * n_dev
     shard = NamedSharding(mesh, PS("models"))
     replicated = NamedSharding(mesh, PS())
-    settings_d = jax.device_put(_pad_models(settings, k_pad), shard)
-    state_d = None if state is None else jax.device_put(_pad_models(state, k_pad), shard)
-    data_d = jax.device_put(jax.tree_util.tree_map(jnp.asarray, data), replicated)
-    # The program follows its inputs' shardings: models split over devices, data replicated.
-    state_out, curves = _train_program(state_d, settings_d, data_d, config, n_chunks, state is None)
+    # The programs follow their inputs' shardings: models split over devices, data replicated.
+    settings_d = _to_global(_pad_models(settings, k_pad), shard)
+    if state is None:
+        state_d = _init_program(settings_d, config)
+    else:
+        state_d = _to_global(_pad_models(state, k_pad), shard)
+    data_d = _to_global(data, replicated)
+    state_out, curves = _train_program(state_d, settings_d, data_d, config, n_chunks)
     trim = lambda tree: jax.tree_util.tree_map(lambda x: x[:k], tree)  # noqa: E731
-    return trim(state_out), trim(curves)
+    return trim(fetch(state_out)), trim(fetch(curves))
 
 
 def diverged_models(state: TrainState, settings: Settings) -> list[str]:

@@ -272,9 +272,7 @@ def test_left_right_and_single_caption_variants(single_captions):
         assert {s for s in single_caps if len(s.split()) == 5} == {
             f"{lab} is on the {side}" for lab in range(1, 6) for side in ("left", "right")
         }
-        assert {s for s in single_caps if len(s.split()) == 1} == {
-            str(lab) for lab in range(6, 21)
-        }
+        assert {s for s in single_caps if len(s.split()) == 1} == {str(lab) for lab in range(6, 21)}
 
 
 def test_sampling_is_a_pure_function_of_the_key():

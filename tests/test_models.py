@@ -399,18 +399,25 @@ def _vision_terms(params, images=IMAGES):
     return {t: np.einsum("bhqe,bhse->bhqs", qs[t[0]], ks[t[1]]) / math.sqrt(DH) for t in TERMS}
 
 
-def test_terms_sum_to_the_logits():
-    params = random_params(SMALL)
+@pytest.mark.parametrize("cls_position", [False, True], ids=["cls_no_pos", "cls_pos"])
+def test_terms_sum_to_the_logits(cls_position):
+    params = random_params(SMALL.replace(cls_position=cls_position))
     terms = _vision_terms(params)
     _, aux = run_images(params)
     np.testing.assert_allclose(aux["vision/attn_scores.0"], sum(terms.values()), atol=ATOL)
     # every term is present at these params
     for t in TERMS:
         assert np.abs(terms[t]).max() > 1e-2, t
-    # default: the CLS token has no position row, so P-terms vanish on its row / column
     tokens, p_rows = _np(vision_inputs(params["vision"], IMAGES))
-    assert (tokens[:, 0] == V.cls).all() and (p_rows[0] == 0).all()
-    assert (terms["PE"][:, :, 0] == 0).all() and (terms["EP"][:, :, :, 0] == 0).all()
+    assert (tokens[:, 0] == V.cls).all()
+    if cls_position:
+        # the CLS row carries P[0]
+        np.testing.assert_array_equal(p_rows[0], np.asarray(params["vision"]["P"])[0])
+        assert np.abs(terms["PE"][:, :, 0]).max() > 1e-2
+    else:
+        # SPEC default: no position row on CLS, so P-terms vanish on its row and column
+        assert (p_rows[0] == 0).all()
+        assert (terms["PE"][:, :, 0] == 0).all() and (terms["EP"][:, :, :, 0] == 0).all()
 
 
 @pytest.mark.parametrize("ln_mlp", [False, True], ids=["plain", "ln_mlp"])
@@ -459,6 +466,20 @@ def test_removing_a_term_in_chosen_heads_only():
     np.testing.assert_allclose(diff[:, [0, 2]], 0.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("ln_mlp", [False, True], ids=["plain", "ln_mlp"])
+def test_ablations_are_the_same_on_the_readout_only_path(ln_mlp):
+    params = random_params(SMALL.replace(layernorm=ln_mlp, mlp=ln_mlp), seed=1)
+    edits = Edits(
+        term_keep={"vision": term_mask(H, ["EP", "BP"]), "text": term_mask(H, ["EP", "BP"])},
+        vp_keep={"vision": jnp.zeros(H)},
+    )
+    sims_plain, _ = run_forward(params)
+    sims_f, _ = run_forward(params, edits=edits)
+    sims_r, _ = run_forward(params, edits=edits, readout_only=True)
+    np.testing.assert_allclose(sims_f, sims_r, atol=ATOL, rtol=1e-6)
+    assert np.abs(sims_f - sims_plain).max() > 1e-2
+
+
 def test_term_mask():
     m = np.asarray(term_mask(3, ["EP", "BB"], heads=[2]))
     assert m.shape == (3, 9)
@@ -478,7 +499,9 @@ def test_removing_bb_shifts_each_row_and_keeps_the_pattern():
     diff = aux["vision/attn_scores.0"] - aux_a["vision/attn_scores.0"]
     bb = np.einsum("he,he->h", _f64(block["b_Q"]), block["b_K"]) / math.sqrt(DH)
     assert np.abs(bb).min() > 1e-3
-    np.testing.assert_allclose(diff, np.broadcast_to(bb[None, :, None, None], diff.shape), atol=ATOL)
+    np.testing.assert_allclose(
+        diff, np.broadcast_to(bb[None, :, None, None], diff.shape), atol=ATOL
+    )
     np.testing.assert_allclose(aux["vision/pattern.0"], aux_a["vision/pattern.0"], atol=1e-6)
     np.testing.assert_allclose(aux["vision/embed"], aux_a["vision/embed"], atol=ATOL)
 

@@ -9,7 +9,7 @@ import pytest
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
-from jaxmech.sweep import expand, parse_spec, run_grid
+from jaxmech.sweep import SweepMismatchError, expand, parse_spec, run_grid
 from jaxmech.train import (
     _train_program,
     build_data,
@@ -144,10 +144,11 @@ def test_clip_loss_treats_identical_captions_as_positives():
     # plain diagonal-target loss too (see BUILD_NOTES); the check pins SPEC's definition.
 
 
-def test_results_folder_round_trip_and_no_overwrite(tmp_path):
+def test_results_folder_round_trip_rerun_and_no_overwrite(tmp_path):
     grid = expand(SMALL, {"n_pair": "3,5"}, seeds=2)
     out = str(tmp_path / "run")
-    run = run_grid(grid, out, log=lambda *_: None)
+    run = run_grid(grid, out, chunk_size=3, log=lambda *_: None)
+    assert run["trained_steps"] == 4 * SMALL.train.steps
     loaded = results.load_run(out)
     assert loaded.config == grid.config
     assert [r["n_pair_labels"] for r in loaded.results] == [3, 3, 5, 5]
@@ -156,9 +157,17 @@ def test_results_folder_round_trip_and_no_overwrite(tmp_path):
     assert len(loaded.curves) == 4 * SMALL.train.n_evals
     assert loaded.results[2]["unseen_acc"] == pytest.approx(run["rows"][2]["unseen_acc"])
     before = open(os.path.join(out, "results.csv")).read()
-    with pytest.raises(results.OutputExistsError, match="--overwrite"):
-        run_grid(grid, out, log=lambda *_: None)
+    # the same sweep again: nothing to train
+    again = run_grid(grid, out, log=lambda *_: None)
+    assert again["trained_steps"] == 0
+    # another sweep into the same folder: refused, folder untouched
+    other = expand(SMALL, {"n_pair": "3,4"}, seeds=2)
+    with pytest.raises(SweepMismatchError, match="--overwrite"):
+        run_grid(other, out, log=lambda *_: None)
     assert open(os.path.join(out, "results.csv")).read() == before
+    # with overwrite it is replaced
+    run_grid(other, out, overwrite=True, log=lambda *_: None)
+    assert [r["n_pair_labels"] for r in results.load_run(out).results] == [3, 3, 4, 4]
 
 
 @pytest.mark.parametrize(
