@@ -14,7 +14,7 @@ from jaxmech.benchmark import (
     model_steps_per_second,
     step_flops_xla,
 )
-from jaxmech.cli import define_config_flags, quiet_libraries, specs_from_flags
+from jaxmech.cli import define_config_flags, setup_runtime, specs_from_flags
 from jaxmech.config import Config, ConfigError
 from jaxmech.sweep import coerce
 
@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    quiet_libraries()
+    setup_runtime()
     try:
         config = Config().replace(**{n: coerce(n, v) for n, v in specs_from_flags(FLAGS).items()})
         ks = [int(k) for k in FLAGS.ks.split(",")]

@@ -15,7 +15,7 @@ import os
 from absl import app, flags
 
 from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, parse_ablation
-from jaxmech.cli import quiet_libraries
+from jaxmech.cli import setup_runtime
 from jaxmech.mechanism import analyse_run, compare_runs
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
@@ -28,7 +28,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    quiet_libraries()
+    setup_runtime()
     runs = [r for r in FLAGS.run.split(",") if r]
     ablations = [a.strip().lower() for a in FLAGS.ablations.split(",") if a.strip()]
     try:

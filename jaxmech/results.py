@@ -86,7 +86,12 @@ def _read_csv(path: str) -> list[dict]:
 
 
 def write_files(
-    out: str, config: Config, settings: Settings, params, curves: dict, diverged_step,
+    out: str,
+    config: Config,
+    settings: Settings,
+    params,
+    curves: dict,
+    diverged_step,
     extra: dict | None = None,
 ) -> list[dict]:
     """Writes the results files into folder `out`; results.csv last (it marks completion).

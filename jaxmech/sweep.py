@@ -112,7 +112,9 @@ def expand(
             )
         else:
             overrides[name] = vals[0]
-    base = config.replace(**overrides)
+    # The shared config takes each swept field's first value, so that it is valid when
+    # the swept field's default would not be (e.g. --n_labels=8 --n_pair=3,5).
+    base = config.replace(**overrides, **{n: v[0] for n, v in values.items()})
     s0 = base.train.seed if first_seed is None else first_seed
     swept = tuple(values)
     settings = []
@@ -230,9 +232,13 @@ def run_grid(
         elif os.path.isfile(os.path.join(out, "results.csv")):
             log(f"{out}: this sweep is already finished; nothing to train")
             run = results.load_run(out)
-            return {"rows": run.results, "curves": run.curves, "wall_s": 0.0,
-                    "diverged": [r for r in run.results if r["diverged_step"] >= 0],
-                    "trained_steps": 0}
+            return {
+                "rows": run.results,
+                "curves": run.curves,
+                "wall_s": 0.0,
+                "diverged": [r for r in run.results if r["diverged_step"] >= 0],
+                "trained_steps": 0,
+            }
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "sweep.json"), "w") as f:
         json.dump(ident, f, indent=1)
@@ -263,8 +269,10 @@ def run_grid(
         settings_c = jax.tree_util.tree_map(lambda x: x[sl], padded)
         n_real = min(chunk, k - c * chunk)
         ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
-        state, curves = None, {n: np.full((chunk, n_evals), np.nan, np.float32)
-                                for n in CURVE_FIELDS + ("step",)}
+        state, curves = (
+            None,
+            {n: np.full((chunk, n_evals), np.nan, np.float32) for n in CURVE_FIELDS + ("step",)},
+        )
         if checkpoint.latest_step(ckpt_dir) is not None:
             tree, meta = checkpoint.restore(ckpt_dir, like={"state": like_state, "curves": curves})
             if meta.get("chunk") != c or meta.get("settings") != [
@@ -286,7 +294,9 @@ def run_grid(
             evals_done += seg
             step = evals_done * cfg.train.eval_every
             checkpoint.save(
-                ckpt_dir, step, {"state": state, "curves": curves},
+                ckpt_dir,
+                step,
+                {"state": state, "curves": curves},
                 {"chunk": c, "step": step, "settings": [s._asdict() for s in grid.settings[sl]]},
             )
             trained += seg * cfg.train.eval_every * n_real
@@ -311,15 +321,26 @@ def run_grid(
     for line in diverged:
         log("WARNING: " + line)
     rows = results.write_files(
-        work, cfg, all_settings, state.params, curves, state.diverged_step,
+        work,
+        cfg,
+        all_settings,
+        state.params,
+        curves,
+        state.diverged_step,
         extra={"swept": list(grid.swept), "wall_s": wall},
     )
     shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
     if work != out:  # --overwrite: replace the old folder only now that the new one is whole
-        old = tempfile.mkdtemp(prefix=".old-" + os.path.basename(out) + "-",
-                               dir=os.path.dirname(os.path.abspath(out)))
+        old = tempfile.mkdtemp(
+            prefix=".old-" + os.path.basename(out) + "-", dir=os.path.dirname(os.path.abspath(out))
+        )
         os.rename(out, os.path.join(old, "x"))
         os.rename(work, out)
         shutil.rmtree(old)
-    return {"rows": rows, "curves": results.curve_rows(curves), "wall_s": wall,
-            "diverged": diverged, "trained_steps": trained}
+    return {
+        "rows": rows,
+        "curves": results.curve_rows(curves),
+        "wall_s": wall,
+        "diverged": diverged,
+        "trained_steps": trained,
+    }

@@ -22,8 +22,17 @@ from jaxmech.train import (
 )
 
 SMALL = Config().replace(
-    d_model=32, d_head=8, d_embed=32, batch_size=32, steps=20, eval_every=10, n_labels=8,
-    n_val_labels=3, n_pair_labels=5, layouts_per_pair=5, image_len=6,
+    d_model=32,
+    d_head=8,
+    d_embed=32,
+    batch_size=32,
+    steps=20,
+    eval_every=10,
+    n_labels=8,
+    n_val_labels=3,
+    n_pair_labels=5,
+    layouts_per_pair=5,
+    image_len=6,
 )
 
 
@@ -65,8 +74,15 @@ def test_no_retrace_when_only_sweepable_values_change():
     after_first = _train_program._cache_size()
     train_models(
         SMALL,
-        _settings(SMALL, seed=[7, 9], n_pair_labels=[2, 4], layouts_per_pair=[1, 3], lr=[1e-2, 1e-4],
-                  weight_decay=[0.0, 0.5], single_frac=[0.1, 0.9]),
+        _settings(
+            SMALL,
+            seed=[7, 9],
+            n_pair_labels=[2, 4],
+            layouts_per_pair=[1, 3],
+            lr=[1e-2, 1e-4],
+            weight_decay=[0.0, 0.5],
+            single_frac=[0.1, 0.9],
+        ),
         data=data,
     )
     assert after_first - before <= 1
@@ -100,15 +116,14 @@ def test_nonfinite_model_is_frozen_and_reported():
     data = jax.tree_util.tree_map(jnp.asarray, build_data(SMALL))
     s = SMALL.settings()
     state = init_state(SMALL, s)
-    bad = state._replace(
-        params={**state.params, "logit_scale": jnp.asarray(jnp.nan, jnp.float32)}
-    )
-    new, metrics = train_step(bad, s, data, SMALL)
+    bad = state._replace(params={**state.params, "logit_scale": jnp.asarray(jnp.nan, jnp.float32)})
+    step = jax.jit(train_step, static_argnames="config")
+    new, metrics = step(bad, s, data, config=SMALL)
     assert not np.isfinite(metrics["loss"])
     assert int(new.diverged_step) == 0
     # params stay as they were (no NaN update spreads), later steps keep the record
     np.testing.assert_array_equal(new.params["vision"]["E"], bad.params["vision"]["E"])
-    newer, _ = train_step(new, s, data, SMALL)
+    newer, _ = step(new, s, data, config=SMALL)
     assert int(newer.diverged_step) == 0
     stacked = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], newer)
     lines = diverged_models(stacked, stack_settings([s]))

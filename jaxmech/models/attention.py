@@ -50,11 +50,20 @@ def has_mlp(block) -> bool:
     return "W_in" in block
 
 
-def _rows(a, q_rows_BxQ, batched=True):
-    """Rows `q_rows` of a [B, S, ...] array (or of a shared [S, ...] one) -> [B, Q, ...]."""
+def select_rows(a, q_rows, batched=True):
+    """Rows `q_rows` of a [B, S, ...] array (or of a shared [S, ...] one) -> [B, Q, ...].
+
+    `q_rows` is a static int (the same single row everywhere, e.g. CLS = 0: a slice) or
+    an int array [B, Q] (e.g. each caption's EOT: a one-hot contraction over the short
+    sequence for float arrays, whose gradient is a product rather than a scatter-add).
+    """
+    if isinstance(q_rows, int):
+        return a[q_rows : q_rows + 1] if not batched else a[:, q_rows : q_rows + 1]
     if not batched:
-        return a[q_rows_BxQ]
-    idx = q_rows_BxQ.reshape(q_rows_BxQ.shape + (1,) * (a.ndim - 2))
+        return a[q_rows]
+    if jnp.issubdtype(a.dtype, jnp.floating):
+        return jnp.einsum("bqs,bs...->bq...", jax.nn.one_hot(q_rows, a.shape[1], dtype=a.dtype), a)
+    idx = q_rows.reshape(q_rows.shape + (1,) * (a.ndim - 2))
     return jnp.take_along_axis(a, idx, axis=1)
 
 
@@ -78,9 +87,10 @@ def block_forward(
       block: block params (module docstring).
       x_BxSxD: residual stream in.
       causal: key j is visible to query i only if j <= i.
-      q_rows_BxQ: int positions of the query rows to compute (None: all S rows). The
-        output then has Q rows: the residual stream at those positions only. Exact,
-        since keys and values still see every position.
+      q_rows_BxQ: int positions [B, Q] of the query rows to compute, or a static int
+        for one row shared by the batch (None: all S rows). The output then has Q rows:
+        the residual stream at those positions only. Exact, since keys and values still
+        see every position.
       edits: named interventions, applied at `"{prefix}{point}{suffix}"`.
       prefix, suffix: e.g. `"vision/"` and `".0"` (the layer).
       parts: (E_part, P_part) [B, S, D] summing to x_BxSxD (first layer only), needed
@@ -103,7 +113,7 @@ def block_forward(
     scale = d_head**-0.5
 
     def take_rows(a):
-        return a if q_rows_BxQ is None else _rows(a, q_rows_BxQ)
+        return a if q_rows_BxQ is None else select_rows(a, q_rows_BxQ)
 
     x_in = x_BxSxD
     bias_in = jnp.zeros((D,), x_BxSxD.dtype)
@@ -121,7 +131,7 @@ def block_forward(
         tokens, E, P_rows = factored
         t = take_rows(tokens) if rows else tokens
         p = (
-            _rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
+            select_rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
             if rows and q_rows_BxQ is not None
             else P_rows
         )
@@ -141,7 +151,12 @@ def block_forward(
         scores = scores - _removed_logits(block, parts, parts_q, bias_in, term_keep, scale)
     scores = edits(nm("attn_scores"), scores)
     if causal:
-        q_pos = jnp.broadcast_to(jnp.arange(S)[None], (B, S)) if q_rows_BxQ is None else q_rows_BxQ
+        if q_rows_BxQ is None:
+            q_pos = jnp.broadcast_to(jnp.arange(S)[None], (B, S))
+        elif isinstance(q_rows_BxQ, int):
+            q_pos = jnp.full((B, 1), q_rows_BxQ)
+        else:
+            q_pos = q_rows_BxQ
         visible = jnp.arange(S)[None, None, None, :] <= q_pos[:, None, :, None]
         masked = jnp.where(visible, scores, -jnp.inf)
     else:

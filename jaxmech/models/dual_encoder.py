@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from jaxmech.config import Config, ModelConfig
 from jaxmech.data.vocab import CAPTION_LEN, Vocab
-from jaxmech.models.attention import block_forward, layer_norm
+from jaxmech.models.attention import block_forward, layer_norm, select_rows
 from jaxmech.models.edits import NO_EDITS, Edits
 
 LOGIT_SCALE_MAX = math.log(100.0)
@@ -109,7 +109,8 @@ def encode(
       tower: this tower's params.
       tokens_BxS: input token ids; the input is `E[tokens] + p_rows`.
       p_rows: position rows, [S, D] shared or [B, S, D].
-      readout_idx: [B] int, the row to read out (CLS 0, or the EOT position).
+      readout_idx: the row to read out: a static int shared by the batch (CLS: 0) or
+        [B] int (each caption's EOT position).
       name: "vision" or "text" (prefix of intermediates and edit names).
       causal: causal self-attention mask.
       readout_only: compute the last layer's attention for the readout row only
@@ -136,7 +137,10 @@ def encode(
     n = n_blocks(tower)
     for layer in range(n):
         last = layer == n - 1
-        q_rows = readout_idx[:, None] if (readout_only and last) else None
+        if readout_only and last:
+            q_rows = readout_idx if isinstance(readout_idx, int) else readout_idx[:, None]
+        else:
+            q_rows = None
         first = layer == 0
         aux[f"{name}/resid_pre.{layer}"] = x
         x, block_aux = block_forward(
@@ -158,7 +162,9 @@ def encode(
     if readout_only:
         readout = x[:, 0]
     else:
-        readout = jnp.take_along_axis(x, readout_idx[:, None, None], axis=1)[:, 0]
+        readout = select_rows(
+            x, readout_idx if isinstance(readout_idx, int) else readout_idx[:, None]
+        )[:, 0]
     readout = edits(f"{name}/readout", readout)
     aux[f"{name}/readout"] = readout
     h = layer_norm(readout, tower["lnf_w"], tower["lnf_b"]) if "lnf_w" in tower else readout

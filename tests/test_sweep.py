@@ -1,0 +1,201 @@
+"""Sweeps: devices, interruption and resume, refusal of foreign folders, CLI errors."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from jaxmech import checkpoint, results
+from jaxmech.config import Config
+from jaxmech.sweep import SweepMismatchError, expand, run_grid
+
+TINY = dict(
+    d_model=16,
+    d_head=4,
+    d_embed=16,
+    batch_size=16,
+    n_labels=8,
+    n_val_labels=3,
+    n_pair_labels=5,
+    layouts_per_pair=5,
+    image_len=6,
+)
+TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items() if k != "n_pair_labels"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _grid(steps=40, eval_every=10, n_pair="3,5", seeds=2):
+    config = Config().replace(steps=steps, eval_every=eval_every, **TINY)
+    return expand(config, {"n_pair": n_pair}, seeds=seeds)
+
+
+def _params_equal(a_dir, b_dir, rtol=1e-5, atol=1e-6, exact=True):
+    a, b = results.load_run(a_dir), results.load_run(b_dir)
+    import jax
+
+    flat_a = jax.tree_util.tree_flatten_with_path(a.params)[0]
+    for (path, x), y in zip(flat_a, jax.tree_util.tree_leaves(b.params)):
+        name = jax.tree_util.keystr(path)
+        if "b_K" in name and not exact:
+            continue  # softmax-invariant: rounding noise scaled by Adam (BUILD_NOTES.md)
+        np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=name)
+    for ra, rb in zip(a.results, b.results):
+        for k in ("single_acc", "seen_acc", "unseen_acc", "labelset_acc", "final_loss"):
+            np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6)
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stop_after(n):
+    """A log callback that interrupts the sweep after n progress lines (checkpoints)."""
+    seen = []
+
+    def log(line):
+        if line.lstrip().startswith("chunk"):
+            seen.append(line)
+            if len(seen) >= n:
+                raise _Stop(line)
+
+    return log
+
+
+def test_interrupted_sweep_resumes_to_the_same_result(tmp_path):
+    grid = _grid()
+    full = str(tmp_path / "full")
+    run_grid(grid, full, chunk_size=3, log=lambda *_: None)
+    part = str(tmp_path / "part")
+    with pytest.raises(_Stop):
+        run_grid(grid, part, chunk_size=3, log=_stop_after(5))  # mid second chunk
+    assert not os.path.exists(os.path.join(part, "results.csv"))
+    resumed = run_grid(grid, part, chunk_size=3, log=lambda *_: None)
+    # 4 models: chunk 0 (3 models) done, chunk 1 (1 model) at step 10 of 40
+    assert resumed["trained_steps"] == 1 * 30
+    _params_equal(full, part)
+    assert not os.path.exists(os.path.join(part, "checkpoints"))  # cleaned when finished
+
+
+def test_damaged_checkpoint_is_reported_not_restarted(tmp_path):
+    grid = _grid()
+    out = str(tmp_path / "run")
+    with pytest.raises(_Stop):
+        run_grid(grid, out, chunk_size=4, log=_stop_after(2))
+    files = [
+        f
+        for f in glob.glob(
+            os.path.join(out, "checkpoints", "chunk_0000", "*", "state", "**"), recursive=True
+        )
+        if os.path.isfile(f) and os.path.getsize(f) > 0
+    ]
+    assert files
+    for f in files:
+        with open(f, "wb") as fh:
+            fh.write(b"not a checkpoint")
+    with pytest.raises(checkpoint.CheckpointError, match="damaged"):
+        run_grid(grid, out, chunk_size=4, log=lambda *_: None)
+    assert not os.path.exists(os.path.join(out, "results.csv"))
+
+
+def test_mismatched_sweep_is_refused_before_compute(tmp_path):
+    out = str(tmp_path / "run")
+    with pytest.raises(_Stop):
+        run_grid(_grid(), out, chunk_size=4, log=_stop_after(1))
+    listing = sorted(os.listdir(out))
+    with pytest.raises(SweepMismatchError, match="different sweep"):
+        run_grid(_grid(n_pair="3,4"), out, chunk_size=4, log=lambda *_: None)
+    assert sorted(os.listdir(out)) == listing
+    stranger = tmp_path / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    with pytest.raises(SweepMismatchError, match="other files"):
+        run_grid(_grid(), str(stranger), log=lambda *_: None)
+    assert (stranger / "notes.txt").read_text() == "mine"
+
+
+def _sweep_cmd(out, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "experiments.sweep",
+        f"--out={out}",
+        "--n_pair=3,5",
+        "--seeds=2",
+        *TINY_FLAGS,
+        *extra,
+    ]
+
+
+def test_sharded_over_four_devices_equals_one_device(tmp_path):
+    one = str(tmp_path / "one")
+    run_grid(_grid(), one, chunk_size=4, log=lambda *_: None)
+    four = str(tmp_path / "four")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    proc = subprocess.run(
+        _sweep_cmd(four, "--steps=40", "--eval_every=10", "--chunk_size=4"),
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "4 cpu device(s)" in proc.stdout
+    _params_equal(one, four, rtol=1e-4, atol=1e-5, exact=False)
+
+
+def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
+    steps = ["--steps=400", "--eval_every=10"]
+    out = str(tmp_path / "killed")
+    proc = subprocess.Popen(
+        _sweep_cmd(out, *steps, "--chunk_size=4"),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
+    deadline = time.time() + 300
+    while time.time() < deadline and checkpoint.latest_step(ckpt) is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(out, "results.csv")), "finished before the kill"
+    rerun = subprocess.run(
+        _sweep_cmd(out, *steps, "--chunk_size=4"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    ref = str(tmp_path / "ref")
+    run_grid(_grid(steps=400), ref, chunk_size=4, log=lambda *_: None)
+    _params_equal(ref, out)
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        ("--n_pair=9:5", "empty range"),
+        ("--n_pair=5:16", "n_pair_labels"),
+        ("--layouts_per_pair=0,46", "layouts_per_pair"),
+        ("--no_such_field=3", "no_such_field"),
+    ],
+)
+def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
+    out = str(tmp_path / "never")
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.sweep", f"--out={out}", flag],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert not os.path.exists(out)
