@@ -2,6 +2,8 @@
 
     python -m experiments.bench                # K = 1, 4, 16, 64
     python -m experiments.bench --ks=1,16 --timed_steps=50
+    python -m experiments.bench --ks= --sweep_models=8   # sweep-level models/hour
+    python -m experiments.bench --ks= --ablation_models=64   # one ablation-table call
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -9,10 +11,12 @@ Everything is measured in this one run; the report prints ratios between them.
 from absl import app, flags
 
 from jaxmech.benchmark import (
+    ablation_table_time,
     dense_step_flops,
     matmul_rate,
     model_steps_per_second,
     step_flops_xla,
+    sweep_throughput,
 )
 from jaxmech.cli import define_config_flags, setup_runtime, specs_from_flags
 from jaxmech.config import Config, ConfigError
@@ -20,6 +24,11 @@ from jaxmech.sweep import coerce
 
 flags.DEFINE_string("ks", "1,4,16,64", "numbers of vmapped models to measure")
 flags.DEFINE_integer("timed_steps", 100, "training steps per timed call")
+flags.DEFINE_integer("sweep_models", 0, "also train this many models as a sweep (models/hour)")
+flags.DEFINE_integer("chunk_size", None, "models per compiled call in the sweep measurement")
+flags.DEFINE_integer(
+    "ablation_models", 0, "also time one ablation-table call over this many models"
+)
 define_config_flags(sweep=False)
 FLAGS = flags.FLAGS
 
@@ -29,7 +38,7 @@ def main(argv):
     setup_runtime()
     try:
         config = Config().replace(**{n: coerce(n, v) for n, v in specs_from_flags(FLAGS).items()})
-        ks = [int(k) for k in FLAGS.ks.split(",")]
+        ks = [int(k) for k in FLAGS.ks.split(",") if k.strip()]
     except (ConfigError, ValueError) as e:
         raise app.UsageError(str(e)) from None
     import jax
@@ -57,6 +66,25 @@ def main(argv):
             f"{k:>4} {sps:>14.1f} {1000 / sps:>14.2f} {sps / base:>8.2f} "
             f"{sps * dense / 1e9:>14.1f} {sps * dense / rate:>12.2f} "
             f"{(sps * xla / rate if xla else float('nan')):>12.2f}"
+        )
+
+    if FLAGS.sweep_models:
+        sw = sweep_throughput(config, FLAGS.sweep_models, FLAGS.chunk_size)
+        sps = sw["model_steps_per_s"]
+        print(
+            f"sweep of {FLAGS.sweep_models} models x {config.train.steps} steps (evaluation, "
+            f"checkpoints and compile included): {sw['wall_s']:.0f} s, "
+            f"{sw['models_per_hour']:.0f} models/hour, {sps:.1f} model-steps/s, "
+            f"dense {sps * dense / rate:.2f} / executed "
+            f"{(sps * xla / rate if xla else float('nan')):.2f} of the matmul rate"
+        )
+
+    if FLAGS.ablation_models:
+        at = ablation_table_time(config, FLAGS.ablation_models)
+        print(
+            f"ablation table, {FLAGS.ablation_models} models x {at['evaluations'] // FLAGS.ablation_models} "
+            f"ablations x 4 validation sets in one compiled call: {at['first_s']:.1f} s "
+            f"(compile included), {at['second_s']:.1f} s (second call)"
         )
 
 

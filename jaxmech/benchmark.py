@@ -14,6 +14,7 @@ meaningful even on a noisy machine. FLOP counts:
 
 from __future__ import annotations
 
+import os
 import time
 
 import jax
@@ -100,3 +101,48 @@ def model_steps_per_second(config: Config, k: int, n_steps: int = 100, repeats: 
         state = jax.block_until_ready(run(state))
         best = min(best, time.perf_counter() - t)
     return k * n_steps / best
+
+
+def sweep_throughput(config: Config, n_models: int, chunk_size: int | None = None) -> dict:
+    """Trains n_models seeds of `config` as a sweep (into a temporary folder, evaluation
+    and checkpoints included) and returns wall time, models/hour and model-steps/s."""
+    import shutil
+    import tempfile
+
+    from jaxmech.sweep import expand, run_grid
+
+    grid = expand(config, {}, seeds=n_models)
+    tmp = tempfile.mkdtemp(prefix="jaxmech-bench-")
+    try:
+        t = time.perf_counter()
+        run_grid(grid, os.path.join(tmp, "sweep"), chunk_size=chunk_size, log=lambda *_: None)
+        wall = time.perf_counter() - t
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {
+        "wall_s": wall,
+        "models_per_hour": n_models * 3600 / wall,
+        "model_steps_per_s": n_models * config.train.steps / wall,
+    }
+
+
+def ablation_table_time(config: Config, n_models: int, names=None) -> dict:
+    """Wall time of one `ablation_table` call over n_models freshly initialised models
+    (timing only: the accuracies of untrained models mean nothing), first call
+    (compile included) and a second call."""
+    from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, ablation_table
+    from jaxmech.train import _init_program
+
+    names = tuple(names or DEFAULT_ABLATIONS)
+    settings = jax.tree_util.tree_map(
+        jnp.asarray, stack_settings([config.replace(seed=i).settings() for i in range(n_models)])
+    )
+    params = _init_program(settings, config).params
+    data = build_data(config)
+    out = {}
+    for label in ("first_s", "second_s"):
+        t = time.perf_counter()
+        jax.block_until_ready(ablation_table(params, settings, data, names))
+        out[label] = time.perf_counter() - t
+    out["evaluations"] = n_models * len(names)
+    return out

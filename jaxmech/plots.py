@@ -45,23 +45,31 @@ def training_curves(curves: list[dict], path: str, title: str = "") -> str:
 
 
 def accuracy_vs(rows: list[dict], field: str, path: str, title: str = "") -> str:
-    """Final accuracies against a swept field: mean with min-max band and seeds as dots."""
+    """Final accuracies against a swept field: mean with 95% CI over seeds, seeds as dots."""
+    from jaxmech.stats import mean_ci
+
     xs = sorted({r[field] for r in rows})
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for key, label in ACC_LABELS.items():
-        means, lo, hi = [], [], []
+    for j, (key, label) in enumerate(ACC_LABELS.items()):
+        stats = [mean_ci([r[key] for r in rows if r[field] == x]) for x in xs]
+        m = np.asarray([s[0] for s in stats])
+        err = np.abs(np.asarray([[s[1], s[2]] for s in stats]).T - m)
+        offset = (j - 1.5) * 0.012 * (max(xs) - min(xs) or 1)
         for x in xs:
-            v = np.asarray([r[key] for r in rows if r[field] == x], float)
-            v = v[np.isfinite(v)]
-            means.append(v.mean() if len(v) else np.nan)
-            lo.append(v.min() if len(v) else np.nan)
-            hi.append(v.max() if len(v) else np.nan)
-            ax.scatter([x] * len(v), v, s=8, alpha=0.4)
-        line = ax.plot(xs, means, marker="o", label=label)[0]
-        ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
+            v = [r[key] for r in rows if r[field] == x]
+            ax.scatter(np.full(len(v), x + offset), v, s=7, alpha=0.35, color=f"C{j}")
+        ax.errorbar(
+            np.asarray(xs) + offset,
+            m,
+            yerr=np.nan_to_num(err),
+            marker="o",
+            capsize=3,
+            label=label,
+            color=f"C{j}",
+        )
     ax.axhline(0.5, color="gray", ls=":", lw=1)
     ax.set_xlabel(field)
-    ax.set_ylabel("final accuracy (mean, min-max over seeds)")
+    ax.set_ylabel("final accuracy (mean, 95% CI over seeds)")
     ax.set_ylim(0.4, 1.02)
     ax.legend(loc="lower right", fontsize=8)
     ax.set_title(title or f"accuracy vs {field}")

@@ -1,33 +1,95 @@
-"""Text table and figures for a finished run (what the entry points print)."""
+"""What the entry points print and write after a run: table, figures, Markdown summary."""
 
 from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from jaxmech import plots
+from jaxmech.config import Config
+from jaxmech.evaluate import METRICS
 from jaxmech.results import summary_table
+from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid
 
 
+def _non_default(config: Config) -> dict:
+    base = Config().flat()
+    return {k: v for k, v in config.flat().items() if base[k] != v and k != "seed"}
+
+
+def by_value(rows: list[dict], field: str) -> list[dict]:
+    """Per value of `field`: n and mean with 95% CI of every metric (finite models)."""
+    out = []
+    for x in sorted({r[field] for r in rows}):
+        sel = [r for r in rows if r[field] == x and r["diverged_step"] < 0]
+        entry = {field: x, "n": len(sel)}
+        for m in METRICS:
+            entry[m] = mean_ci([r[m] for r in sel])
+        out.append(entry)
+    return out
+
+
+def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str:
+    """A short Markdown page: settings, per-value means with 95% CIs, time, figures."""
+    rows = run["rows"]
+    lines = [f"# Sweep summary: `{out}`", ""]
+    nd = _non_default(grid.config)
+    lines.append(
+        "Config differences from the SPEC defaults: "
+        + (", ".join(f"`{k}={v}`" for k, v in nd.items()) if nd else "none")
+        + "."
+    )
+    seeds = sorted({r["seed"] for r in rows})
+    lines.append(
+        f"{len(rows)} models; swept: {', '.join(grid.swept) or 'seeds only'}; "
+        f"seeds {seeds[0]}..{seeds[-1]}. Intervals are 95% t-intervals over seeds."
+    )
+    if run["wall_s"]:
+        lines.append(
+            f"Training wall time {run['wall_s']:.0f} s "
+            f"({len(rows) * 3600 / run['wall_s']:.0f} models/hour, compile and evaluation included)."
+        )
+    if run["diverged"]:
+        lines.append(f"Diverged (excluded): {len(run['diverged'])} model(s).")
+    fields = list(grid.swept) or ["seed"]
+    for field in fields:
+        lines += ["", f"## By `{field}`", ""]
+        lines.append(f"| {field} | n | " + " | ".join(METRICS) + " |")
+        lines.append("|---" * (len(METRICS) + 2) + "|")
+        for e in by_value(rows, field) if field != "seed" else [_all(rows)]:
+            cells = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi, _ in (e[k] for k in METRICS)]
+            lines.append(f"| {e.get(field, 'all')} | {e['n']} | " + " | ".join(cells) + " |")
+    lines += ["", "## Figures", ""]
+    lines += [f"![{os.path.basename(p)}]({os.path.relpath(p, out)})" for p in figures]
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def _all(rows):
+    sel = [r for r in rows if r["diverged_step"] < 0]
+    return {"n": len(sel), **{m: mean_ci([r[m] for r in sel]) for m in METRICS}}
+
+
 def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
-    """Prints the per-model table, writes figures under out/figures, prints their paths."""
+    """Prints the per-model table and per-value means; writes figures and summary.md."""
     rows = run["rows"]
     log(summary_table(rows, grid.swept))
     figdir = plots.ensure_dir(os.path.join(out, "figures"))
     paths = [plots.training_curves(run["curves"], os.path.join(figdir, "curves.png"))]
     for field in grid.swept:
         paths.append(plots.accuracy_vs(rows, field, os.path.join(figdir, f"acc_vs_{field}.png")))
-        log(f"\nmean final accuracies by {field}:")
-        for x in sorted({r[field] for r in rows}):
-            sel = [r for r in rows if r[field] == x and r["diverged_step"] < 0]
-            means = {
-                k: np.nanmean([r[k] for r in sel])
-                for k in ("single_acc", "seen_acc", "unseen_acc", "labelset_acc")
-            }
-            log(f"  {field}={x}: " + "  ".join(f"{k}={v:.3f}" for k, v in means.items()))
+        log(f"\nmean final accuracy [95% CI] by {field}:")
+        for e in by_value(rows, field):
+            log(
+                f"  {field}={e[field]} (n={e['n']}): "
+                + "  ".join(f"{m}={e[m][0]:.3f} [{e[m][1]:.3f},{e[m][2]:.3f}]" for m in METRICS)
+            )
+    markdown_summary(out, grid, run, paths)
     k = len(rows)
-    log(f"\n{k} model(s) trained in {run['wall_s']:.1f} s (compile included)")
+    if run["wall_s"]:
+        log(f"\n{k} model(s) trained in {run['wall_s']:.1f} s (compile included)")
     log(f"results: {out}/results.csv  curves: {out}/curves.csv  params: {out}/params")
+    log(f"summary: {out}/summary.md")
     log("figures: " + "  ".join(paths))

@@ -1,0 +1,70 @@
+"""Small statistics over seeds: means with t-based 95% confidence intervals (no SciPy)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+# two-sided 95% Student-t critical values t_{0.975, df}, df = 1..30
+_T975 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% t critical value (normal 1.96 beyond df = 30)."""
+    if df < 1:
+        return float("nan")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
+def mean_ci(
+    values, lo: float | None = 0.0, hi: float | None = 1.0
+) -> tuple[float, float, float, int]:
+    """(mean, ci_low, ci_high, n) over the finite values: mean +- t * sd / sqrt(n).
+
+    The interval is clipped to [lo, hi] (accuracies by default). n < 2 gives NaN bounds.
+    """
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    m = float(v.mean())
+    if n < 2:
+        return m, float("nan"), float("nan"), n
+    half = t975(n - 1) * float(v.std(ddof=1)) / np.sqrt(n)
+    a, b = m - half, m + half
+    if lo is not None:
+        a = max(a, lo)
+    if hi is not None:
+        b = min(b, hi)
+    return m, a, b, n
