@@ -4,6 +4,7 @@ Top-level API: configs, `init_params`, the one `forward` (and its towers), edits
 training and evaluation functions, and results loading.
 """
 
+from jaxmech.analysis.decompose import decompose
 from jaxmech.config import (
     SWEEPABLE,
     Config,
@@ -33,6 +34,7 @@ __all__ = [
     "build_data",
     "build_eval_sets",
     "build_tables",
+    "decompose",
     "encode_images",
     "encode_texts",
     "evaluate",

@@ -12,9 +12,25 @@ import dataclasses
 import itertools
 import json
 import os
+import shutil
+import tempfile
+import time
 from typing import Any
 
+import jax
+import numpy as np
+
+from jaxmech import checkpoint, results
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
+from jaxmech.train import (
+    CURVE_FIELDS,
+    TrainState,
+    _init_program,
+    build_data,
+    diverged_models,
+    stack_settings,
+    train_models,
+)
 
 # Short names users know from the papers.
 ALIASES = {"n_pair": "n_pair_labels", "n_2": "layouts_per_pair"}
@@ -132,8 +148,6 @@ def default_chunk_size(k: int) -> int:
     ~1.5x per model over 1 while larger K gain little more (BUILD_NOTES.md, bench);
     on GPU/TPU throughput grows with the batch of models until memory runs out.
     """
-    import jax
-
     n_dev = jax.device_count()
     per_dev = 4 if jax.default_backend() == "cpu" else 512
     per_dev = min(per_dev, -(-k // n_dev))
@@ -181,24 +195,6 @@ def run_grid(
 
     Returns {"rows", "curves", "wall_s", "diverged", "trained_steps"}.
     """
-    import shutil
-    import tempfile
-    import time
-
-    import jax
-    import numpy as np
-
-    from jaxmech import checkpoint, results
-    from jaxmech.train import (
-        CURVE_FIELDS,
-        TrainState,
-        _init_program,
-        build_data,
-        diverged_models,
-        stack_settings,
-        train_models,
-    )
-
     cfg = grid.config
     ident = identity(grid)
     k = len(grid.settings)
@@ -262,7 +258,7 @@ def run_grid(
     trained = 0
     total = k * cfg.train.steps
     done_model_steps = 0
-    passed = []
+    passed_before = 0  # models of finished chunks with unseen-pair accuracy >= 0.9
     states, curves_all = [], []
     for c in range(n_chunks):
         sl = slice(c * chunk, (c + 1) * chunk)
@@ -304,14 +300,14 @@ def run_grid(
             elapsed = time.perf_counter() - t0
             rate = trained / max(elapsed, 1e-9)
             eta = (total - done_model_steps) / max(rate, 1e-9)
-            unseen_now = curves["unseen_acc"][:n_real, evals_done - 1]
+            passed_now = int((curves["unseen_acc"][:n_real, evals_done - 1] >= 0.9).sum())
             log(
                 f"  chunk {c + 1}/{n_chunks} step {step}/{cfg.train.steps}  "
                 f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
-                f"unseen>=0.9: {int((unseen_now >= 0.9).sum()) + sum(passed)}/"
-                f"{n_real + c * chunk}  ({time.perf_counter() - ts:.1f} s this segment)"
+                f"unseen>=0.9: {passed_before + passed_now}/{c * chunk + n_real}  "
+                f"({time.perf_counter() - ts:.1f} s this segment)"
             )
-        passed.append(int((curves["unseen_acc"][:n_real, -1] >= 0.9).sum()))
+        passed_before += int((curves["unseen_acc"][:n_real, -1] >= 0.9).sum())
         states.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state))
         curves_all.append({n: v[:n_real] for n, v in curves.items()})
     wall = time.perf_counter() - t0
