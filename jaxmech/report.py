@@ -12,9 +12,11 @@ from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid
 
 
-def _non_default(config: Config) -> dict:
+def _non_default(config: Config, swept=()) -> dict:
+    """Fields that differ from the SPEC defaults (swept fields and seed excluded)."""
     base = Config().flat()
-    return {k: v for k, v in config.flat().items() if base[k] != v and k != "seed"}
+    skip = {"seed", *swept}
+    return {k: v for k, v in config.flat().items() if base[k] != v and k not in skip}
 
 
 def by_value(rows: list[dict], field: str) -> list[dict]:
@@ -33,7 +35,7 @@ def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str
     """A short Markdown page: settings, per-value means with 95% CIs, time, figures."""
     rows = run["rows"]
     lines = [f"# Sweep summary: `{out}`", ""]
-    nd = _non_default(grid.config)
+    nd = _non_default(grid.config, grid.swept)
     lines.append(
         "Config differences from the SPEC defaults: "
         + (", ".join(f"`{k}={v}`" for k, v in nd.items()) if nd else "none")
