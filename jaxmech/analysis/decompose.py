@@ -39,7 +39,6 @@ import jax.numpy as jnp
 
 from jaxmech.models.attention import has_ln, ln_parts, logit_terms
 from jaxmech.models.dual_encoder import (
-    LOGIT_SCALE_MAX,  # noqa: F401  (re-exported for analysis users)
     encode,
     eot_index,
     n_blocks,

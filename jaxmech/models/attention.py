@@ -148,7 +148,7 @@ def block_forward(
         # Subtract the removed terms from the logits computed anyway: an all-ones mask
         # subtracts exact zeros, so it is bit-identical to the plain forward.
         parts_q = parts if q_rows_BxQ is None else [take_rows(p) for p in parts]
-        scores = scores - _removed_logits(block, parts, parts_q, bias_in, term_keep, scale)
+        scores = scores - _removed_logits(block, parts, parts_q, bias_in, term_keep)
     scores = edits(nm("attn_scores"), scores)
     if causal:
         if q_rows_BxQ is None:
@@ -232,9 +232,8 @@ def logit_terms(block, parts_q, parts_k, bias_in, names=("E", "P")):
     return {k: v * scale for k, v in terms.items()}
 
 
-def _removed_logits(block, parts_k, parts_q, bias_in, term_keep, scale):
-    """sum_t (1 - keep_t) * term_t over the nine E/P/B terms; [B, H, Q, S]."""
-    del scale  # logit_terms scales
+def _removed_logits(block, parts_k, parts_q, bias_in, term_keep):
+    """sum_t (1 - keep_t) * term_t over the nine E/P/B terms (scaled); [B, H, Q, S]."""
     terms = logit_terms(block, parts_q, parts_k, bias_in)
     drop = 1.0 - term_keep  # [H, 9]
     return sum(drop[None, :, i, None, None] * terms[t] for i, t in enumerate(TERMS))
