@@ -149,8 +149,10 @@ def default_chunk_size(k: int) -> int:
     on GPU/TPU throughput grows with the batch of models until memory runs out.
     """
     n_dev = jax.device_count()
-    per_dev = 4 if jax.default_backend() == "cpu" else 512
-    per_dev = min(per_dev, -(-k // n_dev))
+    max_per_dev = 4 if jax.default_backend() == "cpu" else 512
+    n_chunks = -(-k // (max_per_dev * n_dev))
+    # balance the chunks, so the last one is not mostly padding (6 models: 3 + 3, not 4 + 4)
+    per_dev = -(-k // (n_chunks * n_dev))
     return per_dev * n_dev
 
 
