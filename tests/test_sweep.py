@@ -199,3 +199,16 @@ def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not os.path.exists(out)
+
+
+def test_default_chunks_are_balanced_and_small_on_cpu():
+    import jax
+
+    from jaxmech.sweep import default_chunk_size
+
+    n_dev = jax.device_count()
+    for k in range(1, 70):
+        c = default_chunk_size(k)
+        n = -(-k // c)
+        assert c % n_dev == 0 and c <= 4 * n_dev
+        assert n * c - k < n * n_dev, (k, c)  # less than one padded model per chunk and device
