@@ -57,3 +57,51 @@ def setup_runtime() -> None:
     """What every entry point does first: quiet Orbax's INFO lines, enable the cache."""
     logging.set_verbosity(logging.WARNING)
     enable_compilation_cache()
+
+
+def define_run_flags(default_out: str, default_seeds: int) -> None:
+    """The flags shared by the training entry points (train, sweep)."""
+    flags.DEFINE_integer("seeds", default_seeds, "seeds (models) per grid point")
+    flags.DEFINE_integer("first_seed", 0, "seed of the first model of each grid point")
+    flags.DEFINE_string("out", default_out, "results folder")
+    flags.DEFINE_bool("overwrite", False, "replace an existing results folder")
+    flags.DEFINE_integer("chunk_size", None, "models per compiled call (default: by backend)")
+    flags.DEFINE_integer("checkpoint_every", None, "steps between checkpoints (default eval_every)")
+    flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() (multi-host pods)")
+
+
+def train_and_report(FLAGS, single_values: bool, usage_error) -> None:
+    """Body of experiments.train / experiments.sweep: parse, train (resumably), report.
+
+    `single_values` refuses lists and ranges (experiments.train); bad input raises
+    `usage_error` before any compute.
+    """
+    from jaxmech.config import ConfigError
+    from jaxmech.report import report_run
+    from jaxmech.sweep import expand, run_grid
+
+    setup_runtime()
+    try:
+        specs = specs_from_flags(FLAGS)
+        if single_values:
+            for name, text in specs.items():
+                if "," in text or ":" in text:
+                    raise ConfigError(
+                        f"--{name}={text!r}: experiments.train takes single values; "
+                        "use experiments.sweep for several"
+                    )
+        grid = expand(Config(), specs, FLAGS.seeds, FLAGS.first_seed)
+    except (ConfigError, ValueError) as e:
+        raise usage_error(str(e)) from None
+    if FLAGS.distributed:
+        import jax
+
+        jax.distributed.initialize()
+    out = run_grid(
+        grid,
+        FLAGS.out,
+        overwrite=FLAGS.overwrite,
+        chunk_size=FLAGS.chunk_size,
+        checkpoint_every=FLAGS.checkpoint_every,
+    )
+    report_run(FLAGS.out, grid, out)
