@@ -13,7 +13,6 @@ Layout of a results folder:
 from __future__ import annotations
 
 import csv
-import json
 import os
 import shutil
 from typing import Any, NamedTuple
@@ -155,8 +154,3 @@ def summary_table(rows: list[dict], swept: tuple[str, ...] = ()) -> str:
     if len(ok) < len(rows):
         lines.append(f"({len(rows) - len(ok)} diverged model(s) excluded from mean/std/min)")
     return "\n".join(lines)
-
-
-def dump_json(path: str, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)

@@ -19,56 +19,19 @@ _init = jax.jit(init_params, static_argnums=0)
 # jitted: op-by-op dispatch of the many small term contractions is slow on CPU
 decompose = jax.jit(_decompose, static_argnames=("tower", "layer", "causal_text"))
 
+# a small task shared by every shape, and four model shapes on it
+_TASK = dict(
+    d_embed=16, image_len=8, n_labels=8, n_val_labels=3, n_pair_labels=5, layouts_per_pair=5
+)
 SHAPES = {
-    "small": dict(
-        d_model=32,
-        d_head=8,
-        n_heads=4,
-        d_embed=16,
-        image_len=8,
-        n_labels=8,
-        n_val_labels=3,
-        n_pair_labels=5,
-        layouts_per_pair=5,
-    ),
+    "small": dict(_TASK, d_model=32, d_head=8, n_heads=4),
     "wide": dict(
-        d_model=48,
-        d_head=6,
-        n_heads=6,
-        d_embed=16,
-        image_len=12,
-        n_labels=10,
-        n_val_labels=3,
-        n_pair_labels=7,
-        layouts_per_pair=5,
+        _TASK, d_model=48, d_head=6, n_heads=6, image_len=12, n_labels=10, n_pair_labels=7
     ),
     "ln_2layer": dict(
-        d_model=32,
-        d_head=8,
-        n_heads=2,
-        d_embed=16,
-        image_len=8,
-        n_labels=8,
-        n_val_labels=3,
-        n_pair_labels=5,
-        layouts_per_pair=5,
-        layernorm=True,
-        mlp=True,
-        d_mlp=64,
-        n_layers=2,
+        _TASK, d_model=32, d_head=8, n_heads=2, layernorm=True, mlp=True, d_mlp=64, n_layers=2
     ),
-    "cls_position": dict(
-        d_model=32,
-        d_head=8,
-        n_heads=4,
-        d_embed=16,
-        image_len=8,
-        n_labels=8,
-        n_val_labels=3,
-        n_pair_labels=5,
-        layouts_per_pair=5,
-        cls_position=True,
-    ),
+    "cls_position": dict(_TASK, d_model=32, d_head=8, n_heads=4, cls_position=True),
 }
 
 

@@ -46,8 +46,6 @@ from jaxmech.models.dual_encoder import (
     vision_inputs,
 )
 
-WEIGHT_BIAS = ("XX", "XB", "BX", "BB")
-
 
 def _run(params, x, tower: str, positions, causal_text: bool):
     """The tower's full forward (every query row) -> (tower params, intermediates)."""
