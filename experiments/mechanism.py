@@ -16,7 +16,7 @@ from absl import app, flags
 
 from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, parse_ablation
 from jaxmech.cli import setup_runtime
-from jaxmech.mechanism import analyse_run, compare_runs
+from jaxmech.mechanism import analyse_run, compare_runs, ep_report_refusal, run_config
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
 flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations (e.g. ep,ep+bp,vp)")
@@ -40,6 +40,9 @@ def main(argv):
     for r in runs:
         if not os.path.isfile(os.path.join(r, "config.json")):
             raise app.UsageError(f"--run: {r!r} is not a results folder (no config.json)")
+        refusal = ep_report_refusal(run_config(r), r)
+        if refusal:
+            raise app.UsageError(refusal)
     if "none" not in ablations:
         ablations = ["none", *ablations]
     results = {}

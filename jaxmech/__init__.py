@@ -4,7 +4,9 @@ Top-level API: configs, `init_params`, the one `forward` (and its towers), edits
 training and evaluation functions, and results loading.
 """
 
+from jaxmech.analysis.align import alignment_study, procrustes
 from jaxmech.analysis.decompose import decompose
+from jaxmech.analysis.text_heads import eot_patterns, first_mention_preference
 from jaxmech.config import (
     SWEEPABLE,
     Config,
@@ -31,17 +33,21 @@ __all__ = [
     "Settings",
     "TaskConfig",
     "TrainConfig",
+    "alignment_study",
     "build_data",
     "build_eval_sets",
     "build_tables",
     "decompose",
     "encode_images",
     "encode_texts",
+    "eot_patterns",
     "evaluate",
+    "first_mention_preference",
     "forward",
     "init_params",
     "init_state",
     "load_run",
+    "procrustes",
     "sample_batch",
     "stack_settings",
     "term_mask",

@@ -61,6 +61,12 @@ def setup_runtime() -> None:
 
 def define_run_flags(default_out: str, default_seeds: int) -> None:
     """The flags shared by the training entry points (train, sweep)."""
+    flags.DEFINE_string(
+        "preset",
+        None,
+        "a named protocol of the protocol study as the base config (its overrides; flags "
+        "override it). Names: python -m experiments.protocol_study --list",
+    )
     flags.DEFINE_integer("seeds", default_seeds, "seeds (models) per grid point")
     flags.DEFINE_integer("first_seed", 0, "seed of the first model of each grid point")
     flags.DEFINE_string("out", default_out, "results folder")
@@ -68,6 +74,18 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_integer("chunk_size", None, "models per compiled call (default: by backend)")
     flags.DEFINE_integer("checkpoint_every", None, "steps between checkpoints (default eval_every)")
     flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() (multi-host pods)")
+
+
+def preset_config(name: str | None) -> Config:
+    """SPEC defaults with a named protocol's overrides (`jaxmech.protocol.PROTOCOLS`)."""
+    from jaxmech.config import ConfigError
+    from jaxmech.protocol import BY_NAME
+
+    if name is None:
+        return Config()
+    if name not in BY_NAME:
+        raise ConfigError(f"--preset={name!r} is unknown; known: {', '.join(BY_NAME)}")
+    return Config().replace(**BY_NAME[name].overrides)
 
 
 def train_and_report(FLAGS, single_values: bool, usage_error) -> None:
@@ -90,7 +108,7 @@ def train_and_report(FLAGS, single_values: bool, usage_error) -> None:
                         f"--{name}={text!r}: experiments.train takes single values; "
                         "use experiments.sweep for several"
                     )
-        grid = expand(Config(), specs, FLAGS.seeds, FLAGS.first_seed)
+        grid = expand(preset_config(FLAGS.preset), specs, FLAGS.seeds, FLAGS.first_seed)
     except (ConfigError, ValueError) as e:
         raise usage_error(str(e)) from None
     if FLAGS.distributed:

@@ -39,10 +39,24 @@ class ConfigError(ValueError):
 
 
 # Fields that may vary per model inside one compiled program.
-SWEEPABLE = ("seed", "n_pair_labels", "layouts_per_pair", "single_frac", "lr", "weight_decay")
+SWEEPABLE = (
+    "seed",
+    "n_pair_labels",
+    "layouts_per_pair",
+    "single_frac",
+    "lr",
+    "weight_decay",
+    "epochs",
+)
+
+# Largest finite training set (items per part): data.relations1d.finite_order shuffles
+# with a fixed number of swap-or-not rounds, chosen to mix sets up to this size well.
+MAX_FINITE_ITEMS = 1 << 16
 
 SINGLE_CAPTIONS = ("side", "label", "side_pair")
 CAPTION_MODES = ("left", "left_right")
+VISION_POS = ("learned", "rope")
+TASK_KINDS = ("1d", "2d", "three")
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -86,7 +100,16 @@ def _choice(field: str, value: Any, options: tuple[str, ...]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """The 1D left/right image-caption task of SPEC.md."""
+    """The left/right image-caption task of SPEC.md and its 2D and three-object kinds.
+
+    `task_kind` selects the generator (`train.build_data`): `"1d"` (SPEC.md,
+    `data.relations1d`), `"2d"` (objects on a `grid_h x grid_w` grid flattened row-major
+    into the image sequence; left/right and above/below; `data.relations2d`) or
+    `"three"` (1D images with a third, distractor object; `data.relations3`). With
+    `"2d"`, `image_len` is derived: it is always set to `grid_h * grid_w` (a given value
+    is replaced), so everything sized by the image length (P, layouts, holdouts) follows
+    the grid. `grid_h` and `grid_w` must stay at their defaults for the other kinds.
+    """
 
     image_len: int = 10
     n_labels: int = 20
@@ -98,6 +121,9 @@ class TaskConfig:
     caption_mode: str = "left"
     single_frac: float = 0.5
     data_seed: int = 0
+    task_kind: str = "1d"
+    grid_h: int = 4
+    grid_w: int = 4
 
     @property
     def n_layouts(self) -> int:
@@ -111,7 +137,16 @@ class TaskConfig:
 
     def __post_init__(self):
         _normalise(self)
-        _int_in("image_len", self.image_len, 2, 4096)
+        _choice("task_kind", self.task_kind, TASK_KINDS)
+        if self.task_kind == "2d":
+            _int_in("grid_h", self.grid_h, 2, 64, " (2d: above/below needs 2+ rows)")
+            _int_in("grid_w", self.grid_w, 2, 64, " (2d: left/right needs 2+ columns)")
+            object.__setattr__(self, "image_len", self.grid_h * self.grid_w)
+        else:
+            for name in ("grid_h", "grid_w"):
+                if getattr(self, name) != 4:
+                    _fail(name, getattr(self, name), "4 (the default) unless task_kind = '2d'")
+        _int_in("image_len", self.image_len, 3 if self.task_kind == "three" else 2, 4096)
         _int_in("n_labels", self.n_labels, 4, 100_000)
         _int_in(
             "n_val_labels",
@@ -145,6 +180,10 @@ class TaskConfig:
         _choice("caption_mode", self.caption_mode, CAPTION_MODES)
         _float_in("single_frac", self.single_frac, 0.0, 1.0)
         _int_in("data_seed", self.data_seed, 0, 2**31 - 1)
+        if self.task_kind == "three":
+            # a distractor needs a third label of the same kind
+            _int_in("n_pair_labels", self.n_pair_labels, 3, self.max_pair_labels, " (three: 3+)")
+            _int_in("n_val_labels", self.n_val_labels, 3, self.n_labels - 2, " (three: 3+)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,6 +191,12 @@ class ModelConfig:
     """The CLIP-style dual encoder (both towers share these sizes).
 
     `text_n_layers` None means the text tower has `n_layers` layers too.
+
+    `vision_pos` is how the vision tower sees pixel positions: `"learned"` (SPEC
+    default: an additive learned `P`) or `"rope"` (no `P`; queries and keys of every
+    vision block are rotated per frequency pair by position x `rope_base ** (-2i /
+    d_head)`, with CLS at rotary position 0 and pixel i at i + 1). The text tower
+    always uses a learned `P`.
     """
 
     n_layers: int = 1
@@ -169,6 +214,8 @@ class ModelConfig:
     init_P: float = 0.02
     logit_scale_init: float = math.log(1 / 0.07)
     logit_scale_max: float = math.log(100.0)
+    vision_pos: str = "learned"
+    rope_base: float = 10000.0
 
     @property
     def text_layers(self) -> int:
@@ -197,11 +244,31 @@ class ModelConfig:
         _float_in("init_P", self.init_P, 0.0, 100.0, lo_open=True)
         _float_in("logit_scale_init", self.logit_scale_init, -20.0, 20.0)
         _float_in("logit_scale_max", self.logit_scale_max, self.logit_scale_init, 20.0)
+        _choice("vision_pos", self.vision_pos, VISION_POS)
+        _float_in("rope_base", self.rope_base, 1.0, 1e12)
+        if self.vision_pos == "rope":
+            if self.d_head % 2:
+                _fail("d_head", self.d_head, "an even number with vision_pos = 'rope'")
+            if self.cls_position:
+                _fail(
+                    "cls_position",
+                    self.cls_position,
+                    "False with vision_pos = 'rope' (CLS sits at rotary position 0)",
+                )
 
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    """AdamW with linear warm-up, streaming batches, in-run evaluation."""
+    """AdamW with linear warm-up, in-run evaluation; streaming or finite-set batches.
+
+    `epochs = 0` (SPEC default) draws every batch fresh (streaming) for `steps` steps.
+    `epochs = E > 0` trains on the fixed finite training set (every training pair at
+    each of its training layouts once, plus the single-object images) for E epochs of
+    its two-object part: a model trains `ceil(E * n_two / pairs_per_batch)` steps
+    (`train.step_budget`), so with a fixed E a smaller N_pair also means fewer steps.
+    Models that finish early are frozen; the sweep derives `steps` (the program length)
+    from the largest budget.
+    """
 
     steps: int = 1500
     batch_size: int = 256
@@ -212,6 +279,7 @@ class TrainConfig:
     b2: float = 0.98
     eps: float = 1e-8
     weight_decay: float = 0.1
+    epochs: int = 0
     seed: int = 0
 
     @property
@@ -235,6 +303,7 @@ class TrainConfig:
         _float_in("b2", self.b2, 0.0, 1.0)
         _float_in("eps", self.eps, 0.0, 1.0, lo_open=True)
         _float_in("weight_decay", self.weight_decay, 0.0, 100.0)
+        _int_in("epochs", self.epochs, 0, 10**6, " (0 = streaming batches)")
         _int_in("seed", self.seed, 0, 2**31 - 1)
 
 
@@ -251,6 +320,7 @@ class Settings(NamedTuple):
     single_frac: Any
     lr: Any
     weight_decay: Any
+    epochs: Any
 
 
 _GROUPS = {"task": TaskConfig, "model": ModelConfig, "train": TrainConfig}
@@ -269,6 +339,32 @@ class Config:
         for name, cls in _GROUPS.items():
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"a {cls.__name__}")
+        if self.train.epochs > 0:
+            t = self.task
+            if t.task_kind != "1d":
+                _fail(
+                    "epochs",
+                    self.train.epochs,
+                    f"0 (streaming) with task_kind = {t.task_kind!r}: the finite training "
+                    "set is defined for the 1D task only",
+                )
+            if round(t.single_frac * self.train.batch_size) >= self.train.batch_size:
+                _fail(
+                    "single_frac",
+                    t.single_frac,
+                    f"a fraction leaving two-object samples in a batch of "
+                    f"{self.train.batch_size} (epochs = {self.train.epochs} counts "
+                    "passes over the two-object set)",
+                )
+            n_two = t.n_pair_labels * (t.n_pair_labels - 1) * t.layouts_per_pair
+            n_one = t.n_labels * (t.image_len - t.n_single_holdout)
+            if max(n_two, n_one) > MAX_FINITE_ITEMS:
+                _fail(
+                    "epochs",
+                    self.train.epochs,
+                    f"0 (streaming) for this task: a finite training set of up to "
+                    f"{max(n_two, n_one)} items exceeds {MAX_FINITE_ITEMS}",
+                )
 
     @staticmethod
     def field_names() -> tuple[str, ...]:
@@ -307,9 +403,8 @@ class Config:
         return Settings(*(flat[name] for name in SWEEPABLE))
 
     def to_json(self) -> str:
-        return json.dumps(
-            {g: dataclasses.asdict(getattr(self, g)) for g in _GROUPS}, indent=2, sort_keys=True
-        )
+        raw = {g: dataclasses.asdict(getattr(self, g)) for g in _GROUPS}
+        return json.dumps(raw, indent=2, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "Config":

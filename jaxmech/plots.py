@@ -170,3 +170,31 @@ def groups_strip(groups: dict, path: str, ylabel: str, title: str = "") -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def grid_heatmaps(grids, path: str, title: str = "", row_labels=None, panel_titles=None) -> str:
+    """A grid of small heatmaps: grids [R, C, h, w] (e.g. models x heads x grid cells).
+
+    Each panel has its own symmetric colour scale (`panel_titles[r][c]` may say the
+    range); used for the CLS-row EP term over the keys of a 2D image, one panel per head.
+    """
+    g = np.asarray(grids)
+    R, C = g.shape[:2]
+    fig, axes = plt.subplots(R, C, figsize=(2.3 * C, 2.3 * R), squeeze=False)
+    for r in range(R):
+        for c in range(C):
+            ax = axes[r, c]
+            vmax = float(np.abs(g[r, c]).max()) or 1.0
+            im = ax.imshow(g[r, c], cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if panel_titles is not None:
+                ax.set_title(panel_titles[r][c], fontsize=7)
+            if c == 0 and row_labels is not None:
+                ax.set_ylabel(row_labels[r], fontsize=8)
+            fig.colorbar(im, ax=ax, shrink=0.7).ax.tick_params(labelsize=6)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

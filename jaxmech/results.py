@@ -3,7 +3,8 @@
 Layout of a results folder:
   config.json   the shared Config
   results.csv   one row per model: model, seed, every swept field, single_acc, seen_acc,
-                unseen_acc, labelset_acc, final_loss, diverged_step
+                unseen_acc, labelset_acc, final_loss, diverged_step, steps_trained
+                (optimiser steps the model took: its finite-set budget or `steps`)
   curves.csv    one row per model per evaluation: model, step, CURVE_FIELDS
   params/       stacked params of all models (Orbax; leading axis = model)
 
@@ -23,7 +24,7 @@ from jaxmech import checkpoint
 from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.evaluate import METRICS
 
-RESULT_FIELDS = ("model",) + SWEEPABLE + METRICS + ("final_loss", "diverged_step")
+RESULT_FIELDS = ("model",) + SWEEPABLE + METRICS + ("final_loss", "diverged_step", "steps_trained")
 
 
 class Run(NamedTuple):
@@ -36,9 +37,14 @@ class Run(NamedTuple):
     curves: list[dict]
 
 
-def result_rows(settings: Settings, curves: dict, diverged_step) -> list[dict]:
-    """One dict per model: settings, final accuracies and loss (last evaluation)."""
+def result_rows(settings: Settings, curves: dict, diverged_step, steps_trained=None) -> list[dict]:
+    """One dict per model: settings, final accuracies and loss (last evaluation).
+
+    `steps_trained` [K] defaults to the last evaluated step.
+    """
     k = len(np.asarray(settings.seed))
+    if steps_trained is None:
+        steps_trained = np.asarray(curves["step"])[:, -1]
     rows = []
     for i in range(k):
         row: dict[str, Any] = {"model": i}
@@ -48,6 +54,7 @@ def result_rows(settings: Settings, curves: dict, diverged_step) -> list[dict]:
             row[m] = float(np.asarray(curves[m])[i, -1])
         row["final_loss"] = float(np.asarray(curves["loss"])[i, -1])
         row["diverged_step"] = int(np.asarray(diverged_step)[i])
+        row["steps_trained"] = int(np.asarray(steps_trained)[i])
         rows.append(row)
     return rows
 
@@ -92,6 +99,7 @@ def write_files(
     curves: dict,
     diverged_step,
     extra: dict | None = None,
+    steps_trained=None,
 ) -> list[dict]:
     """Writes the results files into folder `out`; results.csv last (it marks completion).
 
@@ -100,7 +108,7 @@ def write_files(
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         f.write(config.to_json())
-    rows = result_rows(settings, curves, diverged_step)
+    rows = result_rows(settings, curves, diverged_step, steps_trained)
     _write_csv(os.path.join(out, "curves.csv"), curve_rows(curves))
     meta = {
         "settings": {n: np.asarray(v).tolist() for n, v in zip(SWEEPABLE, settings)},
@@ -123,7 +131,11 @@ def load_run(path: str) -> Run:
     with open(os.path.join(path, "config.json")) as f:
         config = Config.from_json(f.read())
     params, meta = checkpoint.restore(os.path.join(path, "params"))
-    settings = Settings(*(np.asarray(meta["settings"][n]) for n in SWEEPABLE))
+    k = len(meta["settings"]["seed"])
+    defaults = Config().flat()  # fields added after a folder was written take defaults
+    settings = Settings(
+        *(np.asarray(meta["settings"].get(n, [defaults[n]] * k)) for n in SWEEPABLE)
+    )
     return Run(
         config,
         settings,

@@ -68,3 +68,26 @@ def mean_ci(
     if hi is not None:
         b = min(b, hi)
     return m, a, b, n
+
+
+def diff_ci(a, b) -> tuple[float, float, float]:
+    """(mean(b) - mean(a), ci_low, ci_high): Welch 95% interval of a difference of means.
+
+    Welch-Satterthwaite degrees of freedom, rounded down; NaN bounds with < 2 values on
+    a side. Not clipped (a difference of accuracies lies in [-1, 1]).
+    """
+    a = np.asarray(a, float)
+    b = np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    if len(a) == 0 or len(b) == 0:
+        return float("nan"), float("nan"), float("nan")
+    d = float(b.mean() - a.mean())
+    if len(a) < 2 or len(b) < 2:
+        return d, float("nan"), float("nan")
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = float(np.sqrt(va + vb))
+    if se == 0.0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
+    half = t975(max(int(df), 1)) * se
+    return d, d - half, d + half

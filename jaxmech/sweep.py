@@ -29,6 +29,7 @@ from jaxmech.train import (
     build_data,
     diverged_models,
     stack_settings,
+    step_budget,
     train_models,
 )
 
@@ -138,7 +139,33 @@ def expand(
         for seed in range(s0, s0 + seeds):
             # constructing the config validates every value against its field's range
             settings.append(base.replace(seed=seed, **dict(zip(swept, combo))).settings())
-    return Grid(base, swept, tuple(settings))
+    return Grid(finite_steps(base, settings, "steps" in specs), swept, tuple(settings))
+
+
+def finite_steps(base: Config, settings: list[Settings], steps_given: bool) -> Config:
+    """With finite-set training (epochs > 0) the program length follows the budgets.
+
+    `steps` becomes the largest model's `step_budget`, rounded up to a multiple of
+    `eval_every`; models with smaller budgets are frozen when done (and their chunks stop
+    early). Streaming and finite models are not mixed in one sweep: a streaming model
+    would train for the finite models' length.
+    """
+    epochs = np.asarray([s.epochs for s in settings])
+    if not (epochs > 0).any():
+        return base
+    if (epochs == 0).any():
+        raise ConfigError(
+            "--epochs: mixes 0 (streaming) and > 0 (finite set) in one sweep; "
+            "run one sweep for each"
+        )
+    if steps_given:
+        raise ConfigError(
+            "--steps and --epochs both given: with epochs > 0 each model's steps follow "
+            "from its epochs and training-set size; give one of them"
+        )
+    longest = int(np.asarray(step_budget(stack_settings(settings), base)).max())
+    every = base.train.eval_every
+    return base.replace(steps=max(every, -(-longest // every) * every))
 
 
 def default_chunk_size(k: int) -> int:
@@ -164,6 +191,28 @@ def identity(grid: Grid) -> dict:
         "swept": list(grid.swept),
         "settings": [s._asdict() for s in grid.settings],
     }
+
+
+def same_sweep(stored: dict, ident: dict) -> bool:
+    """Whether a folder's `sweep.json` describes the sweep `ident` (see `identity`).
+
+    Compared as configs and settings, not as text: a field added to the code since the
+    folder was written takes its default, so an old sweep still resumes (or is found
+    finished) when its values are the defaults.
+    """
+    if stored == ident:
+        return True
+    try:
+        if stored.get("format") != ident["format"] or stored.get("swept") != ident["swept"]:
+            return False
+        as_config = lambda raw: Config.from_json(json.dumps(raw))  # noqa: E731
+        if as_config(stored["config"]) != as_config(ident["config"]):
+            return False
+        defaults = Config().flat()
+        fill = lambda s: {n: s.get(n, defaults[n]) for n in SWEEPABLE}  # noqa: E731
+        return [fill(s) for s in stored["settings"]] == [fill(s) for s in ident["settings"]]
+    except (ConfigError, KeyError, TypeError, AttributeError):
+        return False
 
 
 class SweepMismatchError(RuntimeError):
@@ -217,7 +266,7 @@ def run_grid(
         same = False
         if os.path.isfile(ident_path):
             with open(ident_path) as f:
-                same = json.load(f) == ident
+                same = same_sweep(json.load(f), ident)
         if not same:
             if not overwrite:
                 what = "a different sweep" if os.path.isfile(ident_path) else "other files"
@@ -258,7 +307,9 @@ def run_grid(
     )
     t0 = time.perf_counter()
     trained = 0
-    total = k * cfg.train.steps
+    # steps each model trains (finite-set budgets; `steps` when streaming), padded like settings
+    budget = np.minimum(np.asarray(step_budget(padded, cfg)), cfg.train.steps)
+    total = int(budget[:k].sum())
     done_model_steps = 0
     passed_before = 0  # models of finished chunks with unseen-pair accuracy >= 0.9
     states, curves_all = [], []
@@ -282,9 +333,20 @@ def run_grid(
                 )
             state, curves = TrainState(*tree["state"]), tree["curves"]
         step = 0 if state is None else int(np.asarray(state.step).max())
-        done_model_steps += step * n_real
+        budget_c = budget[sl][:n_real]
+        done_model_steps += int(np.minimum(budget_c, step).sum())
         evals_done = step // cfg.train.eval_every
         for seg in _plan_segments(n_evals - evals_done, every // cfg.train.eval_every):
+            if (budget_c <= step).all():
+                # every model of the chunk is done (finite-set budgets): their params are
+                # frozen, so later evaluations would repeat the last one; copy it instead
+                for n in curves:
+                    curves[n][:, evals_done:] = curves[n][:, evals_done - 1 : evals_done]
+                curves["step"][:, evals_done:] = cfg.train.eval_every * np.arange(
+                    evals_done + 1, n_evals + 1
+                )
+                log(f"  chunk {c + 1}/{n_chunks}: every model's budget done at step {step}")
+                break
             ts = time.perf_counter()
             state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
             for n in curves:
@@ -297,8 +359,10 @@ def run_grid(
                 {"state": state, "curves": curves},
                 {"chunk": c, "step": step, "settings": [s._asdict() for s in grid.settings[sl]]},
             )
-            trained += seg * cfg.train.eval_every * n_real
-            done_model_steps += seg * cfg.train.eval_every * n_real
+            before = step - seg * cfg.train.eval_every
+            seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
+            trained += seg_steps
+            done_model_steps += seg_steps
             elapsed = time.perf_counter() - t0
             rate = trained / max(elapsed, 1e-9)
             eta = (total - done_model_steps) / max(rate, 1e-9)
@@ -315,6 +379,10 @@ def run_grid(
     wall = time.perf_counter() - t0
     state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *states)
     curves = {n: np.concatenate([cv[n] for cv in curves_all]) for n in curves_all[0]}
+    # optimiser steps each model took: its budget, cut short by the program or divergence
+    steps_trained = np.minimum(budget[:k], np.asarray(state.step))
+    div = np.asarray(state.diverged_step)
+    steps_trained = np.where(div >= 0, np.minimum(steps_trained, div), steps_trained)
     diverged = diverged_models(state, all_settings)
     for line in diverged:
         log("WARNING: " + line)
@@ -326,6 +394,7 @@ def run_grid(
         curves,
         state.diverged_step,
         extra={"swept": list(grid.swept), "wall_s": wall},
+        steps_trained=steps_trained,
     )
     shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
     if work != out:  # --overwrite: replace the old folder only now that the new one is whole

@@ -28,17 +28,26 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.data import relations1d, relations2d, relations3
 from jaxmech.data.relations1d import (
     DataTables,
     EvalSets,
-    build_eval_sets,
-    build_tables,
-    sample_batch,
+    n_two_object_items,
+    singles_per_batch,
 )
 from jaxmech.evaluate import METRICS, evaluate
 from jaxmech.models.dual_encoder import forward, init_params
 
 CURVE_FIELDS = METRICS + ("loss", "grad_norm", "param_norm", "update_norm")
+
+# The data generator of each task kind (`TaskConfig.task_kind`): every one provides
+# build_tables, build_eval_sets and a jittable sample_batch with the same signatures.
+GENERATORS = {"1d": relations1d, "2d": relations2d, "three": relations3}
+
+
+def generator(config: Config):
+    """The data module of the config's task kind."""
+    return GENERATORS[config.task.task_kind]
 
 
 class TrainState(NamedTuple):
@@ -53,14 +62,15 @@ class TrainState(NamedTuple):
 class Data(NamedTuple):
     """The arrays every model of a run shares (replicated over devices)."""
 
-    tables: DataTables
-    evals: EvalSets
+    tables: DataTables  # or the task kind's tables (relations2d.GridTables)
+    evals: EvalSets  # or the task kind's grouped sets (data.grouped.GroupedEvalSets)
 
 
 def build_data(config: Config) -> Data:
     """Tables and validation sets for the config's task (host NumPy, built once)."""
-    tables = build_tables(config.task)
-    return Data(tables, build_eval_sets(config.task, tables))
+    gen = generator(config)
+    tables = gen.build_tables(config.task)
+    return Data(tables, gen.build_eval_sets(config.task, tables))
 
 
 def make_optimizer(config: Config, lr, weight_decay) -> optax.GradientTransformation:
@@ -84,8 +94,13 @@ def make_optimizer(config: Config, lr, weight_decay) -> optax.GradientTransforma
     )
 
 
-def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, config: Config):
-    """Symmetric CLIP cross-entropy; identical captions are positives of each other."""
+def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, config: Config, positives_BxB=None):
+    """Symmetric CLIP cross-entropy; identical captions are positives of each other.
+
+    `positives_BxB` (bool [image, caption], diagonal True) replaces that rule where a
+    caption can be true of several different images (the three-object task:
+    `relations3.positives`); each direction's target is uniform over its positives.
+    """
     sims_BxB, _ = forward(
         params,
         images_BxL,
@@ -94,6 +109,11 @@ def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, config: Config):
         readout_only=True,
         logit_scale_max=config.model.logit_scale_max,
     )
+    if positives_BxB is not None:
+        pos = positives_BxB.astype(jnp.float32)
+        i2t = -(pos / pos.sum(1, keepdims=True) * jax.nn.log_softmax(sims_BxB, axis=1))
+        t2i = -(pos.T / pos.sum(0)[:, None] * jax.nn.log_softmax(sims_BxB.T, axis=1))
+        return 0.5 * (i2t.sum(1).mean() + t2i.sum(1).mean())
     same = (caption_ids_B[:, None] == caption_ids_B[None, :]).astype(jnp.float32)
     target = same / same.sum(1, keepdims=True)  # symmetric, rows sum to 1
     i2t = -(target * jax.nn.log_softmax(sims_BxB, axis=1)).sum(1).mean()
@@ -113,23 +133,51 @@ def init_state(config: Config, settings: Settings) -> TrainState:
     return TrainState(params, opt.init(params), jnp.int32(0), jnp.int32(-1))
 
 
+def step_budget(settings: Settings, config: Config):
+    """Steps a model trains: `steps` when streaming, else its epochs over the finite set.
+
+    With `epochs = E > 0`: ceil(E * n_two / (B - round(single_frac * B))), n_two =
+    N_pair (N_pair - 1) layouts_per_pair. Works on scalars or arrays [K], traced or
+    NumPy (then returns a jax array).
+    """
+    epochs = jnp.asarray(settings.epochs, jnp.int32)
+    per_batch = config.train.batch_size - singles_per_batch(settings, config.train.batch_size)
+    n_two = n_two_object_items(settings)
+    finite = -(-(epochs * n_two) // jnp.maximum(per_batch, 1))
+    return jnp.where(epochs > 0, finite, config.train.steps).astype(jnp.int32)
+
+
 def train_step(state: TrainState, settings: Settings, data: Data, config: Config):
-    """One optimiser step of one model; returns (state, per-step metrics)."""
-    key = jax.random.fold_in(
-        jax.random.fold_in(jax.random.key(jnp.asarray(settings.seed, jnp.uint32)), 1), state.step
+    """One optimiser step of one model; returns (state, per-step metrics).
+
+    A model past its `step_budget` (finite-set epochs done) keeps its params frozen;
+    its step counter still advances with the program.
+    """
+    seed_key = jax.random.key(jnp.asarray(settings.seed, jnp.uint32))
+    key = jax.random.fold_in(jax.random.fold_in(seed_key, 1), state.step)
+    gen = generator(config)
+    images, caption_ids = gen.sample_batch(
+        data.tables,
+        key,
+        settings,
+        config.task,
+        config.train.batch_size,
+        finite=config.train.epochs > 0,
+        step=state.step,
+        order_key=jax.random.fold_in(seed_key, 2),
     )
-    images, caption_ids = sample_batch(
-        data.tables, key, settings, config.task, config.train.batch_size
-    )
+    # a task whose captions can be true of several images says which (else: equal ids)
+    true_of = getattr(gen, "positives", None)
+    positives = None if true_of is None else true_of(images, caption_ids, config.task)
     loss, grads = jax.value_and_grad(clip_loss)(
-        state.params, images, caption_ids, data.tables.captions, config
+        state.params, images, caption_ids, data.tables.captions, config, positives
     )
     opt = make_optimizer(config, settings.lr, settings.weight_decay)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = _tree_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    ok = finite & (state.diverged_step < 0)
+    ok = finite & (state.diverged_step < 0) & (state.step < step_budget(settings, config))
     keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
         lambda a, b: jnp.where(ok, a, b), new, old
     )
@@ -183,7 +231,7 @@ def model_mesh() -> jax.sharding.Mesh:
 def stack_settings(settings_list: list[Settings]) -> Settings:
     """K scalar settings -> one Settings of arrays [K] (ints int32, floats float32)."""
     cols = list(zip(*settings_list))
-    ints = {"seed", "n_pair_labels", "layouts_per_pair"}
+    ints = {"seed", "n_pair_labels", "layouts_per_pair", "epochs"}
     return Settings(
         *(
             np.asarray(col, np.int32 if name in ints else np.float32)
@@ -257,6 +305,13 @@ def train_models(
       (state, curves) as host NumPy: stacked final state [K, ...] and curves
       {name: [K, n_chunks]}.
     """
+    finite = np.asarray(settings.epochs) > 0
+    if finite.any() != finite.all() or finite.any() != (config.train.epochs > 0):
+        raise ValueError(
+            f"settings.epochs = {np.asarray(settings.epochs).tolist()} and config epochs = "
+            f"{config.train.epochs}: a run's models must all stream (0) or all train on the "
+            "finite set (> 0), as the config says"
+        )
     data = build_data(config) if data is None else data
     k = int(np.asarray(settings.seed).shape[0])
     done = 0 if state is None else int(np.asarray(state.step).max())

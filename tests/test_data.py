@@ -240,7 +240,13 @@ def test_training_batches_respect_the_task(overrides):
 def test_other_settings_and_single_frac():
     cfg = Config()
     settings = Settings(
-        seed=0, n_pair_labels=4, layouts_per_pair=2, single_frac=0.3, lr=1e-3, weight_decay=0.1
+        seed=0,
+        n_pair_labels=4,
+        layouts_per_pair=2,
+        single_frac=0.3,
+        lr=1e-3,
+        weight_decay=0.1,
+        epochs=0,
     )
     tables, images, caps = _draw(cfg, settings, n_batches=2)
     _check_batch(cfg, tables, images, caps, 4, 2, 0.3)

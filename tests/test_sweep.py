@@ -185,6 +185,8 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         ("--n_pair=5:16", "n_pair_labels"),
         ("--layouts_per_pair=0,46", "layouts_per_pair"),
         ("--no_such_field=3", "no_such_field"),
+        ("--preset=nope", "--preset='nope' is unknown"),
+        ("--epochs=0,5", "mixes 0"),
     ],
 )
 def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
@@ -199,6 +201,34 @@ def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
     assert proc.returncode != 0
     assert message in proc.stderr
     assert not os.path.exists(out)
+
+
+def test_sweep_identity_compares_values_not_text():
+    """A folder written before a field existed matches when that field is at its default."""
+    import json
+
+    from jaxmech.sweep import identity, same_sweep
+
+    ident = identity(_grid())
+    old = json.loads(json.dumps(ident))
+    del old["config"]["task"]["task_kind"], old["config"]["model"]["vision_pos"]
+    for s in old["settings"]:
+        del s["epochs"]
+    assert same_sweep(old, ident)
+    old["config"]["model"]["d_model"] = 32
+    assert not same_sweep(old, ident)
+    assert not same_sweep({"format": 1}, ident)
+
+
+def test_preset_is_the_protocol_config_and_flags_override_it():
+    from jaxmech.cli import preset_config
+
+    assert preset_config(None) == Config()
+    assert preset_config("finite_e60").train.epochs == 60
+    grid = expand(preset_config("finite_e60"), {"n_pair": "5"}, seeds=1)
+    assert grid.config.train.epochs == 60 and grid.config.train.steps == 250  # 141 -> 250
+    grid = expand(preset_config("left_right_t2"), {"text_n_layers": "1"}, seeds=1)
+    assert grid.config.task.caption_mode == "left_right" and grid.config.model.text_layers == 1
 
 
 def test_default_chunks_are_balanced_and_small_on_cpu():

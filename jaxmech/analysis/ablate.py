@@ -77,6 +77,22 @@ def _table(params_K, settings_K, evals, captions, edits_A, causal_text):
     return jax.lax.map(per_model, (params_K, settings_K))
 
 
+def evaluate_edits(params_K, settings_K, data, edits_A: Edits, *, causal_text: bool = True):
+    """Accuracies of K models under A stacked edits: dict metric -> [K, A], one compiled call.
+
+    The metrics are `evaluate.METRICS` plus any per-group accuracies of the task's
+    validation sets (2D relations, distractor places; `data.grouped`).
+
+    Any stacked `Edits` (leading axis A on every leaf) works: term masks, rope keep
+    masks (`analysis.rope`), patches.
+    """
+    evals = jax.tree_util.tree_map(jnp.asarray, data.evals)
+    out = _table(
+        params_K, settings_K, evals, jnp.asarray(data.tables.captions), edits_A, causal_text
+    )
+    return {m: out[m] for m in METRICS} | {m: v for m, v in out.items() if m not in METRICS}
+
+
 def ablation_table(
     params_K, settings_K, data, names=DEFAULT_ABLATIONS, *, heads=None, causal_text: bool = True
 ) -> dict:
@@ -92,6 +108,4 @@ def ablation_table(
     """
     n_heads = params_K["vision"]["block_0"]["W_Q"].shape[1]
     edits = ablation_edits(names, n_heads, heads)
-    evals = jax.tree_util.tree_map(jnp.asarray, data.evals)
-    out = _table(params_K, settings_K, evals, jnp.asarray(data.tables.captions), edits, causal_text)
-    return {m: out[m] for m in METRICS}
+    return evaluate_edits(params_K, settings_K, data, edits, causal_text=causal_text)

@@ -41,6 +41,7 @@ from jaxmech.models.attention import has_ln, ln_parts, logit_terms
 from jaxmech.models.dual_encoder import (
     encode,
     eot_index,
+    is_rotary,
     n_blocks,
     text_inputs,
     vision_inputs,
@@ -51,6 +52,11 @@ def _run(params, x, tower: str, positions, causal_text: bool):
     """The tower's full forward (every query row) -> (tower params, intermediates)."""
     p = params[tower]
     if tower == "vision":
+        if is_rotary(p):
+            raise ValueError(
+                "the vision tower uses rotary positions (vision_pos = 'rope'): it has no P, "
+                "so the E/P term decomposition does not apply; use jaxmech.analysis.rope"
+            )
         tokens, rows = vision_inputs(p, x, positions)
         idx = jnp.zeros((x.shape[0],), jnp.int32)
         causal = False

@@ -120,18 +120,91 @@ def build_tables(task: TaskConfig) -> DataTables:
 # jittable sampling
 
 
+# Rounds of the swap-or-not shuffle in `finite_order` (enough for n up to ~2^16 items
+# to look uniformly shuffled; each round is a bijection, so any count permutes exactly).
+SHUFFLE_ROUNDS = 32
+
+
+def _mix32(x):
+    """A 32-bit integer mixer (murmur3's finaliser): uint32 -> uint32."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def n_two_object_items(settings: Settings):
+    """Size of a model's two-object training set: ordered pairs x training layouts."""
+    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
+    return n_pair * (n_pair - 1) * jnp.asarray(settings.layouts_per_pair, jnp.int32)
+
+
+def singles_per_batch(settings: Settings, batch_size: int):
+    """Single-object samples in every batch: round(single_frac * B)."""
+    return jnp.round(jnp.asarray(settings.single_frac, jnp.float32) * batch_size).astype(jnp.int32)
+
+
+def finite_order(key: jax.Array, stream_pos, n):
+    """Item index of each position of an endless stream of shuffled epochs over n items.
+
+    Position s belongs to epoch e = s // n and takes item `perm_e(s mod n)`, so every
+    epoch visits each of the n items exactly once. perm_e is a swap-or-not shuffle
+    (Hoang, Morris and Rogaway 2012) of [0, n): each of `SHUFFLE_ROUNDS` rounds pairs
+    x with (k_r - x) mod n and swaps the pair when a hash bit of max(x, k_r - x) says
+    so, with k_r and the bits hashed from (key, e, r). It is computed per position in
+    O(rounds) integer ops for a traced n, where a sort-based permutation of the largest
+    possible set (9450 items) made the training step 2.4x slower.
+
+    stream_pos: int32 [...] (>= 0); n: int32 scalar >= 1 (may be traced).
+    Returns int32 [...] in [0, n).
+    """
+    n = jnp.maximum(jnp.asarray(n, jnp.int32), 1)
+    stream_pos = jnp.asarray(stream_pos, jnp.int32)
+    salt = jax.random.bits(key, (), jnp.uint32)
+    epoch, x = stream_pos // n, stream_pos % n
+    n_u = n.astype(jnp.uint32)
+    for r in range(SHUFFLE_ROUNDS):
+        round_salt = _mix32(salt ^ _mix32(epoch.astype(jnp.uint32) * jnp.uint32(64) + r))
+        k = (_mix32(round_salt) % n_u).astype(jnp.int32)
+        partner = (k - x) % n
+        bit = _mix32(round_salt ^ jnp.maximum(x, partner).astype(jnp.uint32)) & 1
+        x = jnp.where(bit == 1, partner, x)
+    return x
+
+
 def sample_batch(
-    tables: DataTables, key: jax.Array, settings: Settings, task: TaskConfig, batch_size: int
+    tables: DataTables,
+    key: jax.Array,
+    settings: Settings,
+    task: TaskConfig,
+    batch_size: int,
+    *,
+    finite: bool = False,
+    step=0,
+    order_key: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """One training batch for one model.
 
+    Streaming (`finite=False`): every sample is drawn fresh from `key`.
+    Finite set (`finite=True`; static, as a run's models are all streaming or all
+    finite): batch `step` takes the next samples of the model's epoch stream
+    (`finite_order` with `order_key`): the two-object part cycles over every (ordered
+    pair, training layout) item, the single-object part over every (label, training
+    position) item, each in its own shuffled epochs; in caption mode `left_right` each
+    pair item has one fixed caption form. Both modes put exactly round(single_frac * B)
+    single-object samples first.
+
     Args:
       tables: from `build_tables` (NumPy or jnp arrays).
-      key: PRNG key.
+      key: PRNG key of this step.
       settings: this model's sweepable values as scalars (may be traced);
         `n_pair_labels`, `layouts_per_pair` and `single_frac` are read.
       task: static task settings (image length, caption variants).
       batch_size: B.
+      finite: finite-set stream instead of fresh draws (static).
+      step: int (may be traced), the batch's index in the finite-set stream.
+      order_key: the model's fixed key for epoch orders (default: `key`).
 
     Returns:
       images_BxL int32, caption_ids_B int32.
@@ -139,16 +212,26 @@ def sample_batch(
     n, L, B = task.n_labels, task.image_len, batch_size
     n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
     lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
+    order_key = key if order_key is None else order_key
     k_lab, k_pos, k_x, k_y, k_lay, k_form = jax.random.split(key, 6)
-
-    # Exactly round(single_frac * B) single-object samples, the rest pairs.
-    n_single = jnp.round(jnp.asarray(settings.single_frac, jnp.float32) * B).astype(jnp.int32)
-    is_single_B = jnp.arange(B) < n_single
-
-    # single object: any label, at one of its training positions
-    label_B = jax.random.randint(k_lab, (B,), 1, n + 1)
+    k_two, k_one, k_cap = (jax.random.fold_in(order_key, i) for i in range(3))
+    step = jnp.asarray(step, jnp.int32)
     train_pos = jnp.asarray(tables.train_pos)
-    pos_B = train_pos[label_B, jax.random.randint(k_pos, (B,), 0, train_pos.shape[1])]
+    n_tp = train_pos.shape[1]
+
+    n_single = singles_per_batch(settings, B)
+    slot_B = jnp.arange(B, dtype=jnp.int32)
+    is_single_B = slot_B < n_single
+
+    # single object: streaming draws any label at one of its training positions;
+    # the finite set cycles over all n * n_tp (label, position) items
+    if finite:
+        one_item_B = finite_order(k_one, step * n_single + slot_B, n * n_tp)
+        label_B, pos_idx_B = one_item_B // n_tp + 1, one_item_B % n_tp
+    else:
+        label_B = jax.random.randint(k_lab, (B,), 1, n + 1)
+        pos_idx_B = jax.random.randint(k_pos, (B,), 0, n_tp)
+    pos_B = train_pos[label_B, pos_idx_B]
     side_B = (2 * pos_B >= L).astype(jnp.int32)
     side_cap = single_side(n, label_B, side_B)
     label_cap = single_label(n, label_B)
@@ -160,11 +243,22 @@ def sample_batch(
         single_cap_B = jnp.where(label_B <= n_pair, side_cap, label_cap)
     single_img_BxL = jnp.where(jnp.arange(L)[None, :] == pos_B[:, None], label_B[:, None], 0)
 
-    # two objects: an ordered pair of distinct pair labels, one of its training layouts
-    x_B = jax.random.randint(k_x, (B,), 0, n_pair) + 1
-    y_B = jax.random.randint(k_y, (B,), 0, n_pair - 1) + 1
+    # two objects: an ordered pair of distinct pair labels, one of its training layouts.
+    # Finite item q = (pair index) * lpp + rank, pair index = (x - 1)(n_pair - 1) + y'.
+    if finite:
+        two_item_B = finite_order(
+            k_two,
+            step * (B - n_single) + jnp.maximum(slot_B - n_single, 0),
+            n_two_object_items(settings),
+        )
+        pair_B, rank_B = two_item_B // lpp, two_item_B % lpp
+        x_B = pair_B // (n_pair - 1) + 1
+        y_B = pair_B % (n_pair - 1) + 1
+    else:
+        x_B = jax.random.randint(k_x, (B,), 0, n_pair) + 1
+        y_B = jax.random.randint(k_y, (B,), 0, n_pair - 1) + 1
+        rank_B = jax.random.randint(k_lay, (B,), 0, lpp)
     y_B = y_B + (y_B >= x_B)  # skip x: uniform over the other n_pair - 1 labels
-    rank_B = jax.random.randint(k_lay, (B,), 0, lpp)
     layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, rank_B]
     pxy_Bx2 = jnp.asarray(tables.layouts)[layout_B]
     cols = jnp.arange(L)[None, :]
@@ -174,7 +268,12 @@ def sample_batch(
     if task.caption_mode == "left":
         pair_cap_B = pair_left(n, x_B, y_B)
     else:  # "left_right": "X left of Y" or "Y right of X", a fair coin per sample
-        right = jax.random.bernoulli(k_form, 0.5, (B,))
+        # (per item in the finite set: a dataset has one caption per image)
+        if finite:
+            coin = lambda q: jax.random.bernoulli(jax.random.fold_in(k_cap, q))  # noqa: E731
+            right = jax.vmap(coin)(two_item_B)
+        else:
+            right = jax.random.bernoulli(k_form, 0.5, (B,))
         pair_cap_B = jnp.where(right, pair_right(n, y_B, x_B), pair_left(n, x_B, y_B))
 
     images = jnp.where(is_single_B[:, None], single_img_BxL, pair_img_BxL).astype(jnp.int32)

@@ -3,6 +3,9 @@
 Image tokens: `0` background, `1..n_labels` objects, `n_labels + 1` the CLS token.
 Text tokens: `0` PAD, `1..n_labels` label words (same number as the image label, so
 label `k` is text token `k`), then the words `is on the left right of`, then BOS, EOT.
+The 2D task (`task_kind = "2d"`) appends the words `above below` after `of` (BOS and EOT
+move up by two); every other kind keeps the 1D vocabulary, ids unchanged. EOT is always
+the last text id (the text tower finds its readout by it).
 """
 
 from __future__ import annotations
@@ -10,14 +13,16 @@ from __future__ import annotations
 import dataclasses
 
 WORDS = ("is", "on", "the", "left", "right", "of")
+WORDS_2D = WORDS + ("above", "below")
 CAPTION_LEN = 9  # BOS X is on the left of Y EOT
 
 
 @dataclasses.dataclass(frozen=True)
 class Vocab:
-    """Token ids for a task with `n_labels` object labels."""
+    """Token ids for a task with `n_labels` object labels and the text words `words`."""
 
     n_labels: int
+    words: tuple[str, ...] = WORDS
 
     # image side
     @property
@@ -38,11 +43,11 @@ class Vocab:
         return 0
 
     def word(self, w: str) -> int:
-        return self.n_labels + 1 + WORDS.index(w)
+        return self.n_labels + 1 + self.words.index(w)
 
     @property
     def bos(self) -> int:
-        return self.n_labels + 1 + len(WORDS)
+        return self.n_labels + 1 + len(self.words)
 
     @property
     def eot(self) -> int:
@@ -68,5 +73,10 @@ class Vocab:
             if 1 <= t <= self.n_labels:
                 out.append(str(t))
             elif self.n_labels < t < self.bos:
-                out.append(WORDS[t - self.n_labels - 1])
+                out.append(self.words[t - self.n_labels - 1])
         return " ".join(out)
+
+
+def task_vocab(task) -> Vocab:
+    """The vocabulary of a `TaskConfig`: the 1D one, plus `above below` for kind 2d."""
+    return Vocab(task.n_labels, WORDS_2D if task.task_kind == "2d" else WORDS)

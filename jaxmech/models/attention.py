@@ -12,6 +12,12 @@ then summed over heads through W_O, plus b_O.
 `attn_scores` in the intermediates are the scaled logits *before* the causal mask;
 the mask is applied only inside the softmax. This keeps every logit term of
 `analysis.decompose` defined everywhere and the sums exact.
+
+Rotary positions (RoPE, optional, per call): with angles `theta[s, i] = pos_s * f_i`
+(F = Dh / 2 frequency pairs), each head's q and k (biases included) are rotated in the
+planes (e_i, e_{i+F}) before the dot product, so the logit of query s and key t depends
+on positions only through pos_t - pos_s. A per-head keep-weight scales the angles
+(0: that head is not rotated).
 """
 
 from __future__ import annotations
@@ -67,6 +73,20 @@ def select_rows(a, q_rows, batched=True):
     return jnp.take_along_axis(a, idx, axis=1)
 
 
+def rotate(x, angles):
+    """Rotates x [..., Dh] by `angles` [..., Dh/2] in the planes (e_i, e_{i + Dh/2})."""
+    F = x.shape[-1] // 2
+    x1, x2 = x[..., :F], x[..., F:]
+    c, s = jnp.cos(angles), jnp.sin(angles)
+    return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
+
+
+def head_angles(angles, rope_keep=None):
+    """Position angles [S, F] or [B, S, F] -> per head [..., S, H or 1, F] (x keep[h])."""
+    a = angles[..., :, None, :]
+    return a if rope_keep is None else a * rope_keep[:, None]
+
+
 def block_forward(
     block,
     x_BxSxD,
@@ -80,6 +100,8 @@ def block_forward(
     factored=None,
     term_keep=None,
     vp_keep=None,
+    rope_angles=None,
+    rope_keep=None,
 ):
     """One transformer block.
 
@@ -95,16 +117,23 @@ def block_forward(
       prefix, suffix: e.g. `"vision/"` and `".0"` (the layer).
       parts: (E_part, P_part) [B, S, D] summing to x_BxSxD (first layer only), needed
         for `term_keep` / `vp_keep`.
-      factored: (tokens_BxS, E_VxD, P_rows [S, D] or [B, S, D]) with
+      factored: (tokens_BxS, E_VxD, P_rows [S, D] or [B, S, D] or None) with
         x = E[tokens] + P_rows, for a first block without LayerNorm: Q, K and V are then
         looked up from `E W` and `P W` (V + S rows) instead of projecting B * S rows.
-        Same values up to float reassociation; this is the training fast path.
-      term_keep: [H, 9] keep-weights on the logit terms (`edits.TERMS`).
+        Same values up to float reassociation; this is the training fast path. P_rows
+        None: x = E[tokens] (a rotary tower has no additive positions).
+      term_keep: [H, 9] keep-weights on the logit terms (`edits.TERMS`). Not with
+        `rope_angles`: the terms are those of unrotated q and k.
       vp_keep: [H] keep-weights on P W_V in the values.
+      rope_angles: rotary angles [S, F] or [B, S, F] (F = Dh / 2) of every sequence
+        position: q (of the computed rows) and k are rotated by them before the dot
+        product (module docstring). None: no rotation.
+      rope_keep: [H] keep-weights scaling each head's angles (0: no rotation there).
 
     Returns:
       (resid_post_BxQxD, intermediates dict keyed `"{prefix}{point}{suffix}"`).
-      q, k, v, z are [B, S or Q, H, Dh]; attn_scores, pattern [B, H, Q, S].
+      q, k, v, z are [B, S or Q, H, Dh] (with rope also rot_q, rot_k: after the
+      rotation); attn_scores, pattern [B, H, Q, S].
     """
     nm = lambda point: f"{prefix}{point}{suffix}"  # noqa: E731
     aux = {}
@@ -115,6 +144,13 @@ def block_forward(
     def take_rows(a):
         return a if q_rows_BxQ is None else select_rows(a, q_rows_BxQ)
 
+    if rope_angles is None and rope_keep is not None:
+        raise ValueError("rope_keep needs rope_angles: this block has no rotary positions")
+    if rope_angles is not None and term_keep is not None:
+        raise ValueError(
+            "term_keep ablates the E/P terms of unrotated logits; with rotary positions "
+            "use rope_keep (or analysis.rope) instead"
+        )
     x_in = x_BxSxD
     bias_in = jnp.zeros((D,), x_BxSxD.dtype)
     if has_ln(block):
@@ -130,15 +166,29 @@ def block_forward(
             return jnp.einsum("bsd,hde->bshe", take_rows(x_in) if rows else x_in, W)
         tokens, E, P_rows = factored
         t = take_rows(tokens) if rows else tokens
+        e = jnp.einsum("vd,hde->vhe", E, W)[t]
+        if P_rows is None:
+            return e
         p = (
             select_rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
             if rows and q_rows_BxQ is not None
             else P_rows
         )
-        return jnp.einsum("vd,hde->vhe", E, W)[t] + jnp.einsum("...sd,hde->...she", p, W)
+        return e + jnp.einsum("...sd,hde->...she", p, W)
 
     q = edits(nm("q"), project(block["W_Q"], True) + block["b_Q"])
     k = edits(nm("k"), project(block["W_K"], False) + block["b_K"])
+    if rope_angles is not None:
+        ang_k = head_angles(rope_angles, rope_keep)
+        ang_q = ang_k
+        if q_rows_BxQ is not None:
+            ang_q = head_angles(
+                select_rows(rope_angles, q_rows_BxQ, batched=rope_angles.ndim == 3), rope_keep
+            )
+        aux[nm("q")], aux[nm("k")] = q, k
+        q = edits(nm("rot_q"), rotate(q, ang_q))
+        k = edits(nm("rot_k"), rotate(k, ang_k))
+        aux[nm("rot_q")], aux[nm("rot_k")] = q, k
     v = project(block["W_V"], False) + block["b_V"]
     if vp_keep is not None:
         v = v - (1.0 - vp_keep)[:, None] * jnp.einsum("bsd,hde->bshe", parts[1], block["W_V"])
@@ -165,10 +215,10 @@ def block_forward(
     z = edits(nm("z"), jnp.einsum("bhqs,bshe->bqhe", pattern, v))
     attn_out = edits(nm("attn_out"), jnp.einsum("bqhe,hed->bqd", z, block["W_O"]) + block["b_O"])
     resid_mid = edits(nm("resid_mid"), take_rows(x_BxSxD) + attn_out)
+    if rope_angles is None:
+        aux[nm("q")], aux[nm("k")] = q, k
     aux.update(
         {
-            nm("q"): q,
-            nm("k"): k,
             nm("v"): v,
             nm("attn_scores"): scores,
             nm("pattern"): pattern,

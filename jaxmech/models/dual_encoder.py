@@ -3,14 +3,25 @@
 Params (a plain nested dict; `init_params` builds it):
 
   vision/ E [V_img, D]   P [L (+1 with cls_position), D]   block_0 ... block_{n-1}
+          (or, with vision_pos = "rope", rope_freqs [Dh/2] instead of P)
           (lnf_w, lnf_b [D] with LayerNorm)   W_proj [D, d_embed]
   text/   E [V_txt, D]   P [T, D]   block_*   (lnf_*)   W_proj [D, d_embed]
   logit_scale []
 
 Everything the forward needs about the architecture is read off the params (number
-of blocks, heads, LayerNorm, MLP, whether the CLS token has a position row), so
-analysis code calls `forward(params, ...)` with no module or config object. The only
-behavioural switches without parameters are keyword arguments (`causal_text`).
+of blocks, heads, LayerNorm, MLP, whether the CLS token has a position row, rotary
+positions), so analysis code calls `forward(params, ...)` with no module or config
+object. The only behavioural switches without parameters are keyword arguments
+(`causal_text`).
+
+Rotary vision tower (`vision_pos = "rope"`): the vision params hold `rope_freqs`
+(F = Dh/2 frequencies `rope_base ** (-2i / Dh)`, a constant: the forward stops its
+gradient, so training never changes it) and no `P`. The input is `E[tokens]` only;
+every vision block rotates q and k by `rotary position x rope_freqs`, with CLS at
+rotary position 0 and pixel i at `1 + positions[i]` (default positions 0..L-1, so the
+rotary position is the sequence index). Pixel-pixel logits depend only on differences
+of pixel positions; the CLS row sees each pixel at its offset from CLS, which is how
+the tower knows absolute position (left/right of the image).
 
 Vision input: `[CLS, x_0 .. x_{L-1}]`; output = residual stream at CLS (row 0).
 Text input: `BOS w.. EOT PAD..`; output = residual stream at the first EOT, whose id is
@@ -29,7 +40,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.config import Config, ModelConfig
-from jaxmech.data.vocab import CAPTION_LEN, Vocab
+from jaxmech.data.vocab import CAPTION_LEN, task_vocab
 from jaxmech.models.attention import block_forward, layer_norm, select_rows
 from jaxmech.models.edits import NO_EDITS, Edits
 
@@ -51,6 +62,32 @@ def _position_rows(P, positions):
     return (1.0 - frac) * P[lo] + frac * P[hi]
 
 
+def is_rotary(tower) -> bool:
+    """Whether a tower uses rotary positions (has `rope_freqs`, no `P`)."""
+    return "rope_freqs" in tower
+
+
+def rope_positions(image_len: int, positions=None):
+    """Rotary positions of the vision sequence, float [S] (or [B, S]): CLS 0, pixel i at
+    1 + positions[i] (default: 1..L)."""
+    if positions is None:
+        positions = jnp.arange(image_len)
+    pix = jnp.asarray(positions, jnp.float32) + 1.0
+    cls = jnp.zeros(pix.shape[:-1] + (1,), jnp.float32)
+    return jnp.concatenate([cls, pix], axis=-1)
+
+
+def rope_angles(tower, rope_pos):
+    """Angles [..., S, F] = rotary position x frequency (the frequencies are constants)."""
+    freqs = jax.lax.stop_gradient(tower["rope_freqs"])
+    return jnp.asarray(rope_pos, jnp.float32)[..., None] * freqs
+
+
+def rope_frequencies(d_head: int, base: float):
+    """The standard RoPE frequencies base^(-2i / d_head), i = 0 .. d_head/2 - 1."""
+    return base ** (-jnp.arange(d_head // 2, dtype=jnp.float32) * 2.0 / d_head)
+
+
 def vision_inputs(tower, images_BxL, positions=None):
     """Tokens [B, S] (CLS first) and position rows of the vision input.
 
@@ -58,18 +95,22 @@ def vision_inputs(tower, images_BxL, positions=None):
     are added (default: natural order 0..L-1). Mirrored codes are `L - 1 - arange(L)`;
     fractional positions interpolate between neighbouring rows. The position rows are
     [S, D] (or [B, S, D] for batched positions); the CLS row is zero unless P has a row
-    for it (P with L + 1 rows: `cls_position`).
+    for it (P with L + 1 rows: `cls_position`). A rotary tower has no position rows:
+    they are None (its positions enter as angles, `rope_positions`).
     """
     B, L = images_BxL.shape
-    E, P = tower["E"], tower["P"]
+    E = tower["E"]
+    cls_id = E.shape[0] - 1
+    tokens = jnp.concatenate([jnp.full((B, 1), cls_id, images_BxL.dtype), images_BxL], axis=1)
+    if is_rotary(tower):
+        return tokens, None
+    P = tower["P"]
     if P.shape[0] not in (L, L + 1):
         raise ValueError(
             f"vision P has {P.shape[0]} rows but images have length {L}: expected {L} "
             f"(CLS without position) or {L + 1} (CLS at position 0)"
         )
     cls_has_pos = P.shape[0] == L + 1
-    cls_id = E.shape[0] - 1
-    tokens = jnp.concatenate([jnp.full((B, 1), cls_id, images_BxL.dtype), images_BxL], axis=1)
     if positions is None:
         positions = jnp.arange(L)
     pix = _position_rows(P, jnp.asarray(positions) + int(cls_has_pos))
@@ -102,13 +143,14 @@ def encode(
     causal: bool,
     readout_only: bool = False,
     edits: Edits = NO_EDITS,
+    rope_pos=None,
 ):
     """Runs one tower and reads out one row per sequence.
 
     Args:
       tower: this tower's params.
       tokens_BxS: input token ids; the input is `E[tokens] + p_rows`.
-      p_rows: position rows, [S, D] shared or [B, S, D].
+      p_rows: position rows, [S, D] shared or [B, S, D]; None for a rotary tower.
       readout_idx: the row to read out: a static int shared by the batch (CLS: 0) or
         [B] int (each caption's EOT position).
       name: "vision" or "text" (prefix of intermediates and edit names).
@@ -116,13 +158,24 @@ def encode(
       readout_only: compute the last layer's attention for the readout row only
         (exact; the training fast path). Last-layer intermediates then have one row.
       edits: named interventions.
+      rope_pos: rotary positions [S] or [B, S] of every sequence row (rotary towers
+        only; `rope_positions`).
 
     Returns:
       (embed_BxK L2-normalised, intermediates dict).
     """
     E = tower["E"]
     e_part = E[tokens_BxS]
-    p_part = jnp.broadcast_to(p_rows, e_part.shape)
+    rotary = is_rotary(tower)
+    if rotary != (p_rows is None):
+        raise ValueError("a rotary tower takes p_rows=None; a learned-P tower needs p_rows")
+    if rotary and rope_pos is None:
+        raise ValueError("a rotary tower needs rope_pos (see rope_positions)")
+    angles = rope_angles(tower, rope_pos) if rotary else None
+    rope_keep = edits.rope_keep.get(name)
+    if rope_keep is not None and not rotary:
+        raise ValueError(f"rope_keep[{name!r}]: the {name} tower has no rotary positions")
+    p_part = jnp.zeros_like(e_part) if rotary else jnp.broadcast_to(p_rows, e_part.shape)
     # The token and position parts of the input (what the logit decomposition splits).
     aux = {f"{name}/e_part": e_part, f"{name}/p_part": p_part}
     first_in = f"{name}/resid_pre.0"
@@ -142,6 +195,9 @@ def encode(
         else:
             q_rows = None
         first = layer == 0
+        keep = rope_keep
+        if keep is not None and keep.ndim == 2:
+            keep = keep[layer]
         aux[f"{name}/resid_pre.{layer}"] = x
         x, block_aux = block_forward(
             tower[f"block_{layer}"],
@@ -155,6 +211,8 @@ def encode(
             factored=(tokens_BxS, E, p_rows) if first and can_factor else None,
             term_keep=edits.term_keep.get(name) if first else None,
             vp_keep=edits.vp_keep.get(name) if first else None,
+            rope_angles=angles,
+            rope_keep=keep,
         )
         aux.update(block_aux)
         if not last:
@@ -180,6 +238,7 @@ def encode_images(params, images_BxL, *, positions=None, readout_only=False, edi
     tower = params["vision"]
     tokens, p_rows = vision_inputs(tower, images_BxL, positions)
     idx = jnp.zeros((images_BxL.shape[0],), jnp.int32)
+    rope_pos = rope_positions(images_BxL.shape[1], positions) if is_rotary(tower) else None
     return encode(
         tower,
         tokens,
@@ -189,6 +248,7 @@ def encode_images(params, images_BxL, *, positions=None, readout_only=False, edi
         causal=False,
         readout_only=readout_only,
         edits=edits,
+        rope_pos=rope_pos,
     )
 
 
@@ -234,7 +294,8 @@ def forward(
       images_BxL: int images. captions_CxT: int caption tokens.
       edits: interventions as data (`models.edits`).
       vision_positions / text_positions: position ids ([L]/[T] or batched; float
-        positions interpolate rows of P). Default: natural order.
+        positions interpolate rows of P, or are rotary positions as they are in a
+        rotary vision tower). Default: natural order.
       causal_text: causal mask in the text encoder.
       readout_only: last layers compute only the CLS / EOT query row (exact, faster).
       logit_scale_max: clip of the learned log temperature.
@@ -303,14 +364,17 @@ class Tower(nn.Module):
     vocab_size: int
     n_pos: int
     n_layers: int
+    rope: bool = False  # rotary positions: rope_freqs instead of P
 
     @nn.compact
     def __call__(self):
         c = self.cfg
-        p = {
-            "E": self.param("E", _normal(c.init_E), (self.vocab_size, c.d_model)),
-            "P": self.param("P", _normal(c.init_P), (self.n_pos, c.d_model)),
-        }
+        p = {"E": self.param("E", _normal(c.init_E), (self.vocab_size, c.d_model))}
+        if self.rope:
+            freqs = rope_frequencies(c.d_head, c.rope_base)
+            p["rope_freqs"] = self.param("rope_freqs", lambda key, shape: freqs, freqs.shape)
+        else:
+            p["P"] = self.param("P", _normal(c.init_P), (self.n_pos, c.d_model))
         for i in range(self.n_layers):
             p[f"block_{i}"] = Block(c, name=f"block_{i}")()
         if c.layernorm:
@@ -328,10 +392,15 @@ class DualEncoder(nn.Module):
     @nn.compact
     def __call__(self, images_BxL, captions_CxT, **kwargs):
         c, t = self.config.model, self.config.task
-        v = Vocab(t.n_labels)
+        v = task_vocab(t)
         params = {
             "vision": Tower(
-                c, v.image_vocab_size, t.image_len + int(c.cls_position), c.n_layers, name="vision"
+                c,
+                v.image_vocab_size,
+                t.image_len + int(c.cls_position),
+                c.n_layers,
+                rope=c.vision_pos == "rope",
+                name="vision",
             )(),
             "text": Tower(c, v.text_vocab_size, CAPTION_LEN, c.text_layers, name="text")(),
             "logit_scale": self.param(
@@ -347,5 +416,5 @@ def init_params(config: Config, key: jax.Array):
     """A fresh params dict for `config` (plain nested dict of arrays)."""
     t = config.task
     images = jnp.zeros((1, t.image_len), jnp.int32)
-    captions = jnp.asarray([Vocab(t.n_labels).encode([1])], jnp.int32)
+    captions = jnp.asarray([task_vocab(t).encode([1])], jnp.int32)
     return DualEncoder(config).init(key, images, captions, readout_only=True)["params"]

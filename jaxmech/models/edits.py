@@ -11,14 +11,20 @@ sweep is one compiled call.
   subtracts `sum_t (1 - keep_t) * term_t` from the logits it computes anyway, so an
   all-ones mask is exactly the plain forward.
 * `vp_keep[tower]`    `[H]`, keep-weight on `P W_V` in the first layer's values.
+* `rope_keep[tower]`  `[H]` (every block) or `[n_layers, H]` (per block): scales each
+  head's rotary angles (towers with rotary positions only). 1 keeps the rotation (and
+  multiplies the angles by exactly 1), 0 switches it off: that head's logits are then
+  the unrotated `q . k`, i.e. the head is position-blind.
 * `replace[name]`     `(where, value)`: the named intermediate becomes
   `where(where, value, x)` (broadcasting), e.g. activation patching.
 * `add[name]`         an additive vector / array on the named intermediate (steering).
 
 Names of intermediates: `"{tower}/{point}.{layer}"` with tower `vision` or `text` and
 point one of `resid_pre, q, k, v, attn_scores, pattern, z, attn_out, resid_mid,
-mlp_out, resid_post`, plus `"{tower}/e_part"` and `"{tower}/p_part"` (the token and
-position parts of the input; read-only), `"{tower}/readout"` (the CLS/EOT vector before the final
+mlp_out, resid_post`, plus `rot_q, rot_k` in towers with rotary positions (`q`, `k` are
+before the rotation, `rot_q`, `rot_k` after it), plus `"{tower}/e_part"` and
+`"{tower}/p_part"` (the token and position parts of the input; read-only; `p_part` is
+zero in a rotary tower), `"{tower}/readout"` (the CLS/EOT vector before the final
 LayerNorm and projection) and `"{tower}/embed"` (the normalised output embedding).
 """
 
@@ -41,6 +47,7 @@ class Edits:
 
     term_keep: dict[str, Any] = dataclasses.field(default_factory=dict)
     vp_keep: dict[str, Any] = dataclasses.field(default_factory=dict)
+    rope_keep: dict[str, Any] = dataclasses.field(default_factory=dict)
     replace: dict[str, Any] = dataclasses.field(default_factory=dict)
     add: dict[str, Any] = dataclasses.field(default_factory=dict)
 

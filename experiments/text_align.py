@@ -1,0 +1,75 @@
+"""Text-side mechanism of trained models: first-mention EOT heads and label alignment.
+
+    python -m experiments.text_align --run=runs/default
+    python -m experiments.text_align --run=runs/default,runs/left_right --n_random=100
+
+For each results folder (written by experiments.train or experiments.sweep), for every
+model and, as a control, the same models at their initialisation:
+
+* text heads (`jaxmech.analysis.text_heads`): per text layer and head, the EOT row's
+  attention to the first- minus the second-mentioned label over every ordered label
+  pair (seen, unseen 16-20 and mixed pairs; each caption form), the fraction of
+  captions where first > second (label independence), the logit difference's
+  key-position part (label-independent) and the spread of its key-token part, and the
+  head's role (first / second / none);
+* alignment (`jaxmech.analysis.align`): Procrustes map fitted on labels
+  1..n_labels - n_val_labels, tested on the validation labels, for raw token
+  embeddings and for the towers' single-object output embeddings, against random
+  orthogonal maps and shuffled-correspondence fits.
+
+Prints the tables (mean +- std and 95% CI over models), writes
+RUN/text_align/{text_heads,align}.csv, summary.json, text_heads.png and align.png.
+"""
+
+import os
+
+from absl import app, flags
+
+from jaxmech.cli import setup_runtime
+from jaxmech.config import Config
+from jaxmech.text_align import analyse_text_run
+
+flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+flags.DEFINE_integer("n_random", 100, "random orthogonal maps (alignment control)")
+flags.DEFINE_integer("n_shuffled", 20, "shuffled-correspondence fits (alignment control)")
+flags.DEFINE_integer("seed", 0, "key of the random controls")
+flags.DEFINE_float("min_pref", 0.05, "mean |first - second| EOT mass for a first/second head")
+flags.DEFINE_float("min_frac", 0.95, "fraction of captions in every group with that sign")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    setup_runtime()
+    runs = [r for r in FLAGS.run.split(",") if r]
+    if not runs:
+        raise app.UsageError("--run: give at least one results folder")
+    for r in runs:
+        for need in ("config.json", "results.csv", "params"):
+            if not os.path.exists(os.path.join(r, need)):
+                raise app.UsageError(f"--run: {r!r} is not a finished results folder (no {need})")
+        with open(os.path.join(r, "config.json")) as f:
+            task = Config.from_json(f.read()).task
+        # the pair captions and single-object images here are the 1D task's
+        if getattr(task, "task_kind", "1d") != "1d":
+            raise app.UsageError(
+                f"--run: {r!r} is a {task.task_kind!r} task; this study is 1D only"
+            )
+    if FLAGS.n_random < 1 or FLAGS.n_shuffled < 1:
+        raise app.UsageError("--n_random and --n_shuffled must be >= 1")
+    if not 0.5 < FLAGS.min_frac <= 1.0:
+        raise app.UsageError(f"--min_frac = {FLAGS.min_frac}: expected in (0.5, 1]")
+    for r in runs:
+        print(f"\n=== {r}")
+        analyse_text_run(
+            r,
+            n_random=FLAGS.n_random,
+            n_shuffled=FLAGS.n_shuffled,
+            seed=FLAGS.seed,
+            min_pref=FLAGS.min_pref,
+            min_frac=FLAGS.min_frac,
+        )
+
+
+if __name__ == "__main__":
+    app.run(main)

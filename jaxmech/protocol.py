@@ -1,0 +1,419 @@
+"""The protocol study: under which training protocol does label diversity matter?
+
+Paper 000 reports unseen-pair accuracy rising with N_pair (label diversity) and flat in
+n_2 (layouts per pair); under SPEC.md's defaults N_pair = 5 already generalises. This
+module trains the same grid of data settings under a list of training protocols (each
+a set of config overrides), measures per model the accuracies, the steps it trained,
+the CLS-row EP gradient and the EP / EP+BP ablation effects, and writes one Markdown
+page with a figure and a verdict per factor.
+
+Every protocol is one resumable sweep (`sweep.run_grid`) in `OUT/<protocol>/`: its
+static fields (caption mode, widths, ...) fix one compiled program, its models (cells
+x seeds) are the sweepable values. The same study runs on a GPU/TPU with more seeds
+(`--seeds=16`): nothing here depends on the backend.
+
+Cells: the N_pair axis at the first n_2 value, and the n_2 axis at the first N_pair
+value (default (5, 15), (15, 15), (5, 45): does full layout diversity rescue few labels?).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech import plots
+from jaxmech.analysis.ablate import ablation_table
+from jaxmech.analysis.heads import head_table
+from jaxmech.config import Config, ConfigError
+from jaxmech.mechanism import strongest_heads
+from jaxmech.results import load_run
+from jaxmech.stats import diff_ci, mean_ci
+from jaxmech.sweep import Grid, finite_steps, run_grid
+from jaxmech.train import build_data, stack_settings, step_budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Protocol:
+    """A training protocol: config overrides (flat field names) under a factor."""
+
+    name: str  # folder name
+    factor: str  # the factor it varies (one figure per factor)
+    label: str  # legend text
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+BASELINE = Protocol("baseline", "baseline", "SPEC defaults (streaming, 1500 steps)")
+
+# Ordered by how directly each tests a protocol difference the paper may have had:
+# the study runs them in this order, so a cut-short run still has the first ones.
+PROTOCOLS = (
+    BASELINE,
+    Protocol("finite_e60", "dataset", "finite set, 60 epochs", {"epochs": 60}),
+    Protocol("finite_e20", "dataset", "finite set, 20 epochs", {"epochs": 20}),
+    Protocol("steps150", "length", "streaming, 150 steps", {"steps": 150, "eval_every": 50}),
+    Protocol("steps500", "length", "streaming, 500 steps", {"steps": 500}),
+    Protocol(
+        "left_right_t1", "captions", "left_right, 1-layer text", {"caption_mode": "left_right"}
+    ),
+    Protocol(
+        "left_right_t2",
+        "captions",
+        "left_right, 2-layer text",
+        {"caption_mode": "left_right", "text_n_layers": 2},
+    ),
+    Protocol("single_label", "singles", 'singles captioned "X"', {"single_captions": "label"}),
+    Protocol(
+        "single_side_pair",
+        "singles",
+        "side captions on pair labels only",
+        {"single_captions": "side_pair"},
+    ),
+    Protocol("single_frac0.1", "singles", "single_frac 0.1", {"single_frac": 0.1}),
+    Protocol("wd0", "weight_decay", "weight decay 0", {"weight_decay": 0.0}),
+    Protocol("init_E0.1_P0.01", "init", "init E 0.1, P 0.01", {"init_E": 0.1, "init_P": 0.01}),
+    Protocol("d64", "width", "d_model 64 (d_head 16)", {"d_model": 64, "d_head": 16}),
+    Protocol("cls_position", "cls_position", "CLS has a position row", {"cls_position": True}),
+)
+BY_NAME = {p.name: p for p in PROTOCOLS}
+
+FACTOR_TITLES = {
+    "dataset": "streaming batches vs a finite set iterated in epochs",
+    "length": "training length (streaming)",
+    "captions": "caption mode and text depth",
+    "singles": "single-object captions and their share of a batch",
+    "weight_decay": "weight decay",
+    "init": "init scale of E and P",
+    "width": "model width",
+    "cls_position": "position row on CLS",
+}
+
+# ablations measured per model: the EP term, the CLS query x key positions without PP
+# (EP+BP) and with it (EP+PP+BP = QP; the one that is identifiable with cls_position)
+ABLATIONS = ("none", "ep", "ep+bp", "ep+pp+bp")
+
+
+def cells_from(n_pairs: list[int], n_2s: list[int]) -> tuple[tuple[int, int], ...]:
+    """(N_pair, n_2) cells: the N_pair axis at n_2s[0], the n_2 axis at n_pairs[0]."""
+    cells = [(p, n_2s[0]) for p in n_pairs] + [(n_pairs[0], q) for q in n_2s[1:]]
+    return tuple(dict.fromkeys(cells))
+
+
+def protocol_grid(
+    protocol: Protocol, cells, seeds: int, first_seed: int = 0, base: Config | None = None
+) -> Grid:
+    """The protocol's sweep: every cell x `seeds` seeds, one shared config.
+
+    Raises ConfigError (naming the field) for overrides or cells the task refuses.
+    """
+    if seeds < 1:
+        raise ConfigError(f"seeds = {seeds} is invalid: allowed an integer >= 1")
+    config = (base or Config()).replace(**protocol.overrides)
+    settings = [
+        config.replace(seed=first_seed + s, n_pair_labels=p, layouts_per_pair=q).settings()
+        for p, q in cells
+        for s in range(seeds)
+    ]
+    config = finite_steps(config, settings, "steps" in protocol.overrides)
+    return Grid(config, ("n_pair_labels", "layouts_per_pair"), tuple(settings))
+
+
+def mechanism_rows(path: str) -> list[dict]:
+    """Per model of a results folder: ablated accuracies and the strongest EP gradient."""
+    run = load_run(path)
+    cfg = run.config
+    params = jax.tree_util.tree_map(jnp.asarray, run.params)
+    settings = jax.tree_util.tree_map(jnp.asarray, run.settings)
+    table = jax.device_get(
+        ablation_table(
+            params, settings, build_data(cfg), ABLATIONS, causal_text=cfg.model.causal_text
+        )
+    )
+    strongest = strongest_heads(
+        jax.device_get(head_table(params, cfg.task.n_labels, cfg.task.image_len))
+    )
+    rows = []
+    for i in range(len(run.results)):
+        row = {"model": i}
+        for j, a in enumerate(ABLATIONS[1:], start=1):
+            row[f"unseen_{a}"] = float(table["unseen_acc"][i, j])
+            row[f"labelset_{a}"] = float(table["labelset_acc"][i, j])
+        row["ep_slope"] = float(strongest["ep_slope"][i])
+        row["ep_gradient"] = float(strongest["ep_gradient"][i])
+        rows.append(row)
+    return rows
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def _read_csv(path: str) -> list[dict]:
+    with open(path) as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def run_study(
+    out: str,
+    protocols,
+    cells,
+    seeds: int,
+    *,
+    first_seed: int = 0,
+    overwrite: bool = False,
+    chunk_size: int | None = None,
+    base: Config | None = None,
+    log=print,
+) -> dict:
+    """Trains (resumably) and analyses every protocol; returns {name: merged rows}.
+
+    `base` is the config the protocols' overrides apply to (default: SPEC defaults).
+    Every grid is built, and so validated, before anything trains.
+    """
+    grids = {p.name: protocol_grid(p, cells, seeds, first_seed, base) for p in protocols}
+    merged = {}
+    for p in protocols:
+        path = os.path.join(out, p.name)
+        grid = grids[p.name]
+        k = len(grid.settings)
+        budget = np.asarray(step_budget(stack_settings(list(grid.settings)), grid.config))
+        log(f"\n=== protocol {p.name} ({p.label}): {k} models, {int(budget.sum())} model-steps")
+        t0 = time.perf_counter()
+        res = run_grid(grid, path, overwrite=overwrite, chunk_size=chunk_size, log=log)
+        mech_path = os.path.join(path, "protocol_mechanism.csv")
+        if not os.path.isfile(mech_path):
+            _write_csv(mech_path, mechanism_rows(path))
+        mech = _read_csv(mech_path)
+        merged[p.name] = [{**r, **m} for r, m in zip(res["rows"], mech)]
+        took = time.perf_counter() - t0
+        time_path = os.path.join(path, "protocol_time.json")
+        if res["wall_s"] > 0 or not os.path.isfile(time_path):
+            # wall time of the invocation that finished training it (a resumed protocol
+            # counts its last invocation only)
+            with open(time_path, "w") as f:
+                json.dump({"train_s": res["wall_s"], "total_s": took}, f)
+        log(f"    {p.name}: {took:.0f} s (training {res['wall_s']:.0f} s)")
+    return merged
+
+
+# ---------------------------------------------------------------------------
+# report
+
+
+def _cell(rows, p, q):
+    return [
+        r
+        for r in rows
+        if r["n_pair_labels"] == p and r["layouts_per_pair"] == q and r["diverged_step"] < 0
+    ]
+
+
+def _fmt(m, lo, hi):
+    return f"{m:.3f} [{lo:.3f}, {hi:.3f}]" if np.isfinite(lo) else f"{m:.3f}"
+
+
+def _col(rows, name):
+    return [r[name] for r in rows]
+
+
+def trend(rows, cells) -> dict:
+    """The two contrasts of the paper's claim, as Welch 95% intervals over seeds.
+
+    label_gain: unseen-pair(N_pair max) - unseen-pair(N_pair min), at the first n_2;
+    layout_gain: unseen-pair(n_2 max) - unseen-pair(n_2 first), at the first N_pair.
+    """
+    p0, q0 = cells[0]
+    ps = sorted({p for p, q in cells if q == q0})
+    qs = sorted({q for p, q in cells if p == p0})
+    lo_p, hi_p = _cell(rows, ps[0], q0), _cell(rows, ps[-1], q0)
+    steps = lambda c: float(np.mean(_col(c, "steps_trained"))) if c else float("nan")  # noqa: E731
+    out = {
+        "label_gain": diff_ci(_col(lo_p, "unseen_acc"), _col(hi_p, "unseen_acc")),
+        "label_steps": (steps(lo_p), steps(hi_p)),
+    }
+    if len(qs) > 1:
+        lay = _cell(rows, p0, qs[-1])
+        out["layout_gain"] = diff_ci(
+            _col(_cell(rows, p0, q0), "unseen_acc"), _col(lay, "unseen_acc")
+        )
+        out["layout_steps"] = (steps(_cell(rows, p0, q0)), steps(lay))
+        out["layout_means"] = (
+            float(np.mean(_col(_cell(rows, p0, q0), "unseen_acc"))),
+            float(np.mean(_col(lay, "unseen_acc"))),
+        )
+    return out
+
+
+def _steps_note(steps) -> str:
+    """Says when the two cells of a contrast trained different numbers of steps."""
+    a, b = steps
+    if not (np.isfinite(a) and np.isfinite(b)) or a == b:
+        return ""
+    return f", steps {a:.0f} vs {b:.0f}: confounded with training length"
+
+
+def verdict(tr: dict) -> str:
+    """Reads the contrasts: does the paper's trend (label gain, flat layouts) appear?"""
+    g, glo, ghi = tr["label_gain"]
+    note = _steps_note(tr.get("label_steps", (np.nan, np.nan)))
+    if not np.isfinite(glo):
+        label = f"label gain {g:+.3f} (too few seeds for an interval)"
+        clear = False
+    elif glo > 0 and g >= 0.1:
+        label = f"**clearly lower at the smallest N_pair** (gain {_fmt(g, glo, ghi)}{note})"
+        clear = True
+    elif glo > 0:
+        label, clear = (
+            f"slightly lower at the smallest N_pair (gain {_fmt(g, glo, ghi)}{note})",
+            False,
+        )
+    else:
+        label, clear = f"no clear N_pair effect (gain {_fmt(g, glo, ghi)}{note})", False
+    if "layout_gain" not in tr:
+        return label + "; n_2 axis not run"
+    d, dlo, dhi = tr["layout_gain"]
+    flat = np.isfinite(dlo) and dlo <= 0 <= dhi or abs(d) < 0.05
+    lnote = _steps_note(tr.get("layout_steps", (np.nan, np.nan)))
+    at_chance = max(tr.get("layout_means", (1.0, 1.0))) < 0.6
+    lay = (
+        f"n_2 flat{' at chance' if at_chance else ''} (gain {_fmt(d, dlo, dhi)}{lnote})"
+        if flat
+        else f"n_2 matters too (gain {_fmt(d, dlo, dhi)}{lnote})"
+    )
+    paper = "paper's trend: **yes**" if clear and flat else "paper's trend: no"
+    return f"{label}; {lay}; {paper}"
+
+
+def cell_table(protocols, merged, cells) -> list[str]:
+    """Markdown rows: per protocol and cell, accuracies and mechanism with 95% CIs."""
+    head = (
+        "| protocol | N_pair | n_2 | n | steps | unseen-pair | seen-pair | single | label-set "
+        "| unseen, EP ablated | unseen, EP+BP | unseen, EP+PP+BP | abs(EP slope) | monotone EP |"
+    )
+    lines = [head, "|" + "---|" * 14]
+    for p in protocols:
+        rows = merged.get(p.name)
+        if not rows:
+            continue
+        for cp, cq in cells:
+            c = _cell(rows, cp, cq)
+            if not c:
+                continue
+            ci = lambda name, lo=0.0, hi=1.0: _fmt(*mean_ci(_col(c, name), lo, hi)[:3])  # noqa: E731
+            steps = np.mean(_col(c, "steps_trained"))
+            mono = np.mean(np.abs(_col(c, "ep_gradient")) >= 0.9)
+            lines.append(
+                f"| {p.name} | {cp} | {cq} | {len(c)} | {steps:.0f} | {ci('unseen_acc')} | "
+                f"{ci('seen_acc')} | {ci('single_acc')} | {ci('labelset_acc')} | "
+                f"{ci('unseen_ep')} | {ci('unseen_ep+bp')} | {ci('unseen_ep+pp+bp')} | "
+                f"{ci('ep_slope_abs', None, None)} | {mono:.2f} |"
+            )
+    return lines
+
+
+def factor_figure(factor: str, protocols, merged, cells, path: str) -> str:
+    """Unseen-pair accuracy vs N_pair (left) and vs n_2 (right), one line per protocol."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    p0, q0 = cells[0]
+    ps = sorted({p for p, q in cells if q == q0})
+    qs = sorted({q for p, q in cells if p == p0})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for prot in protocols:
+        rows = merged.get(prot.name)
+        if not rows:
+            continue
+        style = dict(ls="--", color="gray") if prot.name == BASELINE.name else {}
+        for ax, xs, pick in (
+            (axes[0], ps, lambda x: _cell(rows, x, q0)),
+            (axes[1], qs, lambda x: _cell(rows, p0, x)),
+        ):
+            stats = [mean_ci(_col(pick(x), "unseen_acc")) for x in xs]
+            m = np.asarray([s[0] for s in stats])
+            lo = np.asarray([s[1] for s in stats])
+            hi = np.asarray([s[2] for s in stats])
+            err = np.stack(
+                [m - np.where(np.isfinite(lo), lo, m), np.where(np.isfinite(hi), hi, m) - m]
+            )
+            ax.errorbar(xs, m, yerr=err, marker="o", capsize=3, label=prot.label, **style)
+    axes[0].set_xlabel(f"N_pair (n_2 = {q0})")
+    axes[1].set_xlabel(f"n_2, layouts per pair (N_pair = {p0})")
+    axes[0].set_ylabel("unseen-pair accuracy (mean, 95% CI)")
+    for ax in axes:
+        ax.axhline(0.5, color="k", lw=0.5)
+        ax.set_ylim(0.4, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle(f"factor: {FACTOR_TITLES.get(factor, factor)}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_report(out: str, protocols, merged, cells, seeds: int, wall_s: float | None) -> str:
+    """OUT/report.md: setup, per-factor figure and verdict, the full cell table."""
+    figdir = plots.ensure_dir(os.path.join(out, "figures"))
+    for rows in merged.values():
+        for r in rows:
+            r["ep_slope_abs"] = abs(r["ep_slope"])
+    lines = [
+        "# Protocol study: when does label diversity matter?",
+        "",
+        f"Cells (N_pair, n_2): {', '.join(map(str, cells))}; {seeds} seed(s) per cell; "
+        "95% t-intervals over seeds (Welch for differences). `steps` = optimiser steps "
+        "a model took (finite sets: epochs x set size / pair samples per batch).",
+    ]
+    times = {}
+    for p in protocols:
+        tp = os.path.join(out, p.name, "protocol_time.json")
+        if os.path.isfile(tp):
+            with open(tp) as f:
+                times[p.name] = json.load(f)["total_s"]
+    if times:
+        lines.append(
+            f"Wall time to train and analyse these protocols: {sum(times.values()) / 60:.1f} "
+            f"min in all ({', '.join(f'{n} {t:.0f} s' for n, t in times.items())})."
+        )
+    if wall_s is not None:
+        lines.append(f"Wall time of the invocation that wrote this page: {wall_s / 60:.1f} min.")
+    lines += ["", "## Verdicts", "", "| protocol | factor | verdict |", "|---|---|---|"]
+    verdicts = {}
+    for p in protocols:
+        if p.name in merged:
+            verdicts[p.name] = verdict(trend(merged[p.name], cells))
+            lines.append(f"| {p.name} ({p.label}) | {p.factor} | {verdicts[p.name]} |")
+    factors = list(dict.fromkeys(p.factor for p in protocols if p.factor != "baseline"))
+    for f in factors:
+        members = [BASELINE] + [p for p in protocols if p.factor == f]
+        fig = factor_figure(f, members, merged, cells, os.path.join(figdir, f"factor_{f}.png"))
+        lines += [
+            "",
+            f"## {f}: {FACTOR_TITLES.get(f, f)}",
+            "",
+            f"![{f}](figures/{os.path.basename(fig)})",
+            "",
+        ]
+        for p in members:
+            if p.name in verdicts:
+                lines.append(f"- {p.label}: {verdicts[p.name]}")
+    lines += ["", "## All cells", ""] + cell_table(protocols, merged, cells)
+    path = os.path.join(out, "report.md")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path

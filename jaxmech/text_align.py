@@ -1,0 +1,392 @@
+"""Text-side report of a results folder: first-mention EOT heads and label alignment.
+
+For every model of a 1D-task results folder and, as a control, the same models at their
+initialisation:
+
+* text heads (`jaxmech.analysis.text_heads`): per text layer and head, the EOT row's
+  attention to the first- minus the second-mentioned label over every ordered label
+  pair (seen, unseen and mixed pairs; each caption form), the fraction of captions
+  where first > second, the logit difference's key-position part and the spread of its
+  key-token part, and the head's role (first / second / none);
+* alignment (`jaxmech.analysis.align`): Procrustes map fitted on labels
+  1..n_labels - n_val_labels, tested on the validation labels, for raw token
+  embeddings and for the towers' single-object output embeddings, against random
+  orthogonal maps and shuffled-correspondence fits.
+
+Prints the tables (mean +- std and 95% CI over models) and writes into `RUN/text_align/`:
+  text_heads.csv  params (trained / init), model, layer, head, role, group, n, STAT_KEYS
+  align.csv       params, model, kind, ALIGN_COLS
+  summary.json    head counts and strongest heads per model; alignment means
+  figures: text_heads.png, align.png
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+from jaxmech import plots  # selects the Agg backend before any figure is made
+from jaxmech.analysis.align import KINDS, alignment_study, control_maps
+from jaxmech.analysis.text_heads import GROUPS, ROLES, pair_captions, text_head_table
+from jaxmech.models.dual_encoder import init_params
+from jaxmech.results import load_run
+from jaxmech.stats import mean_ci
+
+STAT_KEYS = ("mean_pref", "std_pref", "frac_first", "mean_first", "mean_second", "key_P")
+STAT_KEYS += ("key_E_mean", "key_E_std")
+ALIGN_COLS = (
+    "cos_before",
+    "cos_after",
+    "cos_after_span",
+    "cos_random_mean",
+    "cos_random_p95",
+    "cos_shuffled_mean",
+    "cos_after_other",
+    "cos_fit_after",
+    "retrieval_before",
+    "retrieval_after",
+    "retrieval_random_mean",
+    "retrieval_shuffled_mean",
+    "span_img",
+    "span_txt",
+)
+
+
+def _write_csv(path, rows):
+    """Writes dict rows (keys of the first row as header)."""
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _fmt(values, lo=-1.0, hi=1.0):
+    """mean +-std [95% CI] over models, as one table cell."""
+    m, a, b, n = mean_ci(values, lo, hi)
+    sd = float(np.nanstd(np.asarray(values, float)))
+    return f"{m:+.3f} +-{sd:.3f} [{a:+.3f},{b:+.3f}]"
+
+
+def _init_models(cfg, seeds):
+    """Each model's step-0 params (the training init: fold_in(key(seed), 0))."""
+    keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s.astype(jnp.uint32)), 0))(
+        jnp.asarray(seeds)
+    )
+    return jax.jit(jax.vmap(lambda k: init_params(cfg, k)))(keys)
+
+
+def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
+    """Per-head EOT statistics of stacked models, and their CSV rows."""
+    caps = pair_captions(cfg.task.n_labels, cfg.task.caption_mode)
+    first_val = cfg.task.n_labels - cfg.task.n_val_labels + 1
+    fn = jax.jit(
+        lambda p, n: text_head_table(
+            p,
+            caps,
+            n,
+            first_val,
+            causal_text=cfg.model.causal_text,
+            min_pref=min_pref,
+            min_frac=min_frac,
+        )
+    )
+    out = jax.device_get(fn(params, jnp.asarray(n_pair)))
+    K, G, Y, H = out["mean_pref"].shape
+    rows = []
+    for k in range(K):
+        for y in range(Y):
+            for h in range(H):
+                for g in range(G):
+                    if out["n"][k, g] == 0:
+                        continue
+                    rows.append(
+                        {
+                            "params": label,
+                            "model": k,
+                            "layer": y,
+                            "head": h,
+                            "role": ROLES[int(out["role"][k, y, h])],
+                            "group": GROUPS[g],
+                            "n": int(out["n"][k, g]),
+                            **{s: float(out[s][k, g, y, h]) for s in STAT_KEYS},
+                        }
+                    )
+    return out, rows
+
+
+def _alignment(params, cfg, label, n_random, n_shuffled, seed):
+    """Procrustes alignment study of stacked models per embedding kind, and its CSV rows."""
+    t = cfg.task
+    n_fit = t.n_labels - t.n_val_labels
+    fit, test = jnp.arange(1, n_fit + 1), jnp.arange(n_fit + 1, t.n_labels + 1)
+    text_caption = "label" if t.single_captions == "label" else "side"
+    out, rows = {}, []
+    for kind in KINDS:
+        tower = params["vision"]
+        d = tower["E"].shape[-1] if kind == "token" else tower["W_proj"].shape[-1]
+        rot, perm = control_maps(jax.random.key(seed), n_random, n_shuffled, d, n_fit)
+        fn = jax.jit(
+            jax.vmap(
+                lambda p, rot=rot, perm=perm, kind=kind: alignment_study(
+                    p,
+                    fit,
+                    test,
+                    rot,
+                    perm,
+                    n_labels=t.n_labels,
+                    image_len=t.image_len,
+                    kind=kind,
+                    text_caption=text_caption,
+                    causal_text=cfg.model.causal_text,
+                )
+            )
+        )
+        r = jax.device_get(fn(params))
+        r["cos_random_mean"] = r["cos_random"].mean(-1)
+        r["cos_random_p95"] = np.percentile(r["cos_random"], 95, axis=-1)
+        r["cos_shuffled_mean"] = r["cos_shuffled"].mean(-1)
+        r["retrieval_random_mean"] = r["retrieval_random"].mean(-1)
+        r["retrieval_shuffled_mean"] = r["retrieval_shuffled"].mean(-1)
+        out[kind] = r
+        for k in range(len(r["cos_after"])):
+            rows.append(
+                {"params": label, "model": k, "kind": kind}
+                | {c: float(r[c][k]) for c in ALIGN_COLS}
+            )
+    return out, rows
+
+
+def _print_heads(out, unseen_acc, log):
+    """Logs the per-model, per-head table of the trained models."""
+    K, G, Y, H = out["mean_pref"].shape
+    gi = {g: GROUPS.index(g) for g in GROUPS}
+    present = [g for g in GROUPS if g != "all" and out["n"][0, gi[g]] > 0]
+    log(
+        f"{'model':>5} {'unseen':>6} {'L':>1} {'head':>4} {'role':>6} {'pref(all)':>9} "
+        f"{'std':>5} "
+        + " ".join(f"{'P>0 ' + g:>12}" for g in present)
+        + f" {'key_P':>7} {'sd key_E':>8}"
+    )
+    for k in range(K):
+        for y in range(Y):
+            for h in range(H):
+                s = lambda n, g="all": out[n][k, gi[g], y, h]  # noqa: E731
+                log(
+                    f"{k:>5} {unseen_acc[k]:>6.3f} {y:>1} {h:>4} "
+                    f"{ROLES[int(out['role'][k, y, h])]:>6} {s('mean_pref'):>+9.3f} "
+                    f"{s('std_pref'):>5.3f} "
+                    + " ".join(f"{s('frac_first', g):>12.2f}" for g in present)
+                    + f" {s('key_P'):>+7.3f} {s('key_E_std'):>8.3f}"
+                )
+
+
+def _head_summary(out, log, label):
+    """Counts first/second-mention heads per model; logs and returns the summary."""
+    role = out["role"]  # [K, Y, H]
+    K = role.shape[0]
+    pref = out["mean_pref"][:, GROUPS.index("all")].reshape(K, -1)
+    frac_unseen = out["frac_first"][:, GROUPS.index("unseen")].reshape(K, -1)
+    best = pref.argmax(1)
+    strongest = np.abs(pref).argmax(1)
+    n_first = (role == 1).reshape(K, -1).sum(1)
+    n_second = (role == 2).reshape(K, -1).sum(1)
+    summary = {
+        "models": K,
+        "models_with_first_head": int((n_first > 0).sum()),
+        "models_with_order_head": int(((n_first + n_second) > 0).sum()),
+        "first_heads_per_model": n_first.tolist(),
+        "second_heads_per_model": n_second.tolist(),
+        "max_pref": pref[np.arange(K), best].tolist(),
+        "max_pref_frac_unseen": frac_unseen[np.arange(K), best].tolist(),
+        "max_abs_pref": np.abs(pref[np.arange(K), strongest]).tolist(),
+    }
+    log(
+        f"[{label}] models with a first-mention head: {summary['models_with_first_head']}/{K}; "
+        f"with a first- or second-mention head: {summary['models_with_order_head']}/{K}; "
+        f"first/second heads per model: {n_first.tolist()} / {n_second.tolist()}"
+    )
+    log(f"[{label}] most first-preferring head per model, pref:   {_fmt(summary['max_pref'])}")
+    log(
+        f"[{label}]   its fraction first > second on unseen pairs: "
+        f"{_fmt(summary['max_pref_frac_unseen'], 0.0, 1.0)}"
+    )
+    log(f"[{label}] largest |pref| head per model:             {_fmt(summary['max_abs_pref'])}")
+    return summary
+
+
+def _print_align(res, log, label):
+    """Logs one alignment table: a row per column of ALIGN_COLS, a column per kind."""
+    log(f"{'':>24} " + " ".join(f"{k:>36}" for k in KINDS))
+    for c in ALIGN_COLS:
+        lo = 0.0 if c.startswith(("retrieval", "span")) else -1.0
+        log(f"{label + ' ' + c:>30} " + " ".join(f"{_fmt(res[k][c], lo):>36}" for k in KINDS))
+
+
+def _fig_heads(out, path, title):
+    """Bars of each head's first-minus-second EOT mass per label-pair group."""
+    K, G, Y, H = out["mean_pref"].shape
+    groups = [g for g in ("seen", "mixed", "unseen") if out["n"][0, GROUPS.index(g)] > 0]
+    cols = min(K, 4)
+    rows = -(-K // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.8 * rows), squeeze=False)
+    w = 0.8 / len(groups)
+    for k in range(K):
+        ax = axes[k // cols, k % cols]
+        for j, g in enumerate(groups):
+            gi = GROUPS.index(g)
+            m = out["mean_pref"][k, gi].reshape(-1)
+            sd = out["std_pref"][k, gi].reshape(-1)
+            x = np.arange(Y * H) + (j - (len(groups) - 1) / 2) * w
+            ax.bar(x, m, w, yerr=sd, capsize=2, color=f"C{j}", label=g if k == 0 else None)
+        names = [
+            f"L{y}H{h}" + {1: "*", 2: "'"}.get(int(out["role"][k, y, h]), "")
+            for y in range(Y)
+            for h in range(H)
+        ]
+        ax.set_xticks(range(Y * H), names, fontsize=7)
+        ax.axhline(0, color="gray", lw=0.8)
+        ax.set_ylim(-1, 1)
+        ax.set_title(f"model {k}", fontsize=9)
+    for ax in axes.flat[K:]:
+        ax.axis("off")
+    axes[0, 0].set_ylabel("EOT mass: first - second label")
+    axes[0, 0].legend(fontsize=7, title="label pairs", title_fontsize=7)
+    fig.suptitle(title + "  (* first-mention head, ' second-mention head; bars: std over pairs)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fig_align(res, res_init, path, title):
+    """Held-out cosine and retrieval, trained vs init, against the controls."""
+    fig, axes = plt.subplots(2, len(KINDS), figsize=(5.5 * len(KINDS), 7), squeeze=False)
+    panels = (
+        ("cosine of matching held-out labels",
+         ("cos_before", "cos_after", "cos_random_mean", "cos_shuffled_mean", "cos_after_other"),
+         ("before", "after R", "random R", "shuffled fit", "after R,\nother label")),
+        ("retrieval among held-out labels",
+         ("retrieval_before", "retrieval_after", "retrieval_random_mean",
+          "retrieval_shuffled_mean"),
+         ("before", "after R", "random R", "shuffled fit")),
+    )  # fmt: skip
+    for i, (ylabel, keys, names) in enumerate(panels):
+        for j, kind in enumerate(KINDS):
+            ax = axes[i, j]
+            for s, (r, lab, off) in enumerate(((res, "trained", -0.2), (res_init, "init", 0.2))):
+                vals = [np.asarray(r[kind][c], float) for c in keys]
+                x = np.arange(len(keys)) + off
+                ax.bar(x, [v.mean() for v in vals], 0.38, color=f"C{s}", alpha=0.7,
+                       label=lab)  # fmt: skip
+                for xi, v in zip(x, vals):
+                    ax.scatter(np.full(len(v), xi), v, s=6, color="k", zorder=3)
+            if i == 0:
+                p95 = np.mean(res[kind]["cos_random_p95"])
+                ax.axhline(p95, color="C3", ls=":", lw=1, label="random R, 95th pct")
+            else:
+                n_test = res[kind]["n_test"]
+                ax.axhline(1 / n_test, color="gray", ls=":", lw=1, label="chance")
+            ax.set_xticks(range(len(keys)), names, fontsize=8)
+            ax.axhline(0, color="gray", lw=0.8)
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"{kind} embeddings", fontsize=10)
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_text_run(
+    path: str,
+    *,
+    n_random: int = 100,
+    n_shuffled: int = 20,
+    seed: int = 0,
+    min_pref: float = 0.05,
+    min_frac: float = 0.95,
+    log=print,
+) -> dict:
+    """Computes, prints and writes the text-side report of one results folder (module doc).
+
+    Args:
+      path: a finished results folder of the 1D task (config.json, results.csv, params).
+      n_random: random orthogonal (Haar) maps of the alignment control.
+      n_shuffled: shuffled-correspondence Procrustes fits of the alignment control.
+      seed: key of the random controls.
+      min_pref: mean |first - second| EOT mass for a first/second-mention head.
+      min_frac: fraction of captions in every label-pair group with that sign.
+      log: where the tables go, one line a call.
+
+    Returns:
+      The summary written to summary.json: {"text_heads": {"trained", "init"},
+      "align": {"trained", "init"}}.
+    """
+    run = load_run(path)
+    cfg = run.config
+    out_dir = plots.ensure_dir(os.path.join(path, "text_align"))
+    params = jax.tree_util.tree_map(jnp.asarray, run.params)
+    init = _init_models(cfg, run.settings.seed)
+    unseen = np.asarray([r["unseen_acc"] for r in run.results], float)
+    n_pair = run.settings.n_pair_labels
+    K = len(unseen)
+    t = cfg.task
+    log(
+        f"{K} models; caption_mode {t.caption_mode}; text layers {cfg.model.text_layers}; "
+        f"labels 1..{t.n_labels}, validation labels {t.n_labels - t.n_val_labels + 1}.."
+        f"{t.n_labels}"
+    )
+
+    heads, head_rows = _text_heads(params, cfg, n_pair, "trained", min_pref, min_frac)
+    heads0, head_rows0 = _text_heads(init, cfg, n_pair, "init", min_pref, min_frac)
+    _write_csv(os.path.join(out_dir, "text_heads.csv"), head_rows + head_rows0)
+    log("\n-- text heads: EOT attention to the first- minus second-mentioned label")
+    log(
+        "   pref = mean over captions of (a_first - a_second); P>0 = fraction of captions "
+        "with a_first > a_second; key_P = logit difference from the keys' position rows "
+        "(label-independent), sd key_E = its spread from the keys' token rows"
+    )
+    _print_heads(heads, unseen, log)
+    summary = {"text_heads": {"trained": _head_summary(heads, log, "trained")}}
+    summary["text_heads"]["init"] = _head_summary(heads0, log, "init")
+
+    align, align_rows = _alignment(params, cfg, "trained", n_random, n_shuffled, seed)
+    align0, align_rows0 = _alignment(init, cfg, "init", n_random, n_shuffled, seed)
+    for r in (align, align0):
+        for kind in KINDS:
+            r[kind]["n_test"] = t.n_val_labels
+    _write_csv(os.path.join(out_dir, "align.csv"), align_rows + align_rows0)
+    log(
+        f"\n-- alignment: Procrustes R fitted on labels 1..{t.n_labels - t.n_val_labels}, "
+        f"tested on {t.n_labels - t.n_val_labels + 1}..{t.n_labels} (mean +- std [95% CI] "
+        f"over models; random R: {n_random} Haar maps; shuffled fit: "
+        f"{n_shuffled} fits with permuted labels; retrieval chance "
+        f"{1 / t.n_val_labels:.2f})"
+    )
+    _print_align(align, log, "trained")
+    _print_align(align0, log, "init")
+    summary["align"] = {
+        lab: {k: {c: float(np.mean(r[k][c])) for c in ALIGN_COLS} for k in KINDS}
+        for lab, r in (("trained", align), ("init", align0))
+    }
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2, default=float)
+
+    name = os.path.basename(path.rstrip("/"))
+    figs = [
+        _fig_heads(heads, os.path.join(out_dir, "text_heads.png"), f"{name}: text EOT heads"),
+        _fig_align(
+            align, align0, os.path.join(out_dir, "align.png"),
+            f"{name}: image-text label alignment up to a rotation",
+        ),
+    ]  # fmt: skip
+    log("results: " + "  ".join(os.path.join(out_dir, f) for f in ("text_heads.csv", "align.csv")))
+    log("figures: " + "  ".join(figs))
+    return summary

@@ -1,0 +1,117 @@
+"""The protocol study: grids, contrasts and verdicts, and one tiny study end to end."""
+
+import os
+
+import numpy as np
+import pytest
+
+from jaxmech.config import Config, ConfigError
+from jaxmech.protocol import (
+    BASELINE,
+    BY_NAME,
+    PROTOCOLS,
+    Protocol,
+    cells_from,
+    protocol_grid,
+    run_study,
+    trend,
+    verdict,
+    write_report,
+)
+from jaxmech.stats import diff_ci
+
+TINY = dict(
+    d_model=16,
+    d_head=4,
+    d_embed=16,
+    batch_size=16,
+    n_labels=8,
+    n_val_labels=3,
+    image_len=6,
+    n_pair_labels=5,
+    layouts_per_pair=3,
+    steps=20,
+    eval_every=10,
+)
+
+
+def test_cells_are_two_axes_through_the_first_cell():
+    assert cells_from([5, 10, 15], [15, 45]) == ((5, 15), (10, 15), (15, 15), (5, 45))
+    assert cells_from([5], [15]) == ((5, 15),)
+
+
+def test_every_protocol_builds_a_valid_grid():
+    for p in PROTOCOLS:
+        grid = protocol_grid(p, cells_from([5, 15], [15, 45]), seeds=2)
+        assert len(grid.settings) == 6
+        assert [s.n_pair_labels for s in grid.settings] == [5, 5, 15, 15, 5, 5]
+        if grid.config.train.epochs:  # finite: program length from the largest budget
+            assert grid.config.train.steps % grid.config.train.eval_every == 0
+    assert BY_NAME["finite_e60"].overrides == {"epochs": 60}
+
+
+def test_bad_protocol_or_cell_fails_naming_the_field():
+    with pytest.raises(ConfigError, match="d_model"):
+        protocol_grid(Protocol("x", "width", "x", {"d_model": 7}), ((5, 15),), seeds=1)
+    with pytest.raises(ConfigError, match="layouts_per_pair"):
+        protocol_grid(BASELINE, ((5, 99),), seeds=1)
+
+
+def test_diff_ci_matches_welch_by_hand():
+    a, b = [0.5, 0.6, 0.55, 0.65], [0.9, 1.0, 0.95, 0.97]
+    d, lo, hi = diff_ci(a, b)
+    va, vb = np.var(a, ddof=1) / 4, np.var(b, ddof=1) / 4
+    df = (va + vb) ** 2 / (va**2 / 3 + vb**2 / 3)
+    assert int(df) == 5
+    half = 2.571 * np.sqrt(va + vb)  # t_{0.975, 5}
+    np.testing.assert_allclose([d, lo, hi], [np.mean(b) - np.mean(a), d - half, d + half])
+
+
+def _rows(cells_acc):
+    rows = []
+    for (p, q), accs in cells_acc.items():
+        for a in accs:
+            rows.append(
+                {"n_pair_labels": p, "layouts_per_pair": q, "diverged_step": -1, "unseen_acc": a}
+            )
+    return rows
+
+
+def test_verdict_reads_the_two_contrasts():
+    cells = ((5, 15), (15, 15), (5, 45))
+    paper = _rows({(5, 15): [0.5, 0.55, 0.6, 0.52], (15, 15): [0.95, 0.97, 0.99, 0.96],
+                   (5, 45): [0.52, 0.58, 0.55, 0.5]})  # fmt: skip
+    assert "paper's trend: **yes**" in verdict(trend(paper, cells))
+    layouts_help = _rows({(5, 15): [0.5, 0.55, 0.6, 0.52], (15, 15): [0.95, 0.97, 0.99, 0.96],
+                          (5, 45): [0.95, 0.97, 0.99, 0.96]})  # fmt: skip
+    v = verdict(trend(layouts_help, cells))
+    assert "n_2 matters too" in v and "paper's trend: no" in v
+    flat = _rows({(5, 15): [0.97, 0.99, 1.0, 0.98], (15, 15): [0.99, 1.0, 0.98, 1.0],
+                  (5, 45): [0.99, 1.0, 0.97, 1.0]})  # fmt: skip
+    assert "no clear N_pair effect" in verdict(trend(flat, cells))
+
+
+def test_tiny_study_trains_analyses_reports_and_resumes(tmp_path):
+    base = Config().replace(**TINY)
+    cells = ((3, 3), (5, 3))
+    prots = [BASELINE, BY_NAME["finite_e20"]]
+    lines = []
+    merged = run_study(str(tmp_path), prots, cells, seeds=2, base=base, log=lines.append)
+    for p in prots:
+        rows = merged[p.name]
+        assert len(rows) == 4
+        for r in rows:  # accuracies, ablations and the EP gradient per model
+            for key in ("unseen_acc", "unseen_ep", "unseen_ep+bp", "ep_slope", "steps_trained"):
+                assert np.isfinite(r[key])
+    # finite: 20 epochs over 3*2*3 and 5*4*3 pair items, 8 pair samples per batch
+    assert sorted({r["steps_trained"] for r in merged["finite_e20"]}) == [45, 150]
+    assert {r["steps_trained"] for r in merged["baseline"]} == {20}
+    path = write_report(str(tmp_path), prots, merged, cells, 2, None)
+    text = open(path).read()
+    assert "## dataset" in text and "N_pair effect" in text and "n_2 axis not run" in text
+    assert os.path.isfile(tmp_path / "figures" / "factor_dataset.png")
+    # a second invocation trains nothing and reads the cached mechanism rows
+    lines2 = []
+    again = run_study(str(tmp_path), prots, cells, seeds=2, base=base, log=lines2.append)
+    assert any("already finished" in line for line in lines2)
+    assert again["baseline"][0]["unseen_ep"] == merged["baseline"][0]["unseen_ep"]
