@@ -285,6 +285,7 @@ def test_decomposition_terms_sum_to_logits_on_grid_images():
     assert t["EP"].shape == (6, 4, 10, 10)  # CLS + 9 cells
 
 
+@pytest.mark.slow  # trains a tiny model end to end (~1.5 min); `pytest -m slow`
 def test_tiny_2d_training_and_grouped_metrics():
     s = stack_settings([TINY.replace(seed=i).settings() for i in range(2)])
     data = build_data(TINY)

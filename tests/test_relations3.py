@@ -194,6 +194,7 @@ def test_seen_set_images_are_never_training_images(sets, n_pair, lpp):
     assert not (held & sampled)
 
 
+@pytest.mark.slow  # trains a tiny model end to end (~1.5 min); `pytest -m slow`
 def test_tiny_three_training_and_decomposition():
     data = build_data(TINY)
     s = stack_settings([TINY.replace(seed=i).settings() for i in range(2)])
