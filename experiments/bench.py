@@ -10,7 +10,9 @@ Everything is measured in this one run; the report prints ratios between them.
 
 from absl import app, flags
 
-from jaxmech.benchmark import (
+from jaxmech.cli import define_config_flags, setup_runtime, specs_from_flags
+from jaxmech.config import Config, ConfigError
+from jaxmech.reports.benchmark import (
     ablation_table_time,
     dense_step_flops,
     matmul_rate,
@@ -18,8 +20,6 @@ from jaxmech.benchmark import (
     step_flops_xla,
     sweep_throughput,
 )
-from jaxmech.cli import define_config_flags, setup_runtime, specs_from_flags
-from jaxmech.config import Config, ConfigError
 from jaxmech.sweep import coerce
 
 flags.DEFINE_string("ks", "1,4,16,64", "numbers of vmapped models to measure")

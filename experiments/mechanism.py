@@ -16,7 +16,8 @@ from absl import app, flags
 
 from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, parse_ablation
 from jaxmech.cli import setup_runtime
-from jaxmech.mechanism import analyse_run, compare_runs, ep_report_refusal, run_config
+from jaxmech.reports.common import load_config
+from jaxmech.reports.mechanism import analyse_run, compare_runs, ep_report_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
 flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations (e.g. ep,ep+bp,vp)")
@@ -37,10 +38,11 @@ def main(argv):
         heads = None if FLAGS.heads is None else [int(h) for h in FLAGS.heads.split(",")]
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    for r in runs:
-        if not os.path.isfile(os.path.join(r, "config.json")):
-            raise app.UsageError(f"--run: {r!r} is not a results folder (no config.json)")
-        refusal = ep_report_refusal(run_config(r), r)
+    for r in runs:  # every folder is checked before any compute
+        try:
+            refusal = ep_report_refusal(load_config(r), r)
+        except ValueError as e:
+            raise app.UsageError(f"--run: {e}") from None
         if refusal:
             raise app.UsageError(refusal)
     if "none" not in ablations:

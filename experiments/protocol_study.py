@@ -5,7 +5,7 @@
     python -m experiments.protocol_study --protocols=baseline,finite_e60 --n_pair=5,10,15
     python -m experiments.protocol_study --list               # the protocols and exit
 
-Trains every protocol (`jaxmech.protocol.PROTOCOLS`) on the cells (N_pair axis at the
+Trains every protocol (`jaxmech.presets.PROTOCOLS`) on the cells (N_pair axis at the
 first --n_2, n_2 axis at the first --n_pair), each as a resumable sweep in OUT/NAME/,
 measures the EP gradient and EP / EP+BP ablations per model, and writes OUT/report.md
 with one figure and verdict per factor. Re-running resumes; finished protocols are
@@ -18,7 +18,8 @@ from absl import app, flags
 
 from jaxmech.cli import setup_runtime
 from jaxmech.config import ConfigError
-from jaxmech.protocol import BY_NAME, PROTOCOLS, cells_from, protocol_grid, run_study, write_report
+from jaxmech.presets import BY_NAME, PROTOCOLS
+from jaxmech.reports.protocol import cells_from, protocol_grid, run_study, write_report
 from jaxmech.sweep import parse_spec
 
 flags.DEFINE_string("protocols", "all", "comma list of protocol names, or 'all'")

@@ -8,14 +8,15 @@ Prints the ablation table (mean +- std over models) per relation (2D: left/right
 and above/below `v` on single, seen-pair and unseen-pair sets, label-set) or per
 distractor place (three objects: `zl` left of, `zm` between, `zr` right of the named
 pair), the same per single head for `--per_head` ablations, and the CLS-row EP term's
-fit per head; writes RUN/relations/ (see jaxmech.relations_report).
+fit per head; writes RUN/relations/ (see jaxmech.reports.relations).
 """
 
 from absl import app, flags
 
 from jaxmech.analysis.ablate import parse_ablation
 from jaxmech.cli import setup_runtime
-from jaxmech.relations_report import DEFAULT_ABLATIONS, analyse_relations_run
+from jaxmech.reports.common import load_config
+from jaxmech.reports.relations import DEFAULT_ABLATIONS, analyse_relations_run, relations_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
 flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations in all heads")
@@ -35,12 +36,17 @@ def main(argv):
         raise app.UsageError(str(e)) from None
     if "none" not in ablations:
         ablations = ["none", *ablations]
-    for r in [r for r in FLAGS.run.split(",") if r]:
-        print(f"\n=== {r}")
+    runs = [r for r in FLAGS.run.split(",") if r]
+    for r in runs:  # every folder is checked before any compute
         try:
-            analyse_relations_run(r, tuple(ablations), tuple(per_head))
-        except (ValueError, FileNotFoundError) as e:
-            raise app.UsageError(str(e)) from None
+            refusal = relations_refusal(load_config(r), r)
+        except ValueError as e:
+            raise app.UsageError(f"--run: {e}") from None
+        if refusal:
+            raise app.UsageError(refusal)
+    for r in runs:
+        print(f"\n=== {r}")
+        analyse_relations_run(r, tuple(ablations), tuple(per_head))
 
 
 if __name__ == "__main__":

@@ -10,12 +10,11 @@ image), and the accuracies with the rotation switched off in all heads / each he
 all heads but one; writes RUN/rope/{heads,ablations}.csv, summary.json and figures.
 """
 
-import os
-
 from absl import app, flags
 
 from jaxmech.cli import setup_runtime
-from jaxmech.mechanism import analyse_rope_run, run_config
+from jaxmech.reports.common import load_config
+from jaxmech.reports.rope import analyse_rope_run, rope_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
 FLAGS = flags.FLAGS
@@ -25,15 +24,13 @@ def main(argv):
     del argv
     setup_runtime()
     runs = [r for r in FLAGS.run.split(",") if r]
-    for r in runs:
-        if not os.path.isfile(os.path.join(r, "config.json")):
-            raise app.UsageError(f"--run: {r!r} is not a results folder (no config.json)")
-        vp = run_config(r).model.vision_pos
-        if vp != "rope":
-            raise app.UsageError(
-                f"--run: {r!r} has vision_pos = {vp!r}; this report needs vision_pos = 'rope' "
-                "(use experiments.mechanism)"
-            )
+    for r in runs:  # every folder is checked before any compute
+        try:
+            refusal = rope_refusal(load_config(r).model.vision_pos, r)
+        except ValueError as e:
+            raise app.UsageError(f"--run: {e}") from None
+        if refusal:
+            raise app.UsageError(f"--run: {refusal}")
     for r in runs:
         print(f"\n=== {r}")
         analyse_rope_run(r)

@@ -21,13 +21,11 @@ Prints the tables (mean +- std and 95% CI over models), writes
 RUN/text_align/{text_heads,align}.csv, summary.json, text_heads.png and align.png.
 """
 
-import os
-
 from absl import app, flags
 
 from jaxmech.cli import setup_runtime
-from jaxmech.config import Config
-from jaxmech.text_align import analyse_text_run
+from jaxmech.reports.common import load_config
+from jaxmech.reports.text import analyse_text_run, text_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
 flags.DEFINE_integer("n_random", 100, "random orthogonal maps (alignment control)")
@@ -44,17 +42,13 @@ def main(argv):
     runs = [r for r in FLAGS.run.split(",") if r]
     if not runs:
         raise app.UsageError("--run: give at least one results folder")
-    for r in runs:
-        for need in ("config.json", "results.csv", "params"):
-            if not os.path.exists(os.path.join(r, need)):
-                raise app.UsageError(f"--run: {r!r} is not a finished results folder (no {need})")
-        with open(os.path.join(r, "config.json")) as f:
-            task = Config.from_json(f.read()).task
-        # the pair captions and single-object images here are the 1D task's
-        if getattr(task, "task_kind", "1d") != "1d":
-            raise app.UsageError(
-                f"--run: {r!r} is a {task.task_kind!r} task; this study is 1D only"
-            )
+    for r in runs:  # every folder is checked before any compute
+        try:
+            refusal = text_refusal(load_config(r), r)
+        except ValueError as e:
+            raise app.UsageError(f"--run: {e}") from None
+        if refusal:
+            raise app.UsageError(f"--run: {refusal}")
     if FLAGS.n_random < 1 or FLAGS.n_shuffled < 1:
         raise app.UsageError("--n_random and --n_shuffled must be >= 1")
     if not 0.5 < FLAGS.min_frac <= 1.0:

@@ -10,7 +10,8 @@ unless --overwrite is given.
 
 from absl import app, flags
 
-from jaxmech.cli import define_config_flags, define_run_flags, train_and_report
+from jaxmech.cli import define_config_flags, define_run_flags, train_from_flags
+from jaxmech.reports.summary import report_run
 
 define_run_flags(default_out="runs/train", default_seeds=8)
 define_config_flags(sweep=False)
@@ -19,7 +20,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
-    train_and_report(FLAGS, single_values=True, usage_error=app.UsageError)
+    grid, out = train_from_flags(FLAGS, single_values=True, usage_error=app.UsageError)
+    report_run(FLAGS.out, grid, out)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,19 @@ import os
 
 from absl import flags, logging
 
-from jaxmech.config import SWEEPABLE, Config
-from jaxmech.sweep import ALIASES
+from jaxmech.config import SWEEPABLE, Config, ConfigError
+from jaxmech.presets import preset_config
+from jaxmech.sweep import ALIASES, expand, run_grid
+
+__all__ = [
+    "define_config_flags",
+    "define_run_flags",
+    "enable_compilation_cache",
+    "preset_config",
+    "setup_runtime",
+    "specs_from_flags",
+    "train_from_flags",
+]
 
 
 def define_config_flags(sweep: bool) -> None:
@@ -64,7 +75,7 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_string(
         "preset",
         None,
-        "a named protocol of the protocol study as the base config (its overrides; flags "
+        "a named protocol (jaxmech.presets) as the base config (its overrides; flags "
         "override it). Names: python -m experiments.protocol_study --list",
     )
     flags.DEFINE_integer("seeds", default_seeds, "seeds (models) per grid point")
@@ -76,39 +87,31 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() (multi-host pods)")
 
 
-def preset_config(name: str | None) -> Config:
-    """SPEC defaults with a named protocol's overrides (`jaxmech.protocol.PROTOCOLS`)."""
-    from jaxmech.config import ConfigError
-    from jaxmech.protocol import BY_NAME
+def grid_from_flags(FLAGS, single_values: bool):
+    """The sweep grid the parsed flags ask for; raises ConfigError (naming the flag or
+    field) on bad input, before any compute. `single_values` refuses lists and ranges
+    (experiments.train)."""
+    specs = specs_from_flags(FLAGS)
+    if single_values:
+        for name, text in specs.items():
+            if "," in text or ":" in text:
+                raise ConfigError(
+                    f"--{name}={text!r}: experiments.train takes single values; "
+                    "use experiments.sweep for several"
+                )
+    return expand(preset_config(FLAGS.preset), specs, FLAGS.seeds, FLAGS.first_seed)
 
-    if name is None:
-        return Config()
-    if name not in BY_NAME:
-        raise ConfigError(f"--preset={name!r} is unknown; known: {', '.join(BY_NAME)}")
-    return Config().replace(**BY_NAME[name].overrides)
 
+def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
+    """Body of experiments.train / experiments.sweep: parse, then train (resumably).
 
-def train_and_report(FLAGS, single_values: bool, usage_error) -> None:
-    """Body of experiments.train / experiments.sweep: parse, train (resumably), report.
-
-    `single_values` refuses lists and ranges (experiments.train); bad input raises
-    `usage_error` before any compute.
+    Bad input raises `usage_error` before any compute (`grid_from_flags`). Returns
+    (grid, run_grid's result) for the caller to report
+    (`jaxmech.reports.summary.report_run`): flags never load a report.
     """
-    from jaxmech.config import ConfigError
-    from jaxmech.report import report_run
-    from jaxmech.sweep import expand, run_grid
-
     setup_runtime()
     try:
-        specs = specs_from_flags(FLAGS)
-        if single_values:
-            for name, text in specs.items():
-                if "," in text or ":" in text:
-                    raise ConfigError(
-                        f"--{name}={text!r}: experiments.train takes single values; "
-                        "use experiments.sweep for several"
-                    )
-        grid = expand(preset_config(FLAGS.preset), specs, FLAGS.seeds, FLAGS.first_seed)
+        grid = grid_from_flags(FLAGS, single_values)
     except (ConfigError, ValueError) as e:
         raise usage_error(str(e)) from None
     if FLAGS.distributed:
@@ -122,4 +125,4 @@ def train_and_report(FLAGS, single_values: bool, usage_error) -> None:
         chunk_size=FLAGS.chunk_size,
         checkpoint_every=FLAGS.checkpoint_every,
     )
-    report_run(FLAGS.out, grid, out)
+    return grid, out

@@ -188,7 +188,9 @@ class TaskConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The CLIP-style dual encoder (both towers share these sizes).
+    """The model family (`model_kind`, `jaxmech.families`) and its sizes.
+
+    The default family is the CLIP-style dual encoder (both towers share these sizes).
 
     `text_n_layers` None means the text tower has `n_layers` layers too.
 
@@ -216,6 +218,7 @@ class ModelConfig:
     logit_scale_max: float = math.log(100.0)
     vision_pos: str = "learned"
     rope_base: float = 10000.0
+    model_kind: str = "dual_encoder"
 
     @property
     def text_layers(self) -> int:
@@ -223,6 +226,9 @@ class ModelConfig:
 
     def __post_init__(self):
         _normalise(self)
+        # the registry (jaxmech.families) checks the name itself, before any compute
+        if not isinstance(self.model_kind, str) or not self.model_kind:
+            _fail("model_kind", self.model_kind, "the name of a registered model family")
         _int_in("n_layers", self.n_layers, 1, 64)
         if self.text_n_layers is not None:
             _int_in("text_n_layers", self.text_n_layers, 1, 64)

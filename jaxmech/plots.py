@@ -18,11 +18,15 @@ ACC_LABELS = {
 }
 
 
-def training_curves(curves: list[dict], path: str, title: str = "") -> str:
-    """Accuracies against step, one thin line per model, mean in bold."""
-    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6), sharey=True)
+def training_curves(
+    curves: list[dict], path: str, title: str = "", metrics=tuple(ACC_LABELS)
+) -> str:
+    """Accuracies (`metrics`) against step, one thin line per model, mean in bold."""
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6), sharey=True)
+    axes = np.atleast_1d(axes)
     models = sorted({r["model"] for r in curves})
-    for ax, (key, label) in zip(axes, ACC_LABELS.items()):
+    for ax, key in zip(axes, metrics):
+        label = ACC_LABELS.get(key, key)
         all_y = []
         for m in models:
             rs = [r for r in curves if r["model"] == m]
@@ -44,13 +48,17 @@ def training_curves(curves: list[dict], path: str, title: str = "") -> str:
     return path
 
 
-def accuracy_vs(rows: list[dict], field: str, path: str, title: str = "") -> str:
-    """Final accuracies against a swept field: mean with 95% CI over seeds, seeds as dots."""
+def accuracy_vs(
+    rows: list[dict], field: str, path: str, title: str = "", metrics=tuple(ACC_LABELS)
+) -> str:
+    """Final accuracies (`metrics`) against a swept field: mean with 95% CI over seeds,
+    seeds as dots."""
     from jaxmech.stats import mean_ci
 
     xs = sorted({r[field] for r in rows})
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    for j, (key, label) in enumerate(ACC_LABELS.items()):
+    for j, key in enumerate(metrics):
+        label = ACC_LABELS.get(key, key)
         stats = [mean_ci([r[key] for r in rows if r[field] == x]) for x in xs]
         m = np.asarray([s[0] for s in stats])
         err = np.abs(np.asarray([[s[1], s[2]] for s in stats]).T - m)

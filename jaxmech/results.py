@@ -2,18 +2,23 @@
 
 Layout of a results folder:
   config.json   the shared Config
-  results.csv   one row per model: model, seed, every swept field, single_acc, seen_acc,
-                unseen_acc, labelset_acc, final_loss, diverged_step, steps_trained
-                (optimiser steps the model took: its finite-set budget or `steps`)
-  curves.csv    one row per model per evaluation: model, step, CURVE_FIELDS
+  results.csv   one row per model: model, seed, every sweepable field, the family's
+                metrics (dual encoder: single_acc, seen_acc, unseen_acc, labelset_acc),
+                final_loss, diverged_step, steps_trained (optimiser steps the model
+                took: its finite-set budget or `steps`)
+  curves.csv    one row per model per evaluation: model, step, `train.curve_fields`
   params/       stacked params of all models (Orbax; leading axis = model)
 
 `results.csv` is written last (atomically), so its presence marks a finished run.
+`load_run` (and the cheaper `load_config`) refuse, with a ValueError naming the path,
+anything that is not such a finished folder. `write_csv` is the one CSV writer (reports
+use it too).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 from typing import Any, NamedTuple
@@ -22,9 +27,7 @@ import numpy as np
 
 from jaxmech import checkpoint
 from jaxmech.config import SWEEPABLE, Config, Settings
-from jaxmech.evaluate import METRICS
-
-RESULT_FIELDS = ("model",) + SWEEPABLE + METRICS + ("final_loss", "diverged_step", "steps_trained")
+from jaxmech.families import family_for
 
 
 class Run(NamedTuple):
@@ -37,10 +40,11 @@ class Run(NamedTuple):
     curves: list[dict]
 
 
-def result_rows(settings: Settings, curves: dict, diverged_step, steps_trained=None) -> list[dict]:
-    """One dict per model: settings, final accuracies and loss (last evaluation).
-
-    `steps_trained` [K] defaults to the last evaluated step.
+def result_rows(
+    settings: Settings, curves: dict, diverged_step, metrics: tuple[str, ...], steps_trained=None
+) -> list[dict]:
+    """One dict per model: settings, final `metrics` (the family's) and loss (last
+    evaluation). `steps_trained` [K] defaults to the last evaluated step.
     """
     k = len(np.asarray(settings.seed))
     if steps_trained is None:
@@ -50,7 +54,7 @@ def result_rows(settings: Settings, curves: dict, diverged_step, steps_trained=N
         row: dict[str, Any] = {"model": i}
         for name, col in zip(SWEEPABLE, settings):
             row[name] = np.asarray(col)[i].item()
-        for m in METRICS:
+        for m in metrics:
             row[m] = float(np.asarray(curves[m])[i, -1])
         row["final_loss"] = float(np.asarray(curves["loss"])[i, -1])
         row["diverged_step"] = int(np.asarray(diverged_step)[i])
@@ -71,11 +75,20 @@ def curve_rows(curves: dict) -> list[dict]:
     return rows
 
 
-def _write_csv(path: str, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+def write_csv(path: str, rows: list[dict]) -> None:
+    """Writes dict rows as CSV (header: the first row's keys), atomically.
+
+    The file appears complete or not at all (written beside it, then renamed), so a
+    killed process never leaves a half-written table that a resume would trust.
+    """
+    if not rows:
+        raise ValueError(f"write_csv({path!r}): no rows to write (a CSV needs a header row)")
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
+    os.replace(tmp, path)
 
 
 def _read_csv(path: str) -> list[dict]:
@@ -108,8 +121,9 @@ def write_files(
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         f.write(config.to_json())
-    rows = result_rows(settings, curves, diverged_step, steps_trained)
-    _write_csv(os.path.join(out, "curves.csv"), curve_rows(curves))
+    metrics = family_for(config).metrics(config)
+    rows = result_rows(settings, curves, diverged_step, metrics, steps_trained)
+    write_csv(os.path.join(out, "curves.csv"), curve_rows(curves))
     meta = {
         "settings": {n: np.asarray(v).tolist() for n, v in zip(SWEEPABLE, settings)},
         **(extra or {}),
@@ -118,19 +132,62 @@ def write_files(
     if os.path.exists(params_dir):
         shutil.rmtree(params_dir)
     checkpoint.save(params_dir, 0, params, meta)
-    tmp = os.path.join(out, ".results.csv.tmp")
-    _write_csv(tmp, rows)
-    os.replace(tmp, os.path.join(out, "results.csv"))
+    write_csv(os.path.join(out, "results.csv"), rows)  # atomic: marks completion
     return rows
 
 
-def load_run(path: str) -> Run:
-    """Loads a results folder written by `write_run` (training or sweep)."""
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"{path!r} is not a jaxmech results folder (no config.json)")
+_EXPECTED = "a results folder written by experiments.train or experiments.sweep"
+
+
+def _refuse(path, what: str) -> ValueError:
+    return ValueError(f"path = {path!r} {what}; expected {_EXPECTED}")
+
+
+def load_config(path: str) -> Config:
+    """The Config of a finished results folder, after checking the folder is one.
+
+    Cheap (reads config.json only), so entry points can refuse a bad folder before any
+    compute. Raises ValueError naming `path`, what is wrong and what was expected: a
+    path that does not exist or is not a folder; a missing config.json, curves.csv,
+    results.csv (written last: without it training did not finish) or params/; a
+    config.json that does not parse into a valid Config.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise _refuse(path, f"is a {type(path).__name__}, not a path")
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise _refuse(path, "does not exist")
+    if not os.path.isdir(path):
+        raise _refuse(path, "is not a folder")
+    # results.csv is written last, so without it training did not finish
+    for name in ("config.json", "curves.csv", "results.csv", "params"):
+        is_kind = os.path.isdir if name == "params" else os.path.isfile
+        if not is_kind(os.path.join(path, name)):
+            kind = "folder" if name == "params" else "file"
+            raise _refuse(path, f"has no {name} {kind}")
     with open(os.path.join(path, "config.json")) as f:
-        config = Config.from_json(f.read())
-    params, meta = checkpoint.restore(os.path.join(path, "params"))
+        text = f.read()
+    try:
+        if not isinstance(json.loads(text), dict):
+            raise TypeError(f"expected a JSON object of config groups, got {text[:40]!r}")
+        return Config.from_json(text)
+    except (ValueError, TypeError) as e:  # bad JSON, bad or unknown field, not an object
+        raise _refuse(path, f"has a broken config.json ({type(e).__name__}: {e})") from None
+
+
+def load_run(path: str) -> Run:
+    """Loads a finished results folder (config, settings [K], stacked params, CSV rows).
+
+    Raises ValueError (see `load_config`) for a path that is not such a folder, and for
+    params/ that hold no readable checkpoint.
+    """
+    config = load_config(path)
+    try:
+        params, meta = checkpoint.restore(os.path.join(path, "params"))
+    except checkpoint.CheckpointError as e:
+        raise _refuse(path, f"has unreadable params ({e})") from None
+    if "seed" not in meta.get("settings", {}):
+        raise _refuse(path, "has params without the models' settings (not written by write_files)")
     k = len(meta["settings"]["seed"])
     defaults = Config().flat()  # fields added after a folder was written take defaults
     settings = Settings(
@@ -139,15 +196,16 @@ def load_run(path: str) -> Run:
     return Run(
         config,
         settings,
-        params,
+        family_for(config).complete_params(params, config),
         _read_csv(os.path.join(path, "results.csv")),
         _read_csv(os.path.join(path, "curves.csv")),
     )
 
 
-def summary_table(rows: list[dict], swept: tuple[str, ...] = ()) -> str:
-    """A per-model table plus mean +- std (and min) over finite models, as text."""
-    cols = ["model", *swept, "seed", *METRICS, "final_loss"]
+def summary_table(rows: list[dict], swept: tuple[str, ...], metrics: tuple[str, ...]) -> str:
+    """A per-model table (the family's `metrics` after the settings) plus mean +- std
+    (and min) over finite models, as text."""
+    cols = ["model", *swept, "seed", *metrics, "final_loss"]
     lines = ["  ".join(f"{c:>12}" for c in cols)]
     for r in rows:
         cells = []
@@ -159,7 +217,7 @@ def summary_table(rows: list[dict], swept: tuple[str, ...] = ()) -> str:
     ok = [r for r in rows if r.get("diverged_step", -1) < 0]
     for label, fn in (("mean", np.nanmean), ("std", np.nanstd), ("min", np.nanmin)):
         cells = [f"{label:>12}"] + [f"{'':>12}"] * (len(swept) + 1)
-        for c in (*METRICS, "final_loss"):
+        for c in (*metrics, "final_loss"):
             vals = np.asarray([r[c] for r in ok], float)
             cells.append(f"{fn(vals):>12.3f}" if len(vals) else f"{'n/a':>12}")
         lines.append("  ".join(cells))

@@ -22,12 +22,14 @@ import numpy as np
 
 from jaxmech import checkpoint, results
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
+from jaxmech.families import family_for
 from jaxmech.train import (
-    CURVE_FIELDS,
     TrainState,
-    _init_program,
     build_data,
+    curve_fields,
     diverged_models,
+    init_program,
+    pad_models,
     stack_settings,
     step_budget,
     train_models,
@@ -132,6 +134,7 @@ def expand(
     # The shared config takes each swept field's first value, so that it is valid when
     # the swept field's default would not be (e.g. --n_labels=8 --n_pair=3,5).
     base = config.replace(**overrides, **{n: v[0] for n, v in values.items()})
+    family_for(base)  # the model family and its task pairing fail here, before any compute
     s0 = base.train.seed if first_seed is None else first_seed
     swept = tuple(values)
     settings = []
@@ -225,6 +228,225 @@ def _plan_segments(n_evals: int, evals_per_ckpt: int) -> list[int]:
     return [evals_per_ckpt] * full + ([rest] if rest else [])
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How a sweep's models are cut into chunks of one compiled program."""
+
+    grid: Grid
+    chunk: int  # models per chunk (the last chunk is padded)
+    n_chunks: int
+    every: int  # steps between checkpoints
+    settings: Settings  # arrays [n_chunks * chunk], padded by repeating the last model
+    budget: np.ndarray  # [n_chunks * chunk] steps each model trains
+    fields: tuple[str, ...]  # curve fields (the family's metrics and training signals)
+    progress_metric: str | None
+
+    @property
+    def k(self) -> int:
+        return len(self.grid.settings)
+
+    def chunk_slice(self, c: int) -> slice:
+        return slice(c * self.chunk, (c + 1) * self.chunk)
+
+    def n_real(self, c: int) -> int:
+        return min(self.chunk, self.k - c * self.chunk)
+
+
+def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None) -> _Plan:
+    cfg = grid.config
+    every = checkpoint_every or cfg.train.eval_every
+    if every % cfg.train.eval_every:
+        raise ValueError(
+            f"checkpoint_every = {every} must be a multiple of eval_every = {cfg.train.eval_every}"
+        )
+    k = len(grid.settings)
+    chunk = chunk_size or default_chunk_size(k)
+    if chunk < 1:
+        raise ValueError(f"chunk_size = {chunk}: must be >= 1")
+    n_chunks = -(-k // chunk)
+    padded = pad_models(stack_settings(list(grid.settings)), n_chunks * chunk)
+    # steps each model trains (finite-set budgets; `steps` when streaming)
+    budget = np.minimum(np.asarray(step_budget(padded, cfg)), cfg.train.steps)
+    family = family_for(cfg)
+    return _Plan(
+        grid, chunk, n_chunks, every, padded, budget, curve_fields(cfg), family.progress_metric
+    )
+
+
+def _finished(out: str) -> dict:
+    """What `run_grid` returns for a sweep that is already finished in `out`."""
+    run = results.load_run(out)
+    return {
+        "rows": run.results,
+        "curves": run.curves,
+        "wall_s": 0.0,
+        "diverged": [r for r in run.results if r["diverged_step"] >= 0],
+        "trained_steps": 0,
+    }
+
+
+def _prepare_folder(out: str, ident: dict, overwrite: bool) -> tuple[str, bool]:
+    """(folder to work in, whether `out` already holds this finished sweep).
+
+    Decided before any compute: `out` itself when empty or holding this sweep (resume);
+    a temporary sibling with `overwrite` when it holds anything else (it replaces `out`
+    only at the end); otherwise `SweepMismatchError`.
+    """
+    ident_path = os.path.join(out, "sweep.json")
+    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
+        return out, False
+    same = False
+    if os.path.isfile(ident_path):
+        with open(ident_path) as f:
+            same = same_sweep(json.load(f), ident)
+    if same:
+        return out, os.path.isfile(os.path.join(out, "results.csv"))
+    if not overwrite:
+        what = "a different sweep" if os.path.isfile(ident_path) else "other files"
+        raise SweepMismatchError(
+            f"output folder {out!r} holds {what}; pass --overwrite to replace it or "
+            "choose another --out (nothing was changed)"
+        )
+    parent = os.path.dirname(os.path.abspath(out))
+    return tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out) + "-", dir=parent), False
+
+
+class _Progress:
+    """Model-steps trained, rate, ETA and models passing, for the progress lines."""
+
+    def __init__(self, plan: _Plan):
+        self.t0 = time.perf_counter()
+        self.total = int(plan.budget[: plan.k].sum())
+        self.trained = 0  # model-steps trained by this process
+        self.done = 0  # model-steps done, resumed ones included
+        self.passed_before = 0  # models of finished chunks with the progress metric >= 0.9
+
+    def line(self, plan: _Plan, c: int, step: int, curves: dict, col: int, seg_s: float) -> str:
+        elapsed = time.perf_counter() - self.t0
+        rate = self.trained / max(elapsed, 1e-9)
+        eta = (self.total - self.done) / max(rate, 1e-9)
+        text = (
+            f"  chunk {c + 1}/{plan.n_chunks} step {step}/{plan.grid.config.train.steps}  "
+            f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
+        )
+        if plan.progress_metric is not None:
+            now = int((curves[plan.progress_metric][: plan.n_real(c), col] >= 0.9).sum())
+            seen = c * plan.chunk + plan.n_real(c)
+            text += f"{plan.progress_metric}>=0.9: {self.passed_before + now}/{seen}  "
+        return text + f"({seg_s:.1f} s this segment)"
+
+    def chunk_done(self, plan: _Plan, c: int, curves: dict) -> None:
+        if plan.progress_metric is not None:
+            last = curves[plan.progress_metric][: plan.n_real(c), -1]
+            self.passed_before += int((last >= 0.9).sum())
+
+
+def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str):
+    """(state or None, curves [chunk, n_evals] per field) of chunk c: its checkpoint if
+    there is one, else nothing trained (NaN curves)."""
+    cfg = plan.grid.config
+    curves = {
+        n: np.full((plan.chunk, cfg.train.n_evals), np.nan, np.float32)
+        for n in plan.fields + ("step",)
+    }
+    if checkpoint.latest_step(ckpt_dir) is None:
+        return None, curves
+    chunk_settings = jax.tree_util.tree_map(lambda x: x[: plan.chunk], plan.settings)
+    like_state = jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings)
+    tree, meta = checkpoint.restore(ckpt_dir, like={"state": like_state, "curves": curves})
+    if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
+        raise checkpoint.CheckpointError(
+            f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
+            "folder or pass --overwrite"
+        )
+    return TrainState(*tree["state"]), tree["curves"]
+
+
+def _settings_meta(plan: _Plan, c: int) -> list[dict]:
+    return [s._asdict() for s in plan.grid.settings[plan.chunk_slice(c)]]
+
+
+def _copy_last_evaluation(curves: dict, evals_done: int, eval_every: int) -> None:
+    """Fills the evaluations after `evals_done` with the last one (models all frozen)."""
+    for n in curves:
+        curves[n][:, evals_done:] = curves[n][:, evals_done - 1 : evals_done]
+    n_evals = curves["step"].shape[1]
+    curves["step"][:, evals_done:] = eval_every * np.arange(evals_done + 1, n_evals + 1)
+
+
+def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log):
+    """Trains (or resumes) chunk c to the end, checkpointing each segment; returns its
+    real models' (state, curves) as host arrays."""
+    cfg = plan.grid.config
+    eval_every = cfg.train.eval_every
+    ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
+    settings_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.settings)
+    budget_c = plan.budget[plan.chunk_slice(c)][: plan.n_real(c)]
+    state, curves = _restore_chunk(plan, c, ckpt_dir)
+    step = 0 if state is None else int(np.asarray(state.step).max())
+    progress.done += int(np.minimum(budget_c, step).sum())
+    evals_done = step // eval_every
+    for seg in _plan_segments(cfg.train.n_evals - evals_done, plan.every // eval_every):
+        if (budget_c <= step).all():
+            # every model of the chunk is done (finite-set budgets): their params are
+            # frozen, so later evaluations would repeat the last one; copy it instead
+            _copy_last_evaluation(curves, evals_done, eval_every)
+            log(f"  chunk {c + 1}/{plan.n_chunks}: every model's budget done at step {step}")
+            break
+        ts = time.perf_counter()
+        state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
+        for n in curves:
+            curves[n][:, evals_done : evals_done + seg] = seg_curves[n]
+        evals_done += seg
+        before, step = step, evals_done * eval_every
+        checkpoint.save(
+            ckpt_dir,
+            step,
+            {"state": state, "curves": curves},
+            {"chunk": c, "step": step, "settings": _settings_meta(plan, c)},
+        )
+        seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
+        progress.trained += seg_steps
+        progress.done += seg_steps
+        log(progress.line(plan, c, step, curves, evals_done - 1, time.perf_counter() - ts))
+    progress.chunk_done(plan, c, curves)
+    n_real = plan.n_real(c)
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state)
+    return state, {n: v[:n_real] for n, v in curves.items()}
+
+
+def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, wall: float, log):
+    """Writes the results folder (in `work`, then swapped into `out`) and the summary."""
+    cfg, k = plan.grid.config, plan.k
+    # optimiser steps each model took: its budget, cut short by the program or divergence
+    steps_trained = np.minimum(plan.budget[:k], np.asarray(state.step))
+    div = np.asarray(state.diverged_step)
+    steps_trained = np.where(div >= 0, np.minimum(steps_trained, div), steps_trained)
+    all_settings = jax.tree_util.tree_map(lambda x: x[:k], plan.settings)
+    diverged = diverged_models(state, all_settings)
+    for line in diverged:
+        log("WARNING: " + line)
+    rows = results.write_files(
+        work,
+        cfg,
+        all_settings,
+        state.params,
+        curves,
+        state.diverged_step,
+        extra={"swept": list(plan.grid.swept), "wall_s": wall},
+        steps_trained=steps_trained,
+    )
+    shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
+    if work != out:  # --overwrite: replace the old folder only now that the new one is whole
+        old = tempfile.mkdtemp(
+            prefix=".old-" + os.path.basename(out) + "-", dir=os.path.dirname(os.path.abspath(out))
+        )
+        os.rename(out, os.path.join(old, "x"))
+        os.rename(work, out)
+        shutil.rmtree(old)
+    return rows, diverged
+
+
 def run_grid(
     grid: Grid,
     out: str,
@@ -246,168 +468,32 @@ def run_grid(
 
     Returns {"rows", "curves", "wall_s", "diverged", "trained_steps"}.
     """
-    cfg = grid.config
+    plan = _make_plan(grid, chunk_size, checkpoint_every)
     ident = identity(grid)
-    k = len(grid.settings)
-    n_evals = cfg.train.n_evals
-    every = checkpoint_every or cfg.train.eval_every
-    if every % cfg.train.eval_every:
-        raise ValueError(
-            f"checkpoint_every = {every} must be a multiple of eval_every = {cfg.train.eval_every}"
-        )
-    chunk = chunk_size or default_chunk_size(k)
-    if chunk < 1:
-        raise ValueError(f"chunk_size = {chunk}: must be >= 1")
-
-    # ---- decide where to work before any compute
-    work = out
-    ident_path = os.path.join(out, "sweep.json")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
-        same = False
-        if os.path.isfile(ident_path):
-            with open(ident_path) as f:
-                same = same_sweep(json.load(f), ident)
-        if not same:
-            if not overwrite:
-                what = "a different sweep" if os.path.isfile(ident_path) else "other files"
-                raise SweepMismatchError(
-                    f"output folder {out!r} holds {what}; pass --overwrite to replace it or "
-                    "choose another --out (nothing was changed)"
-                )
-            parent = os.path.dirname(os.path.abspath(out))
-            work = tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out) + "-", dir=parent)
-        elif os.path.isfile(os.path.join(out, "results.csv")):
-            log(f"{out}: this sweep is already finished; nothing to train")
-            run = results.load_run(out)
-            return {
-                "rows": run.results,
-                "curves": run.curves,
-                "wall_s": 0.0,
-                "diverged": [r for r in run.results if r["diverged_step"] >= 0],
-                "trained_steps": 0,
-            }
+    work, finished = _prepare_folder(out, ident, overwrite)
+    if finished:
+        log(f"{out}: this sweep is already finished; nothing to train")
+        return _finished(out)
     os.makedirs(work, exist_ok=True)
     with open(os.path.join(work, "sweep.json"), "w") as f:
         json.dump(ident, f, indent=1)
-
-    data = build_data(cfg)
-    all_settings = stack_settings(list(grid.settings))
-    n_chunks = -(-k // chunk)
-    k_pad = n_chunks * chunk
-    padded = jax.tree_util.tree_map(
-        lambda x: np.concatenate([x, np.repeat(x[-1:], k_pad - k, 0)]), all_settings
-    )
-    like_state = jax.eval_shape(
-        lambda s: _init_program(s, cfg),
-        jax.tree_util.tree_map(lambda x: x[:chunk], padded),
-    )
+    cfg = grid.config
     log(
-        f"sweep: {k} model(s) in {n_chunks} chunk(s) of {chunk} x {cfg.train.steps} steps on "
-        f"{jax.device_count()} {jax.default_backend()} device(s); checkpoints every {every} steps"
+        f"sweep: {plan.k} model(s) in {plan.n_chunks} chunk(s) of {plan.chunk} x "
+        f"{cfg.train.steps} steps on {jax.device_count()} {jax.default_backend()} device(s); "
+        f"checkpoints every {plan.every} steps"
     )
-    t0 = time.perf_counter()
-    trained = 0
-    # steps each model trains (finite-set budgets; `steps` when streaming), padded like settings
-    budget = np.minimum(np.asarray(step_budget(padded, cfg)), cfg.train.steps)
-    total = int(budget[:k].sum())
-    done_model_steps = 0
-    passed_before = 0  # models of finished chunks with unseen-pair accuracy >= 0.9
-    states, curves_all = [], []
-    for c in range(n_chunks):
-        sl = slice(c * chunk, (c + 1) * chunk)
-        settings_c = jax.tree_util.tree_map(lambda x: x[sl], padded)
-        n_real = min(chunk, k - c * chunk)
-        ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
-        state, curves = (
-            None,
-            {n: np.full((chunk, n_evals), np.nan, np.float32) for n in CURVE_FIELDS + ("step",)},
-        )
-        if checkpoint.latest_step(ckpt_dir) is not None:
-            tree, meta = checkpoint.restore(ckpt_dir, like={"state": like_state, "curves": curves})
-            if meta.get("chunk") != c or meta.get("settings") != [
-                s._asdict() for s in grid.settings[sl]
-            ]:
-                raise checkpoint.CheckpointError(
-                    f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
-                    "folder or pass --overwrite"
-                )
-            state, curves = TrainState(*tree["state"]), tree["curves"]
-        step = 0 if state is None else int(np.asarray(state.step).max())
-        budget_c = budget[sl][:n_real]
-        done_model_steps += int(np.minimum(budget_c, step).sum())
-        evals_done = step // cfg.train.eval_every
-        for seg in _plan_segments(n_evals - evals_done, every // cfg.train.eval_every):
-            if (budget_c <= step).all():
-                # every model of the chunk is done (finite-set budgets): their params are
-                # frozen, so later evaluations would repeat the last one; copy it instead
-                for n in curves:
-                    curves[n][:, evals_done:] = curves[n][:, evals_done - 1 : evals_done]
-                curves["step"][:, evals_done:] = cfg.train.eval_every * np.arange(
-                    evals_done + 1, n_evals + 1
-                )
-                log(f"  chunk {c + 1}/{n_chunks}: every model's budget done at step {step}")
-                break
-            ts = time.perf_counter()
-            state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
-            for n in curves:
-                curves[n][:, evals_done : evals_done + seg] = seg_curves[n]
-            evals_done += seg
-            step = evals_done * cfg.train.eval_every
-            checkpoint.save(
-                ckpt_dir,
-                step,
-                {"state": state, "curves": curves},
-                {"chunk": c, "step": step, "settings": [s._asdict() for s in grid.settings[sl]]},
-            )
-            before = step - seg * cfg.train.eval_every
-            seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
-            trained += seg_steps
-            done_model_steps += seg_steps
-            elapsed = time.perf_counter() - t0
-            rate = trained / max(elapsed, 1e-9)
-            eta = (total - done_model_steps) / max(rate, 1e-9)
-            passed_now = int((curves["unseen_acc"][:n_real, evals_done - 1] >= 0.9).sum())
-            log(
-                f"  chunk {c + 1}/{n_chunks} step {step}/{cfg.train.steps}  "
-                f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
-                f"unseen>=0.9: {passed_before + passed_now}/{c * chunk + n_real}  "
-                f"({time.perf_counter() - ts:.1f} s this segment)"
-            )
-        passed_before += int((curves["unseen_acc"][:n_real, -1] >= 0.9).sum())
-        states.append(jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state))
-        curves_all.append({n: v[:n_real] for n, v in curves.items()})
-    wall = time.perf_counter() - t0
-    state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *states)
-    curves = {n: np.concatenate([cv[n] for cv in curves_all]) for n in curves_all[0]}
-    # optimiser steps each model took: its budget, cut short by the program or divergence
-    steps_trained = np.minimum(budget[:k], np.asarray(state.step))
-    div = np.asarray(state.diverged_step)
-    steps_trained = np.where(div >= 0, np.minimum(steps_trained, div), steps_trained)
-    diverged = diverged_models(state, all_settings)
-    for line in diverged:
-        log("WARNING: " + line)
-    rows = results.write_files(
-        work,
-        cfg,
-        all_settings,
-        state.params,
-        curves,
-        state.diverged_step,
-        extra={"swept": list(grid.swept), "wall_s": wall},
-        steps_trained=steps_trained,
-    )
-    shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
-    if work != out:  # --overwrite: replace the old folder only now that the new one is whole
-        old = tempfile.mkdtemp(
-            prefix=".old-" + os.path.basename(out) + "-", dir=os.path.dirname(os.path.abspath(out))
-        )
-        os.rename(out, os.path.join(old, "x"))
-        os.rename(work, out)
-        shutil.rmtree(old)
+    data = build_data(cfg)
+    progress = _Progress(plan)
+    parts = [_train_chunk(plan, c, work, data, progress, log) for c in range(plan.n_chunks)]
+    wall = time.perf_counter() - progress.t0
+    state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *(p[0] for p in parts))
+    curves = {n: np.concatenate([p[1][n] for p in parts]) for n in parts[0][1]}
+    rows, diverged = _finish(plan, work, out, state, curves, wall, log)
     return {
         "rows": rows,
         "curves": results.curve_rows(curves),
         "wall_s": wall,
         "diverged": diverged,
-        "trained_steps": trained,
+        "trained_steps": progress.trained,
     }

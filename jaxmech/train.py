@@ -6,9 +6,15 @@ sharded over every device present (a one-axis `models` mesh; one device works to
 Evaluation runs inside the scan every `eval_every` steps, so the curves come back with
 the final params.
 
+Training knows the model only through its family (`jaxmech.families`: init, loss,
+evaluation, metric names) and the data only through its task (`data.tasks`: tables,
+eval sets, batches), both chosen by the config; nothing here branches on either.
+
 Randomness: model k's stream derives from its seed alone: init from
 `fold_in(key(seed), 0)`, the batch of step t from `fold_in(fold_in(key(seed), 1), t)`.
-So a model trains identically alone, in any batch of models, and resumed.
+So a model sees the same init and batches alone, in any batch of models, and resumed;
+its arithmetic is bit-identical only within the same compiled program (XLA may round
+differently for another number of vmapped models; BUILD_NOTES.md, guarantees).
 
 A model whose loss or gradient becomes non-finite stops updating (its params are the
 last finite ones) and its `diverged_step` records the step; the host reports it by
@@ -28,26 +34,16 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, Settings
-from jaxmech.data import relations1d, relations2d, relations3
-from jaxmech.data.relations1d import (
-    DataTables,
-    EvalSets,
-    n_two_object_items,
-    singles_per_batch,
-)
-from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.models.dual_encoder import forward, init_params
+from jaxmech.data.tasks import get_task
+from jaxmech.families import Family, family_for, trainable
 
-CURVE_FIELDS = METRICS + ("loss", "grad_norm", "param_norm", "update_norm")
-
-# The data generator of each task kind (`TaskConfig.task_kind`): every one provides
-# build_tables, build_eval_sets and a jittable sample_batch with the same signatures.
-GENERATORS = {"1d": relations1d, "2d": relations2d, "three": relations3}
+# What every family's curves carry besides its metrics: the training health signals.
+TRAIN_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
 
 
-def generator(config: Config):
-    """The data module of the config's task kind."""
-    return GENERATORS[config.task.task_kind]
+def curve_fields(config: Config) -> tuple[str, ...]:
+    """The per-evaluation curves of a run: the family's metrics, then TRAIN_FIELDS."""
+    return tuple(family_for(config).metrics(config)) + TRAIN_FIELDS
 
 
 class TrainState(NamedTuple):
@@ -60,17 +56,18 @@ class TrainState(NamedTuple):
 
 
 class Data(NamedTuple):
-    """The arrays every model of a run shares (replicated over devices)."""
+    """The arrays every model of a run shares (replicated over devices): the task's
+    tables and fixed validation sets (`data.tasks.Task`)."""
 
-    tables: DataTables  # or the task kind's tables (relations2d.GridTables)
-    evals: EvalSets  # or the task kind's grouped sets (data.grouped.GroupedEvalSets)
+    tables: Any
+    evals: Any
 
 
 def build_data(config: Config) -> Data:
     """Tables and validation sets for the config's task (host NumPy, built once)."""
-    gen = generator(config)
-    tables = gen.build_tables(config.task)
-    return Data(tables, gen.build_eval_sets(config.task, tables))
+    task = get_task(config.task.task_kind)
+    tables = task.build_tables(config.task)
+    return Data(tables, task.build_eval_sets(config.task, tables))
 
 
 def make_optimizer(config: Config, lr, weight_decay) -> optax.GradientTransformation:
@@ -94,41 +91,15 @@ def make_optimizer(config: Config, lr, weight_decay) -> optax.GradientTransforma
     )
 
 
-def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, config: Config, positives_BxB=None):
-    """Symmetric CLIP cross-entropy; identical captions are positives of each other.
-
-    `positives_BxB` (bool [image, caption], diagonal True) replaces that rule where a
-    caption can be true of several different images (the three-object task:
-    `relations3.positives`); each direction's target is uniform over its positives.
-    """
-    sims_BxB, _ = forward(
-        params,
-        images_BxL,
-        jnp.asarray(captions_CxT)[caption_ids_B],
-        causal_text=config.model.causal_text,
-        readout_only=True,
-        logit_scale_max=config.model.logit_scale_max,
-    )
-    if positives_BxB is not None:
-        pos = positives_BxB.astype(jnp.float32)
-        i2t = -(pos / pos.sum(1, keepdims=True) * jax.nn.log_softmax(sims_BxB, axis=1))
-        t2i = -(pos.T / pos.sum(0)[:, None] * jax.nn.log_softmax(sims_BxB.T, axis=1))
-        return 0.5 * (i2t.sum(1).mean() + t2i.sum(1).mean())
-    same = (caption_ids_B[:, None] == caption_ids_B[None, :]).astype(jnp.float32)
-    target = same / same.sum(1, keepdims=True)  # symmetric, rows sum to 1
-    i2t = -(target * jax.nn.log_softmax(sims_BxB, axis=1)).sum(1).mean()
-    t2i = -(target * jax.nn.log_softmax(sims_BxB.T, axis=1)).sum(1).mean()
-    return 0.5 * (i2t + t2i)
-
-
 def _tree_norm(tree):
-    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in jax.tree_util.tree_leaves(tree)))
+    leaves = jax.tree_util.tree_leaves(trainable(tree))
+    return jnp.sqrt(sum(jnp.sum(jnp.square(x)) for x in leaves))
 
 
 def init_state(config: Config, settings: Settings) -> TrainState:
     """A model's step-0 state from its seed (scalar settings; vmap for many)."""
     key = jax.random.key(jnp.asarray(settings.seed, jnp.uint32))
-    params = init_params(config, jax.random.fold_in(key, 0))
+    params = family_for(config).init_params(config, jax.random.fold_in(key, 0))
     opt = make_optimizer(config, settings.lr, settings.weight_decay)
     return TrainState(params, opt.init(params), jnp.int32(0), jnp.int32(-1))
 
@@ -136,27 +107,37 @@ def init_state(config: Config, settings: Settings) -> TrainState:
 def step_budget(settings: Settings, config: Config):
     """Steps a model trains: `steps` when streaming, else its epochs over the finite set.
 
-    With `epochs = E > 0`: ceil(E * n_two / (B - round(single_frac * B))), n_two =
-    N_pair (N_pair - 1) layouts_per_pair. Works on scalars or arrays [K], traced or
-    NumPy (then returns a jax array).
+    With `epochs = E > 0`: ceil(E * n_items / per_batch) from the task's `epoch_items`
+    (1D: n_items = N_pair (N_pair - 1) layouts_per_pair two-object items, per_batch =
+    B - round(single_frac * B)). Works on scalars or arrays [K], traced or NumPy (then
+    returns a jax array).
     """
     epochs = jnp.asarray(settings.epochs, jnp.int32)
-    per_batch = config.train.batch_size - singles_per_batch(settings, config.train.batch_size)
-    n_two = n_two_object_items(settings)
-    finite = -(-(epochs * n_two) // jnp.maximum(per_batch, 1))
+    epoch_items = get_task(config.task.task_kind).epoch_items
+    if epoch_items is None:  # a streaming-only task (the config refuses epochs > 0)
+        return jnp.full(epochs.shape, config.train.steps, jnp.int32)
+    n_items, per_batch = epoch_items(settings, config.train.batch_size)
+    finite = -(-(epochs * n_items) // jnp.maximum(per_batch, 1))
     return jnp.where(epochs > 0, finite, config.train.steps).astype(jnp.int32)
 
 
-def train_step(state: TrainState, settings: Settings, data: Data, config: Config):
+def _step_keys(settings: Settings, step):
+    """(batch key of `step`, epoch-order key) of a model: both from its seed alone."""
+    seed_key = jax.random.key(jnp.asarray(settings.seed, jnp.uint32))
+    return jax.random.fold_in(jax.random.fold_in(seed_key, 1), step), jax.random.fold_in(
+        seed_key, 2
+    )
+
+
+def train_step(state: TrainState, settings: Settings, data: Data, config: Config, budget=None):
     """One optimiser step of one model; returns (state, per-step metrics).
 
-    A model past its `step_budget` (finite-set epochs done) keeps its params frozen;
-    its step counter still advances with the program.
+    A model past its `budget` of steps (default `step_budget`: finite-set epochs done)
+    keeps its params frozen; its step counter still advances with the program.
     """
-    seed_key = jax.random.key(jnp.asarray(settings.seed, jnp.uint32))
-    key = jax.random.fold_in(jax.random.fold_in(seed_key, 1), state.step)
-    gen = generator(config)
-    images, caption_ids = gen.sample_batch(
+    budget = step_budget(settings, config) if budget is None else budget
+    key, order_key = _step_keys(settings, state.step)
+    batch = get_task(config.task.task_kind).sample_batch(
         data.tables,
         key,
         settings,
@@ -164,20 +145,16 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
         config.train.batch_size,
         finite=config.train.epochs > 0,
         step=state.step,
-        order_key=jax.random.fold_in(seed_key, 2),
+        order_key=order_key,
     )
-    # a task whose captions can be true of several images says which (else: equal ids)
-    true_of = getattr(gen, "positives", None)
-    positives = None if true_of is None else true_of(images, caption_ids, config.task)
-    loss, grads = jax.value_and_grad(clip_loss)(
-        state.params, images, caption_ids, data.tables.captions, config, positives
-    )
+    loss_fn = family_for(config).loss
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, data.tables, config)
     opt = make_optimizer(config, settings.lr, settings.weight_decay)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = _tree_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    ok = finite & (state.diverged_step < 0) & (state.step < step_budget(settings, config))
+    ok = finite & (state.diverged_step < 0) & (state.step < budget)
     keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
         lambda a, b: jnp.where(ok, a, b), new, old
     )
@@ -190,31 +167,34 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
     return new_state, {"loss": loss, "grad_norm": grad_norm, "update_norm": _tree_norm(updates)}
 
 
-def run_chunks(state: TrainState, settings: Settings, data: Data, config: Config, n_chunks: int):
+def evaluate_state(state: TrainState, settings: Settings, data: Data, family: Family, config):
+    """One model's metrics at `state` plus its parameter norm and step."""
+    ev = family.evaluate(state.params, data.evals, data.tables, settings, config)
+    return {**ev, "param_norm": _tree_norm(state.params), "step": state.step}
+
+
+def run_chunks(
+    state: TrainState, settings: Settings, data: Data, config: Config, n_chunks: int, budget=None
+):
     """`n_chunks` x (`eval_every` steps, then an evaluation) for one model.
 
-    Returns (state, curves) with curves a dict of `[n_chunks]` arrays (`CURVE_FIELDS`
-    plus `step`): losses and norms are means over the chunk's steps.
+    `budget`: the model's steps (default `step_budget(settings, config)`).
+
+    Returns (state, curves) with curves a dict of `[n_chunks]` arrays (`curve_fields`
+    plus `step`, and any further keys the family's evaluate returns): losses and norms
+    are means over the chunk's steps.
     """
+    family = family_for(config)
 
     def chunk(state, _):
         state, m = jax.lax.scan(
-            lambda s, _: train_step(s, settings, data, config),
+            lambda s, _: train_step(s, settings, data, config, budget),
             state,
             None,
             length=config.train.eval_every,
         )
-        ev = evaluate(
-            state.params,
-            data.evals,
-            data.tables.captions,
-            settings,
-            causal_text=config.model.causal_text,
-        )
-        out = {**ev, **{k: v.mean() for k, v in m.items()}}
-        out["param_norm"] = _tree_norm(state.params)
-        out["step"] = state.step
-        return state, out
+        out = evaluate_state(state, settings, data, family, config)
+        return state, {**out, **{k: v.mean() for k, v in m.items()}}
 
     return jax.lax.scan(chunk, state, None, length=n_chunks)
 
@@ -240,18 +220,32 @@ def stack_settings(settings_list: list[Settings]) -> Settings:
     )
 
 
+def program_config(config: Config) -> Config:
+    """The config a compiled program depends on: values that only set how long a run
+    is (`steps`, the base `seed`, the number of `epochs`) are canonical here, so a run
+    of another length reuses the same program (budgets travel as arrays)."""
+    t = config.train
+    return config.replace(steps=t.eval_every, seed=0, epochs=min(t.epochs, 1))
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def _init_program(settings, config: Config):
     return jax.vmap(lambda s: init_state(config, s))(settings)
 
 
+def init_program(settings, config: Config):
+    """Step-0 states [K, ...] of K models (settings arrays [K]), in one compiled call."""
+    return _init_program(settings, program_config(config))
+
+
 @functools.partial(jax.jit, static_argnames=("config", "n_chunks"))
-def _train_program(state, settings, data, config: Config, n_chunks: int):
-    # One compiled program for any settings values (they are arrays) of a given K.
-    return jax.vmap(lambda st, s: run_chunks(st, s, data, config, n_chunks))(state, settings)
+def _train_program(state, settings, budget, data, config: Config, n_chunks: int):
+    # One compiled program for any settings values and budgets (arrays) of a given K.
+    run = lambda st, s, b: run_chunks(st, s, data, config, n_chunks, b)  # noqa: E731
+    return jax.vmap(run)(state, settings, budget)
 
 
-def _pad_models(tree, k_padded: int):
+def pad_models(tree, k_padded: int):
     """Pads the leading model axis to k_padded by repeating the last model (host NumPy)."""
 
     def pad(x):
@@ -305,6 +299,7 @@ def train_models(
       (state, curves) as host NumPy: stacked final state [K, ...] and curves
       {name: [K, n_chunks]}.
     """
+    family_for(config)  # an unknown model_kind or task pairing fails before any compute
     finite = np.asarray(settings.epochs) > 0
     if finite.any() != finite.all() or finite.any() != (config.train.epochs > 0):
         raise ValueError(
@@ -323,13 +318,16 @@ def train_models(
     shard = NamedSharding(mesh, PS("models"))
     replicated = NamedSharding(mesh, PS())
     # The programs follow their inputs' shardings: models split over devices, data replicated.
-    settings_d = _to_global(_pad_models(settings, k_pad), shard)
+    settings_d = _to_global(pad_models(settings, k_pad), shard)
     if state is None:
-        state_d = _init_program(settings_d, config)
+        state_d = init_program(settings_d, config)
     else:
-        state_d = _to_global(_pad_models(state, k_pad), shard)
+        state_d = _to_global(pad_models(state, k_pad), shard)
     data_d = _to_global(data, replicated)
-    state_out, curves = _train_program(state_d, settings_d, data_d, config, n_chunks)
+    budget_d = _to_global(pad_models(np.asarray(step_budget(settings, config)), k_pad), shard)
+    state_out, curves = _train_program(
+        state_d, settings_d, budget_d, data_d, program_config(config), n_chunks
+    )
     trim = lambda tree: jax.tree_util.tree_map(lambda x: x[:k], tree)  # noqa: E731
     return trim(fetch(state_out)), trim(fetch(curves))
 

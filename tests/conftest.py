@@ -1,5 +1,7 @@
-"""Shares one persistent XLA compilation cache between the tests and the CLI subprocesses
-they start, so each distinct program is compiled once per test session."""
+"""Shared test setup: one persistent XLA compilation cache for the tests and the CLI
+subprocesses they start (each distinct program compiles once per session), the tiny
+configs most tests train (shared, so their compiled programs are reused), and an
+interrupting log callback for resume tests."""
 
 import os
 import tempfile
@@ -10,3 +12,44 @@ os.environ["JAXMECH_CACHE_DIR"] = _CACHE
 from jaxmech.cli import enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache()
+
+# The tiny 1D task and model most training tests use (flat config overrides).
+TINY = dict(
+    d_model=16,
+    d_head=4,
+    d_embed=16,
+    batch_size=16,
+    n_labels=8,
+    n_val_labels=3,
+    n_pair_labels=5,
+    layouts_per_pair=5,
+    image_len=6,
+)
+
+
+
+
+def tiny_config(**overrides):
+    """The TINY config (20 steps, evaluated every 10) with flat overrides. Tests that
+    share it share compiled programs: a run's length (`steps`, epochs) is not part of
+    the program (`train.program_config`)."""
+    from jaxmech.config import Config
+
+    return Config().replace(**{**TINY, "steps": 20, "eval_every": 10, **overrides})
+
+
+class Interrupted(Exception):
+    """Raised by `stop_after`'s callback: a sweep stopped as if killed."""
+
+
+def stop_after(n):
+    """A sweep log callback that interrupts after n progress lines (n checkpoints)."""
+    seen = []
+
+    def log(line):
+        if line.lstrip().startswith("chunk"):
+            seen.append(line)
+            if len(seen) >= n:
+                raise Interrupted(line)
+
+    return log

@@ -11,13 +11,15 @@ from jaxmech.analysis.decompose import part_terms, row_variance_shares
 from jaxmech.analysis.heads import cls_row_profiles, gradient_stats, head_roles
 from jaxmech.config import Config
 from jaxmech.evaluate import evaluate
+from jaxmech.models.checks import with_static
 from jaxmech.models.dual_encoder import forward, init_params
 from jaxmech.models.edits import TERMS, Edits, term_mask
 from jaxmech.train import build_data, stack_settings
 
 _init = jax.jit(init_params, static_argnums=0)
-# jitted: op-by-op dispatch of the many small term contractions is slow on CPU
-decompose = jax.jit(_decompose, static_argnames=("tower", "layer", "causal_text"))
+# jitted: op-by-op dispatch of the many small term contractions is slow on CPU. tower
+# and layer choose params and a block: static; the causal mask comes with the params.
+decompose = jax.jit(_decompose, static_argnames=("tower", "layer"))
 
 # a small task shared by every shape, and four model shapes on it
 _TASK = dict(
@@ -36,13 +38,16 @@ SHAPES = {
 
 
 def _noisy_params(config, seed=0, scale=0.3):
-    """Init params plus noise: every bias and the CLS position row non-zero."""
+    """Init params plus noise: every bias and the CLS position row non-zero (the
+    switches of `params["static"]` stay as the config sets them)."""
     params = _init(config, jax.random.key(seed))
-    leaves, tree = jax.tree_util.tree_flatten(params)
+    trained = {k: v for k, v in params.items() if k != "static"}
+    leaves, tree = jax.tree_util.tree_flatten(trained)
     keys = jax.random.split(jax.random.key(seed + 100), len(leaves))
-    return jax.tree_util.tree_unflatten(
+    noisy = jax.tree_util.tree_unflatten(
         tree, [x + scale * jax.random.normal(k, x.shape) for x, k in zip(leaves, keys)]
     )
+    return {**noisy, "static": params["static"]}
 
 
 def _inputs(config):
@@ -107,6 +112,16 @@ def test_decompose_vmaps_over_stacked_seeds_and_over_heads():
         p = {**params, "vision": {**params["vision"], "block_0": block}}
         return decompose(p, images)["EP"][:, 0]
 
+    # the text tower too: its causal mask is a traced flag of each model's params
+    captions = _inputs(config)[1]
+    vis = jax.jit(jax.vmap(lambda p: decompose(p, captions, tower="text")["visible"]))(stacked)
+    assert vis.shape == (3, captions.shape[0], 1, 9, 9)
+    lower = np.tril(np.ones((9, 9), bool))
+    np.testing.assert_array_equal(vis[:, :, 0], np.broadcast_to(lower, vis[:, :, 0].shape))
+    bidir = with_static(stacked, causal_text=0.0)
+    vis0 = jax.jit(jax.vmap(lambda p: decompose(p, captions, tower="text")["visible"]))(bidir)
+    assert bool(vis0.all())
+
     per_head = jax.vmap(one_head)(jnp.arange(config.model.n_heads))  # [H, B, S, S]
     np.testing.assert_allclose(
         jnp.moveaxis(per_head, 0, 1), decompose(params, images)["EP"], rtol=1e-5, atol=1e-6
@@ -160,7 +175,7 @@ def test_ablation_table_none_equals_plain_evaluation_and_edits_stack():
         lambda *x: jnp.stack(x), *[_noisy_params(config, s) for s in range(2)]
     )
     names = ("none", "ep", "ep+bp", "vp", "ep+pp+bp+vp")
-    table = ablation_table(stacked, settings, data, names, causal_text=True)
+    table = ablation_table(stacked, settings, data, names)
     for i in range(2):
         p = jax.tree_util.tree_map(lambda x: x[i], stacked)
         s = jax.tree_util.tree_map(lambda x: x[i], settings)

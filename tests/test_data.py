@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from jaxmech.config import Config, Settings
+from jaxmech.data.grouped import GroupedEvalSets, metric_names, seen_mask
 from jaxmech.data.relations1d import (
+    LineEvalSets,
     build_eval_sets,
     build_tables,
     caption_tokens,
@@ -17,7 +19,6 @@ from jaxmech.data.relations1d import (
     pair_left,
     pair_right,
     sample_batch,
-    seen_mask,
     single_label,
     single_side,
 )
@@ -384,10 +385,9 @@ def test_seen_pair_set_is_disjoint_from_training(default_sets, n_pair, lpp):
     cfg, tables, ev = default_sets
     count, x, px, y, py = _objects(ev.seen_images)
     assert (count == 2).all() and ev.seen_images.shape == (15 * 14 * 45, 10)
-    np.testing.assert_array_equal(ev.seen_x, x)
-    np.testing.assert_array_equal(ev.seen_y, y)
+    np.testing.assert_array_equal(ev.seen_labels, np.stack([x, y], 1))
     rank = _layout_rank(tables, x, y, px, py)
-    np.testing.assert_array_equal(ev.seen_rank, rank)
+    np.testing.assert_array_equal(ev.seen_ranks, rank[:, None])
 
     settings = Config().replace(n_pair_labels=n_pair, layouts_per_pair=lpp).settings()
     mask = np.asarray(seen_mask(ev, settings))
@@ -406,7 +406,8 @@ def test_seen_pair_set_never_sampled(default_sets):
     sampled = {r.tobytes() for r in images.reshape(-1, 10).astype(np.int32)}
     mask = np.asarray(seen_mask(ev, c.settings()))
     held = {r.tobytes() for r in ev.seen_images[mask].astype(np.int32)}
-    train_pairs = {r.tobytes() for r in ev.seen_images[~mask & (ev.seen_x <= 5) & (ev.seen_y <= 5)]}
+    pair_labels = (ev.seen_labels <= 5).all(1)
+    train_pairs = {r.tobytes() for r in ev.seen_images[~mask & pair_labels]}
     assert held and not (held & sampled)
     # and the sampler does reach (almost) every training pair image: 20 pairs x 3 layouts
     assert len(train_pairs & sampled) == len(train_pairs) == 60
@@ -425,3 +426,16 @@ def test_left_right_eval_forms():
         assert dec[ev.unseen_true[i, 1]] == f"{y[i]} is on the right of {x[i]}"
         assert dec[ev.unseen_swap[i, 1]] == f"{x[i]} is on the right of {y[i]}"
     assert (ev.seen_true != ev.seen_swap).all()
+
+
+def test_line_eval_sets_are_grouped_sets_with_one_row_per_image(default_sets):
+    cfg, tables, ev = default_sets
+    assert isinstance(ev, GroupedEvalSets) and type(ev) is LineEvalSets
+    assert LineEvalSets.GROUPS == ("all",) and metric_names(LineEvalSets) == ()
+    for name in ("single", "seen", "unseen"):
+        images = getattr(ev, f"{name}_images")
+        np.testing.assert_array_equal(getattr(ev, f"{name}_index"), np.arange(len(images)))
+        np.testing.assert_array_equal(getattr(ev, f"{name}_group"), np.zeros(len(images)))
+        assert getattr(ev, f"{name}_true").shape == (len(images), 1)
+    for field, value in ev._asdict().items():
+        assert value.dtype == np.int32, field

@@ -15,12 +15,17 @@ import pytest
 
 from jaxmech.config import Config
 from jaxmech.data.vocab import Vocab
-from jaxmech.models.attention import block_forward
+from jaxmech.models.attention import FirstBlock, block_forward
+from jaxmech.models.checks import with_static
 from jaxmech.models.dual_encoder import (
+    encode,
     encode_images,
     encode_texts,
+    eot_index,
     forward,
     init_params,
+    static_params,
+    text_inputs,
     vision_inputs,
 )
 from jaxmech.models.edits import NO_EDITS, TERMS, Edits, term_mask
@@ -51,9 +56,10 @@ def _noise(seed):
 def random_params(cfg=SMALL, seed=0):
     """Params with `init_params`' names and shapes and random values everywhere (biases,
     LayerNorm offsets and the logit scale included, all non-zero), at scales that keep
-    the attention patterns far from uniform."""
+    the attention patterns far from uniform; `params["static"]` as `init_params` sets it."""
     noise = _noise(seed)
     offset = 0
+    trained = {k: v for k, v in _shapes(cfg).items() if k != "static"}
 
     def leaf(path, s):
         nonlocal offset
@@ -74,7 +80,8 @@ def random_params(cfg=SMALL, seed=0):
             std = 0.3
         return jnp.asarray(std * z, jnp.float32)
 
-    return jax.tree_util.tree_map_with_path(leaf, _shapes(cfg))
+    params = jax.tree_util.tree_map_with_path(leaf, trained)
+    return {**params, "static": static_params(cfg)}
 
 
 def _np(tree):
@@ -147,8 +154,9 @@ BLOCK_SHAPES = {
 
 def test_default_param_names_and_shapes():
     p = _shape_tree(Config())
-    assert set(p) == {"vision", "text", "logit_scale"}
+    assert set(p) == {"vision", "text", "logit_scale", "static"}
     assert p["logit_scale"] == ()
+    assert p["static"] == {"causal_text": (), "logit_scale_max": (), "cls_position": ()}
     assert p["vision"] == {
         "E": (22, 128),
         "P": (10, 128),
@@ -249,10 +257,61 @@ def test_text_encoder_is_causal():
     # a change after EOT does not reach the text embedding (read at EOT)
     np.testing.assert_allclose(emb_a[2:], emb_b[2:], atol=1e-6, rtol=0)
     assert np.abs(emb_a[:2] - emb_b[:2]).max() > 1e-3
-    # without the causal mask, the change reaches earlier positions too
-    _, aux_a = run_texts(params, jnp.asarray(a), causal=False)
-    _, aux_b = run_texts(params, jnp.asarray(b), causal=False)
+    # without the causal mask (read from params["static"]), the change reaches earlier
+    # positions too, exactly as the tower run with a static (Python bool) no-mask
+    bidir = with_static(params, causal_text=0.0)
+    _, aux_a = run_texts(bidir, jnp.asarray(a))
+    _, aux_b = run_texts(bidir, jnp.asarray(b))
     assert np.abs(aux_a["text/resid_post.0"][:, 0] - aux_b["text/resid_post.0"][:, 0]).max() > 1e-2
+    tower, caps = params["text"], jnp.asarray(a)
+    tokens, p_rows = text_inputs(tower, caps)
+    _, aux_k = encode(tower, tokens, p_rows, eot_index(tower, caps), name="text", causal=False)
+    np.testing.assert_array_equal(aux_k["text/resid_post.1"], aux_a["text/resid_post.1"])
+    # the flag also works traced: a jitted forward, vmapped over both flags
+    flags = jnp.asarray([1.0, 0.0])
+    run = jax.jit(jax.vmap(lambda f: encode_texts(with_static(params, causal_text=f), CAPTIONS)[0]))
+    both = np.asarray(run(flags))
+    np.testing.assert_allclose(both[0], emb_a, atol=1e-6, rtol=0)
+    np.testing.assert_allclose(both[1], run_texts(bidir, jnp.asarray(a))[0], atol=1e-6, rtol=0)
+
+
+def test_static_params_come_from_the_config_and_get_no_gradient():
+    cfg = SMALL.replace(causal_text=False, cls_position=True, logit_scale_max=3.0)
+    static = _np(init_params(cfg, jax.random.key(0, impl="rbg"))["static"])
+    assert static == {"causal_text": 0.0, "logit_scale_max": np.float32(3.0), "cls_position": 1.0}
+    params = random_params(SMALL)
+
+    def loss(p):
+        return forward(p, IMAGES, CAPTIONS, readout_only=True)[0].sum()
+
+    # a logit scale above the cap: the cap is the active branch of the minimum, so only
+    # the stopped gradient keeps logit_scale_max from being trained
+    capped = {**params, "logit_scale": jnp.float32(10.0)}
+    grads = jax.grad(loss)(capped)
+    assert set(grads["static"]) == {"causal_text", "logit_scale_max", "cls_position"}
+    for k, g in grads["static"].items():
+        assert float(g) == 0.0, k
+    assert np.abs(np.asarray(grads["vision"]["E"])).max() > 0
+
+
+def test_with_static_edits_only_the_named_switches():
+    params = random_params(SMALL)
+    bidir = with_static(params, causal_text=False, logit_scale_max=2.0)
+    assert _np(bidir["static"]) == {
+        "causal_text": 0.0,
+        "logit_scale_max": np.float32(2.0),
+        "cls_position": 0.0,
+    }
+    assert bidir["text"] is params["text"] and float(params["static"]["causal_text"]) == 1.0
+    # stacked params [K]: a scalar is broadcast, a [K] value sets each model's own
+    stacked = jax.tree_util.tree_map(lambda x: jnp.stack([x, x, x]), params)
+    one = with_static(stacked, causal_text=0.0)["static"]
+    np.testing.assert_array_equal(one["causal_text"], np.zeros(3, np.float32))
+    assert one["causal_text"].dtype == jnp.float32
+    each = with_static(stacked, causal_text=jnp.asarray([1.0, 0.0, 1.0]))["static"]
+    np.testing.assert_array_equal(each["causal_text"], [1.0, 0.0, 1.0])
+    with pytest.raises(ValueError, match="unknown keys \\['causal'\\]"):
+        with_static(params, causal=0.0)
 
 
 def test_text_encoder_causal_gradients():
@@ -342,9 +401,11 @@ def test_factored_first_layer_equals_dense(causal, readout_rows, batched_p):
         prefix="v/",
         suffix=".0",
     )
-    out_d, aux_d = block_forward(block, jnp.asarray(x), factored=None, **kw)
-    factored = (jnp.asarray(tokens), tower["E"], jnp.asarray(p_rows))
-    out_f, aux_f = block_forward(block, jnp.asarray(x), factored=factored, **kw)
+    e_part = tower["E"][jnp.asarray(tokens)]
+    parts = (jnp.asarray(tokens), tower["E"], jnp.asarray(p_rows), e_part, e_part * 0)
+    out_d, aux_d = block_forward(block, jnp.asarray(x), first=FirstBlock(*parts), **kw)
+    first = FirstBlock(*parts, factored=True)
+    out_f, aux_f = block_forward(block, jnp.asarray(x), first=first, **kw)
     aux_d, aux_f = _np(aux_d), _np(aux_f)
     assert set(aux_d) == set(aux_f)
     Q = 1 if readout_rows else S
@@ -363,15 +424,10 @@ def test_factored_path_refuses_layernorm():
     params = random_params(SMALL.replace(layernorm=True))
     tower = params["vision"]
     tokens = jnp.zeros((4, S), jnp.int32)
-    with pytest.raises(ValueError):
-        block_forward(
-            tower["block_0"],
-            jnp.zeros((4, S, D)),
-            causal=False,
-            edits=NO_EDITS,
-            prefix="v/",
-            factored=(tokens, tower["E"], jnp.zeros((S, D))),
-        )
+    zeros = jnp.zeros((4, S, D))
+    first = FirstBlock(tokens, tower["E"], jnp.zeros((S, D)), zeros, zeros, factored=True)
+    with pytest.raises(ValueError, match="LayerNorm"):
+        block_forward(tower["block_0"], zeros, causal=False, prefix="v/", first=first)
 
 
 # ---------------------------------------------------------------------------
@@ -625,11 +681,13 @@ def test_forward_outputs():
     np.testing.assert_allclose(np.linalg.norm(txt, axis=-1), 1.0, atol=1e-5)
     scale = math.exp(float(params["logit_scale"]))
     np.testing.assert_allclose(sims, scale * img @ txt.T, rtol=1e-5, atol=ATOL)
-    # the logit scale is clipped at log(100)
+    # the logit scale is clipped at log(100), the cap of params["static"]
     big = {**params, "logit_scale": jnp.asarray(10.0)}
     sims_big, aux_big = run_forward(big)
     np.testing.assert_allclose(aux_big["logit_scale"], 100.0, rtol=1e-5)
     np.testing.assert_allclose(sims_big, 100.0 * img @ txt.T, rtol=1e-4, atol=1e-4)
+    _, aux_cap = run_forward(with_static(big, logit_scale_max=math.log(20.0)))
+    np.testing.assert_allclose(aux_cap["logit_scale"], 20.0, rtol=1e-5)
 
 
 def test_jit_equals_eager():

@@ -6,11 +6,8 @@ import numpy as np
 import pytest
 
 from jaxmech.config import Config, ConfigError
-from jaxmech.protocol import (
-    BASELINE,
-    BY_NAME,
-    PROTOCOLS,
-    Protocol,
+from jaxmech.presets import BASELINE, BY_NAME, PROTOCOLS, Protocol
+from jaxmech.reports.protocol import (
     cells_from,
     protocol_grid,
     run_study,
@@ -30,8 +27,8 @@ TINY = dict(
     image_len=6,
     n_pair_labels=5,
     layouts_per_pair=3,
-    steps=20,
-    eval_every=10,
+    steps=50,
+    eval_every=50,  # few evaluations and checkpoints: the finite budgets are 45 and 150
 )
 
 

@@ -19,7 +19,6 @@ from jaxmech.analysis.rope import (
 )
 from jaxmech.config import Config, ConfigError
 from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.mechanism import ep_report_refusal
 from jaxmech.models.dual_encoder import (
     encode,
     encode_images,
@@ -30,6 +29,7 @@ from jaxmech.models.dual_encoder import (
     vision_inputs,
 )
 from jaxmech.models.edits import Edits, term_mask
+from jaxmech.reports.mechanism import ep_report_refusal
 from jaxmech.sweep import coerce, expand
 from jaxmech.train import build_data, init_state, stack_settings, train_step
 
@@ -333,6 +333,8 @@ def test_training_step_runs_and_keeps_the_frequencies():
     )
     # the frequencies are constants: zero gradient, no weight decay, so no update
     np.testing.assert_array_equal(newer.params["vision"]["rope_freqs"], rope_frequencies(8, 1e4))
+    # and so are the switches of params["static"] (0-d: no decay; gradient stopped)
+    assert _np(newer.params["static"]) == _np(state.params["static"])
 
 
 def test_mechanism_report_refuses_rope_runs():

@@ -2,6 +2,7 @@
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -9,28 +10,18 @@ import time
 
 import numpy as np
 import pytest
+from conftest import TINY, Interrupted, stop_after, tiny_config
 
 from jaxmech import checkpoint, results
 from jaxmech.config import Config
 from jaxmech.sweep import SweepMismatchError, expand, run_grid
 
-TINY = dict(
-    d_model=16,
-    d_head=4,
-    d_embed=16,
-    batch_size=16,
-    n_labels=8,
-    n_val_labels=3,
-    n_pair_labels=5,
-    layouts_per_pair=5,
-    image_len=6,
-)
 TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items() if k != "n_pair_labels"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _grid(steps=40, eval_every=10, n_pair="3,5", seeds=2):
-    config = Config().replace(steps=steps, eval_every=eval_every, **TINY)
+    config = tiny_config(steps=steps, eval_every=eval_every)
     return expand(config, {"n_pair": n_pair}, seeds=seeds)
 
 
@@ -49,34 +40,17 @@ def _params_equal(a_dir, b_dir, rtol=1e-5, atol=1e-6, exact=True):
             np.testing.assert_allclose(ra[k], rb[k], rtol=1e-5, atol=1e-6)
 
 
-class _Stop(Exception):
-    pass
-
-
-def _stop_after(n):
-    """A log callback that interrupts the sweep after n progress lines (checkpoints)."""
-    seen = []
-
-    def log(line):
-        if line.lstrip().startswith("chunk"):
-            seen.append(line)
-            if len(seen) >= n:
-                raise _Stop(line)
-
-    return log
-
-
 def test_interrupted_sweep_resumes_to_the_same_result(tmp_path):
     grid = _grid()
     full = str(tmp_path / "full")
-    run_grid(grid, full, chunk_size=3, log=lambda *_: None)
+    run_grid(grid, full, chunk_size=2, log=lambda *_: None)
     part = str(tmp_path / "part")
-    with pytest.raises(_Stop):
-        run_grid(grid, part, chunk_size=3, log=_stop_after(5))  # mid second chunk
+    with pytest.raises(Interrupted):
+        run_grid(grid, part, chunk_size=2, log=stop_after(5))  # mid second chunk
     assert not os.path.exists(os.path.join(part, "results.csv"))
-    resumed = run_grid(grid, part, chunk_size=3, log=lambda *_: None)
-    # 4 models: chunk 0 (3 models) done, chunk 1 (1 model) at step 10 of 40
-    assert resumed["trained_steps"] == 1 * 30
+    resumed = run_grid(grid, part, chunk_size=2, log=lambda *_: None)
+    # 4 models: chunk 0 (2 models) done, chunk 1 (2 models) at step 10 of 40
+    assert resumed["trained_steps"] == 2 * 30
     _params_equal(full, part)
     assert not os.path.exists(os.path.join(part, "checkpoints"))  # cleaned when finished
 
@@ -84,8 +58,8 @@ def test_interrupted_sweep_resumes_to_the_same_result(tmp_path):
 def test_damaged_checkpoint_is_reported_not_restarted(tmp_path):
     grid = _grid()
     out = str(tmp_path / "run")
-    with pytest.raises(_Stop):
-        run_grid(grid, out, chunk_size=4, log=_stop_after(2))
+    with pytest.raises(Interrupted):
+        run_grid(grid, out, chunk_size=4, log=stop_after(2))
     files = [
         f
         for f in glob.glob(
@@ -104,8 +78,8 @@ def test_damaged_checkpoint_is_reported_not_restarted(tmp_path):
 
 def test_mismatched_sweep_is_refused_before_compute(tmp_path):
     out = str(tmp_path / "run")
-    with pytest.raises(_Stop):
-        run_grid(_grid(), out, chunk_size=4, log=_stop_after(1))
+    with pytest.raises(Interrupted):
+        run_grid(_grid(), out, chunk_size=4, log=stop_after(1))
     listing = sorted(os.listdir(out))
     with pytest.raises(SweepMismatchError, match="different sweep"):
         run_grid(_grid(n_pair="3,4"), out, chunk_size=4, log=lambda *_: None)
@@ -150,7 +124,7 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 
 
 def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
-    steps = ["--steps=400", "--eval_every=10"]
+    steps = ["--steps=100", "--eval_every=10"]
     out = str(tmp_path / "killed")
     proc = subprocess.Popen(
         _sweep_cmd(out, *steps, "--chunk_size=4"),
@@ -174,7 +148,7 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     ref = str(tmp_path / "ref")
-    run_grid(_grid(steps=400), ref, chunk_size=4, log=lambda *_: None)
+    run_grid(_grid(steps=100), ref, chunk_size=4, log=lambda *_: None)
     _params_equal(ref, out)
 
 
@@ -187,20 +161,36 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         ("--no_such_field=3", "no_such_field"),
         ("--preset=nope", "--preset='nope' is unknown"),
         ("--epochs=0,5", "mixes 0"),
+        ("--model_kind=nope", "model_kind = 'nope' is invalid"),
     ],
 )
 def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
+    """In-process: the entry point's flags are parsed and refused before any compute."""
+    from absl import app, flags
+
+    from experiments import sweep as entry
+
     out = str(tmp_path / "never")
+    try:
+        entry.FLAGS([entry.__file__, f"--out={out}", flag])
+        with pytest.raises(app.UsageError, match=re.escape(message)):
+            entry.main([])
+    except flags.Error as e:  # an unknown flag fails in the parser itself
+        assert message in str(e)
+    finally:
+        entry.FLAGS.unparse_flags()
+    assert not os.path.exists(out)
+
+
+def test_cli_error_exits_nonzero_with_the_message():
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.sweep", f"--out={out}", flag],
+        [sys.executable, "-m", "experiments.sweep", "--out=/nonexistent/never", "--n_pair=9:5"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
-    assert proc.returncode != 0
-    assert message in proc.stderr
-    assert not os.path.exists(out)
+    assert proc.returncode != 0 and "empty range" in proc.stderr
 
 
 def test_sweep_identity_compares_values_not_text():

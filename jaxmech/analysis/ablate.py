@@ -6,11 +6,11 @@ vision block's logits: `ee ep eb pe pp pb be bp bb`) plus `vp`, the position par
 `P W_V` of the values. Every ablation is an `Edits` value with the same structure
 (all-ones masks where nothing is removed, which is exactly the plain forward), so a
 table of ablations is a `lax.map` over stacked edits inside one jitted program.
+
+Axis names (`jaxmech.shapes`): K models, A ablations (stacked edits), H heads.
 """
 
 from __future__ import annotations
-
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -65,37 +65,31 @@ def ablation_edits(names, n_heads: int, heads=None, tower: str = "vision") -> Ed
     )
 
 
-@functools.partial(jax.jit, static_argnames=("causal_text",))
-def _table(params_K, settings_K, evals, captions, edits_A, causal_text):
+@jax.jit
+def _table(params_K, settings_K, evals, captions, edits_A):
     def per_model(args):
         params, settings = args
-        return jax.lax.map(
-            lambda e: evaluate(params, evals, captions, settings, causal_text=causal_text, edits=e),
-            edits_A,
-        )
+        return jax.lax.map(lambda e: evaluate(params, evals, captions, settings, edits=e), edits_A)
 
     return jax.lax.map(per_model, (params_K, settings_K))
 
 
-def evaluate_edits(params_K, settings_K, data, edits_A: Edits, *, causal_text: bool = True):
+def evaluate_edits(params_K, settings_K, data, edits_A: Edits):
     """Accuracies of K models under A stacked edits: dict metric -> [K, A], one compiled call.
 
     The metrics are `evaluate.METRICS` plus any per-group accuracies of the task's
     validation sets (2D relations, distractor places; `data.grouped`).
 
     Any stacked `Edits` (leading axis A on every leaf) works: term masks, rope keep
-    masks (`analysis.rope`), patches.
+    masks (`analysis.rope`), patches. The text tower's mask is each model's
+    `params_K["static"]["causal_text"]` (`models.checks.with_static` edits it).
     """
     evals = jax.tree_util.tree_map(jnp.asarray, data.evals)
-    out = _table(
-        params_K, settings_K, evals, jnp.asarray(data.tables.captions), edits_A, causal_text
-    )
+    out = _table(params_K, settings_K, evals, jnp.asarray(data.tables.captions), edits_A)
     return {m: out[m] for m in METRICS} | {m: v for m, v in out.items() if m not in METRICS}
 
 
-def ablation_table(
-    params_K, settings_K, data, names=DEFAULT_ABLATIONS, *, heads=None, causal_text: bool = True
-) -> dict:
+def ablation_table(params_K, settings_K, data, names=DEFAULT_ABLATIONS, *, heads=None) -> dict:
     """Accuracies of K models under A ablations: dict metric -> [K, A], one compiled call.
 
     Args:
@@ -104,8 +98,9 @@ def ablation_table(
       data: `train.Data` (tables and validation sets).
       names: ablation names (module docstring).
       heads: head indices to ablate in (default: all heads).
-      causal_text: the text tower's mask as trained.
+
+    The switches (text mask, logit-scale cap) are those of `params_K["static"]`.
     """
     n_heads = params_K["vision"]["block_0"]["W_Q"].shape[1]
     edits = ablation_edits(names, n_heads, heads)
-    return evaluate_edits(params_K, settings_K, data, edits, causal_text=causal_text)
+    return evaluate_edits(params_K, settings_K, data, edits)

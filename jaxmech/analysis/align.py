@@ -21,7 +21,7 @@ Which embeddings (`kind`):
   aligns this space directly, so the identity should already do well; it is the
   sanity anchor for the token-level result (the rotation found should then be ~I).
 
-d_model = d_embed = 128 by default, so both pairs are square and R is [D, D].
+d_model = d_embed = 128 by default, so both pairs are square and R is [W, W].
 
 Controls, on the held-out labels: 100 (configurable) Haar-random orthogonal maps
 (what a rotation that knows nothing does: cosine ~ 0 +- 1/sqrt(D)), and the Procrustes
@@ -30,14 +30,15 @@ label clouds gives, e.g. by aligning their shared mean direction). Retrieval (ne
 text label among the held-out labels for each mapped image label; chance
 1 / n_test) and the mismatched-label cosine say whether the alignment is label-specific.
 
-Note on rank: with F fit labels < D, `A^T B` has rank <= F and the map is fixed only on
+Note on rank: with J fit labels < W, `A^T B` has rank <= J and the map is fixed only on
 the span of the fit labels' embeddings; outside it R is an arbitrary (SVD-dependent)
 orthogonal completion. A held-out label can only align through the part of its
 embedding that lies in that span; `span_img` / `span_txt` report that fraction of its
 squared norm, and `cos_after_span` scores the in-span part alone.
 
-Axis names: N labels, F fit labels, U test (held-out) labels, D embedding dim,
-R random maps, K models.
+Axis names (`jaxmech.shapes`): N labels (rows of an embedding set), J fit labels, U
+test (held-out) labels, W the embeddings' width (d_model for token rows, d_embed for
+tower outputs), O random orthogonal maps, K models.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxmech.analysis.probes import single_object_images
 from jaxmech.data.vocab import Vocab
 from jaxmech.models.dual_encoder import encode_images, encode_texts
 
@@ -52,28 +54,29 @@ KINDS = ("token", "output")
 TEXT_CAPTIONS = ("side", "label")
 
 
-def procrustes(A_NxD, B_NxD):
-    """The orthogonal R [D, D] minimising ||A R - B||_F (orthogonal Procrustes, via SVD).
+def procrustes(A_NxW, B_NxW):
+    """The orthogonal R [W, W] minimising ||A R - B||_F (orthogonal Procrustes, via SVD).
 
     With `U S V^T = svd(A^T B)`, `R = U V^T` (det may be -1: the optimum over O(D)).
 
     Raises:
-      ValueError: unless A and B are 2D with the same shape [N, D], N >= 1.
+      ValueError: unless A and B are 2D with the same shape [N, W], N >= 1.
     """
-    A_NxD, B_NxD = jnp.asarray(A_NxD), jnp.asarray(B_NxD)
-    if A_NxD.ndim != 2 or B_NxD.shape != A_NxD.shape or A_NxD.shape[0] < 1:
+    A_NxW, B_NxW = jnp.asarray(A_NxW), jnp.asarray(B_NxW)
+    if A_NxW.ndim != 2 or B_NxW.shape != A_NxW.shape or A_NxW.shape[0] < 1:
         raise ValueError(
-            f"procrustes needs A and B of the same shape [N, D] with N >= 1, got "
-            f"{A_NxD.shape} and {B_NxD.shape}"
+            f"procrustes needs A and B of the same shape [N, W] with N >= 1, got "
+            f"{A_NxW.shape} and {B_NxW.shape}"
         )
     # full_matrices=False: the same factors for the square A^T B, but on CPU the
     # full_matrices=True path is ~10x slower in this jaxlib.
-    U, _, Vt = jnp.linalg.svd(A_NxD.T @ B_NxD, full_matrices=False)
+    U, _, Vt = jnp.linalg.svd(A_NxW.T @ B_NxW, full_matrices=False)
     return U @ Vt
 
 
 def haar_rotations(key, n: int, d: int):
-    """n Haar-random orthogonal matrices [n, d, d] (QR of a Gaussian, signs fixed)."""
+    """n Haar-random orthogonal matrices [O, W, W] = [n, d, d] (QR of a Gaussian, signs
+    fixed)."""
     Z = jax.random.normal(key, (n, d, d))
     Q, Rr = jnp.linalg.qr(Z)
     return Q * jnp.sign(jnp.diagonal(Rr, axis1=-2, axis2=-1))[:, None, :]
@@ -94,7 +97,6 @@ def label_embeddings(
     *,
     kind: str = "token",
     text_caption: str = "side",
-    causal_text: bool = True,
 ):
     """Image-side and text-side embeddings of labels 1..n_labels (module doc, `kind`).
 
@@ -105,10 +107,14 @@ def label_embeddings(
       kind: "token" (raw E rows, [N, d_model]) or "output" (tower outputs after
         W_proj, L2-normalised, [N, d_embed]).
       text_caption: "side" or "label" (caption form for `kind="output"`).
-      causal_text: the text tower's mask.
+
+    The text tower's mask is `params["static"]["causal_text"]` (as trained;
+    `models.checks.with_static` makes a counterfactual).
+
+    Under `jax.jit`, `n_labels`, `image_len`, `kind` and `text_caption` must be static.
 
     Returns:
-      (img_NxD, txt_NxD), row i for label i + 1.
+      (img_NxW, txt_NxW), row i for label i + 1.
     """
     if kind not in KINDS:
         raise ValueError(f"kind = {kind!r}: expected one of {KINDS}")
@@ -123,11 +129,8 @@ def label_embeddings(
     labels = jnp.arange(1, n_labels + 1)
     if kind == "token":
         return params["vision"]["E"][labels], params["text"]["E"][labels]
-    pos = jnp.arange(image_len)
-    images = jnp.where(pos[None, None, :] == pos[None, :, None], labels[:, None, None], 0)
-    img, _ = encode_images(
-        params, images.reshape(-1, image_len).astype(jnp.int32), readout_only=True
-    )
+    images = single_object_images(n_labels, image_len)  # [N * L, L], label-major
+    img, _ = encode_images(params, images, readout_only=True)
     img = _unit(img.reshape(n_labels, image_len, -1).mean(1))
     if text_caption == "side":
         forms = [
@@ -138,37 +141,37 @@ def label_embeddings(
     else:
         forms = [[lab] for lab in range(1, n_labels + 1)]
     caps = jnp.asarray([v.encode(f) for f in forms], jnp.int32)
-    txt, _ = encode_texts(params, caps, causal=causal_text, readout_only=True)
+    txt, _ = encode_texts(params, caps, readout_only=True)
     txt = _unit(txt.reshape(n_labels, len(forms) // n_labels, -1).mean(1))
     return img, txt
 
 
-def _retrieval(mapped_UxD, txt_UxD):
-    sims = _unit(mapped_UxD) @ _unit(txt_UxD).T
+def _retrieval(mapped_UxW, txt_UxW):
+    sims = _unit(mapped_UxW) @ _unit(txt_UxW).T
     return (sims.argmax(1) == jnp.arange(sims.shape[0])).mean()
 
 
-def _in_span(fit_FxD, test_UxD):
-    """The test rows projected onto the row span of fit, [U, D]."""
-    _, s, Vt = jnp.linalg.svd(fit_FxD, full_matrices=False)
-    keep = (s > 1e-5 * s.max()).astype(fit_FxD.dtype)
-    return ((test_UxD @ Vt.T) * keep) @ Vt
+def _in_span(fit_JxW, test_UxW):
+    """The test rows projected onto the row span of fit, [U, W]."""
+    _, s, Vt = jnp.linalg.svd(fit_JxW, full_matrices=False)
+    keep = (s > 1e-5 * s.max()).astype(fit_JxW.dtype)
+    return ((test_UxW @ Vt.T) * keep) @ Vt
 
 
-def _span_fraction(fit_FxD, test_UxD):
+def _span_fraction(fit_JxW, test_UxW):
     """Fraction of ||test||^2 in the row span of fit (mean over test rows)."""
-    proj = _in_span(fit_FxD, test_UxD)
-    return ((proj**2).sum(-1) / (test_UxD**2).sum(-1).clip(1e-30)).mean()
+    proj = _in_span(fit_JxW, test_UxW)
+    return ((proj**2).sum(-1) / (test_UxW**2).sum(-1).clip(1e-30)).mean()
 
 
-def align_labels(img_NxD, txt_NxD, fit_idx_F, test_idx_U, rotations_RxDxD, perms_RxF) -> dict:
+def align_labels(img_NxW, txt_NxW, fit_idx_J, test_idx_U, rotations_OxWxW, perms_OxJ) -> dict:
     """Fit R on the fit rows, score the test rows, with random-map and shuffled controls.
 
     Args:
-      img_NxD, txt_NxD: image-side and text-side embeddings, row-matched.
-      fit_idx_F, test_idx_U: int row indices (disjoint).
-      rotations_RxDxD: random orthogonal maps (`haar_rotations`).
-      perms_RxF: permutations of range(F) for the shuffled-correspondence fits (their
+      img_NxW, txt_NxW: image-side and text-side embeddings, row-matched.
+      fit_idx_J, test_idx_U: int row indices (disjoint).
+      rotations_OxWxW: random orthogonal maps (`haar_rotations`).
+      perms_OxJ: permutations of range(J) for the shuffled-correspondence fits (their
         count need not equal the number of rotations).
 
     Returns dict: scalars cos_before, cos_after (mean test cosine of matching labels,
@@ -176,26 +179,26 @@ def align_labels(img_NxD, txt_NxD, fit_idx_F, test_idx_U, rotations_RxDxD, perms
     projected onto the fit rows' span: free of the arbitrary completion of R outside
     it), cos_after_other (mismatched test labels, after),
     cos_fit_after (fit labels, after), retrieval_before, retrieval_after, span_img,
-    span_txt; and [R] arrays cos_random, retrieval_random (random maps),
+    span_txt; and [O] arrays cos_random, retrieval_random (random maps),
     cos_shuffled, retrieval_shuffled (fits with the correspondence shuffled).
     """
-    img_NxD, txt_NxD = jnp.asarray(img_NxD), jnp.asarray(txt_NxD)
-    if img_NxD.ndim != 2 or img_NxD.shape != txt_NxD.shape:
+    img_NxW, txt_NxW = jnp.asarray(img_NxW), jnp.asarray(txt_NxW)
+    if img_NxW.ndim != 2 or img_NxW.shape != txt_NxW.shape:
         raise ValueError(
-            f"img and txt must have the same shape [N, D], got {img_NxD.shape}, {txt_NxD.shape}"
+            f"img and txt must have the same shape [N, W], got {img_NxW.shape}, {txt_NxW.shape}"
         )
-    D = img_NxD.shape[1]
-    if rotations_RxDxD.ndim != 3 or rotations_RxDxD.shape[1:] != (D, D):
-        raise ValueError(f"rotations must be [R, {D}, {D}], got {rotations_RxDxD.shape}")
-    A, B = img_NxD[fit_idx_F], txt_NxD[fit_idx_F]
-    At, Bt = img_NxD[test_idx_U], txt_NxD[test_idx_U]
+    W = img_NxW.shape[1]
+    if rotations_OxWxW.ndim != 3 or rotations_OxWxW.shape[1:] != (W, W):
+        raise ValueError(f"rotations must be [O, {W}, {W}], got {rotations_OxWxW.shape}")
+    A, B = img_NxW[fit_idx_J], txt_NxW[fit_idx_J]
+    At, Bt = img_NxW[test_idx_U], txt_NxW[test_idx_U]
     R = procrustes(A, B)
     mapped = At @ R
     U = At.shape[0]
     sims = _unit(mapped) @ _unit(Bt).T
     off = 1.0 - jnp.eye(U)
-    shuffled_R = jax.vmap(lambda p: procrustes(A, B[p]))(perms_RxF)
-    rand_mapped = jnp.einsum("ud,rde->rue", At, rotations_RxDxD)
+    shuffled_R = jax.vmap(lambda p: procrustes(A, B[p]))(perms_OxJ)
+    rand_mapped = jnp.einsum("ud,rde->rue", At, rotations_OxWxW)
     shuf_mapped = jnp.einsum("ud,rde->rue", At, shuffled_R)
     return {
         "cos_before": _cos_rows(At, Bt).mean(),
@@ -216,42 +219,34 @@ def align_labels(img_NxD, txt_NxD, fit_idx_F, test_idx_U, rotations_RxDxD, perms
 
 def alignment_study(
     params,
-    fit_labels_F,
+    fit_labels_J,
     test_labels_U,
-    rotations_RxDxD,
-    perms_RxF,
+    rotations_OxWxW,
+    perms_OxJ,
     *,
     n_labels: int,
     image_len: int,
     kind: str = "token",
     text_caption: str = "side",
-    causal_text: bool = True,
 ) -> dict:
     """`align_labels` on one model's `label_embeddings` (vmap over stacked models).
 
     Args:
       params: one model's params.
-      fit_labels_F, test_labels_U: 1-based labels (default use: 1..15 and 16..20).
-      rotations_RxDxD, perms_RxF: the controls (`align_labels`), shared by all models.
-      n_labels, image_len, kind, text_caption, causal_text: as in `label_embeddings`.
+      fit_labels_J, test_labels_U: 1-based labels (default use: 1..15 and 16..20).
+      rotations_OxWxW, perms_OxJ: the controls (`align_labels`), shared by all models.
+      n_labels, image_len, kind, text_caption: as in `label_embeddings`.
 
     Returns: `align_labels`'s dict.
     """
-    img, txt = label_embeddings(
-        params,
-        n_labels,
-        image_len,
-        kind=kind,
-        text_caption=text_caption,
-        causal_text=causal_text,
-    )
+    img, txt = label_embeddings(params, n_labels, image_len, kind=kind, text_caption=text_caption)
     return align_labels(
         img,
         txt,
-        jnp.asarray(fit_labels_F) - 1,
+        jnp.asarray(fit_labels_J) - 1,
         jnp.asarray(test_labels_U) - 1,
-        rotations_RxDxD,
-        perms_RxF,
+        rotations_OxWxW,
+        perms_OxJ,
     )
 
 

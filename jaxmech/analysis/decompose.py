@@ -28,16 +28,24 @@ are not linear functions of E and P (the scale s depends on the whole token), so
 ablation of one term is a local, first-order statement.
 
 Masks: for a causal tower, `visible` marks the logits the softmax sees; terms are
-defined (and sum to the logits) everywhere, masked or not.
+defined (and sum to the logits) everywhere, masked or not. The text tower's mask is
+read from `params["static"]["causal_text"]` (as trained; `models.checks.with_static`
+makes a counterfactual, e.g. a bidirectional text tower).
 
-Axis names: B batch, H heads, Q query rows (= S here), S keys.
+Under `jax.jit`, `tower` and `layer` must be static (`static_argnames=("tower",
+"layer")`: they choose which params and which block); params, inputs and positions
+may be traced, and `decompose` vmaps over stacked seeds.
+
+Axis names (`jaxmech.shapes`): B batch, H heads, Q query rows (= S here), S keys.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
-from jaxmech.models.attention import has_ln, ln_parts, logit_terms
+from jaxmech.models.attention import block_input, logit_terms
+from jaxmech.models.checks import check_captions, check_images, read_static
 from jaxmech.models.dual_encoder import (
     encode,
     eot_index,
@@ -48,26 +56,56 @@ from jaxmech.models.dual_encoder import (
 )
 
 
-def _run(params, x, tower: str, positions, causal_text: bool):
-    """The tower's full forward (every query row) -> (tower params, intermediates)."""
-    p = params[tower]
+def _check(params, x, tower: str, layer: int, positions) -> None:
+    """The public-boundary checks of `decompose` (tower first: it picks the params)."""
+    if tower not in ("vision", "text"):
+        raise ValueError(f"tower = {tower!r}: expected 'vision' or 'text'")
     if tower == "vision":
-        if is_rotary(p):
+        check_images(params, x, positions)
+        if is_rotary(params["vision"]):
             raise ValueError(
                 "the vision tower uses rotary positions (vision_pos = 'rope'): it has no P, "
                 "so the E/P term decomposition does not apply; use jaxmech.analysis.rope"
             )
+    else:
+        check_captions(params, x, positions)
+    n = n_blocks(params[tower])
+    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < n:
+        raise ValueError(f"layer = {layer!r}: the {tower} tower has layers 0..{n - 1}")
+
+
+def _run(params, x, tower: str, positions):
+    """The tower's full forward (every query row) -> (aux, causal flag, readout rows [B])."""
+    p = params[tower]
+    if tower == "vision":
         tokens, rows = vision_inputs(p, x, positions)
         idx = jnp.zeros((x.shape[0],), jnp.int32)
         causal = False
-    elif tower == "text":
+    else:
         tokens, rows = text_inputs(p, x, positions)
         idx = eot_index(p, x)
-        causal = causal_text
-    else:
-        raise ValueError(f"tower = {tower!r}: expected 'vision' or 'text'")
+        causal = read_static(params, "causal_text")
     _, aux = encode(p, tokens, rows, idx, name=tower, causal=causal, readout_only=False)
-    return p, aux, causal, idx
+    return aux, causal, idx
+
+
+def _visible(S: int, causal):
+    """bool [S, S]: the logits the softmax sees (`causal`: bool or scalar flag array)."""
+    lower = jnp.arange(S)[None, :] <= jnp.arange(S)[:, None]
+    if isinstance(causal, (bool, np.bool_)):
+        return lower if causal else jnp.ones((S, S), bool)
+    return lower | (causal == 0)
+
+
+def _grouped(terms: dict, names) -> dict:
+    """The paper's groups of the part x part terms: XX, XB, BX and QP (module docstring)."""
+    xs = list(names)
+    return {
+        "XX": sum(terms[a + b] for a in xs for b in xs),
+        "XB": sum(terms[a + "B"] for a in xs),
+        "BX": sum(terms["B" + b] for b in xs),
+        "QP": sum(terms[a + "P"] for a in (*xs, "B")),
+    }
 
 
 def decompose(
@@ -77,17 +115,16 @@ def decompose(
     tower: str = "vision",
     layer: int = 0,
     positions=None,
-    causal_text: bool = True,
 ):
     """Every named term of one block's pre-softmax attention logits.
 
     Args:
       params: one model's params (vmap over a leading model axis for stacked seeds).
-      x: int images [B, L] (vision) or caption tokens [B, T] (text).
-      tower: "vision" or "text".
-      layer: which block (0 = the first).
+      x: int images [B, L] (vision) or caption tokens [B, T] (text), as `forward`
+        accepts them.
+      tower: "vision" or "text" (static under jit).
+      layer: which block (0 = the first; static under jit).
       positions: position ids as for `forward` (default: natural order).
-      causal_text: the text tower's mask (as trained).
 
     Returns:
       dict of [B, H, S, S] arrays (rows are queries, columns keys): the part x part
@@ -96,34 +133,21 @@ def decompose(
       terms sum to), and "visible" (bool [B, 1, S, S]: the causal mask; all True for
       vision). Also "readout" [B] (the CLS / EOT row index).
     """
-    p, aux, causal, idx = _run(params, x, tower, positions, causal_text)
-    n = n_blocks(p)
-    if not 0 <= layer < n:
-        raise ValueError(f"layer = {layer}: the {tower} tower has layers 0..{n - 1}")
+    _check(params, x, tower, layer, positions)
+    aux, causal, idx = _run(params, x, tower, positions)
     e_part, p_part = aux[f"{tower}/e_part"], aux[f"{tower}/p_part"]
     x_in = aux[f"{tower}/resid_pre.{layer}"]
     parts, names = [e_part, p_part], ("E", "P")
     if layer > 0:
         parts.append(x_in - e_part - p_part)
         names = ("E", "P", "R")
-    block = p[f"block_{layer}"]
-    bias_in = jnp.zeros((x_in.shape[-1],), x_in.dtype)
-    if has_ln(block):
-        parts, bias_in = ln_parts(x_in, parts, block["ln1_w"], block["ln1_b"])
+    block = params[tower][f"block_{layer}"]
+    _, parts, bias_in = block_input(block, x_in, parts)
     terms = logit_terms(block, parts, parts, bias_in, names)
-    xs = list(names)
-    out = dict(terms)
-    out["XX"] = sum(terms[a + b] for a in xs for b in xs)
-    out["XB"] = sum(terms[a + "B"] for a in xs)
-    out["BX"] = sum(terms["B" + b] for b in xs)
-    out["QP"] = sum(terms[a + "P"] for a in (*xs, "B"))
+    out = {**terms, **_grouped(terms, names)}
     out["logits"] = aux[f"{tower}/attn_scores.{layer}"]
     S = x_in.shape[1]
-    if causal:
-        visible = jnp.arange(S)[None, :] <= jnp.arange(S)[:, None]
-    else:
-        visible = jnp.ones((S, S), bool)
-    out["visible"] = jnp.broadcast_to(visible, (x.shape[0], 1, S, S))
+    out["visible"] = jnp.broadcast_to(_visible(S, causal), (x.shape[0], 1, S, S))
     out["readout"] = idx
     return out
 

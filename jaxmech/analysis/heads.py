@@ -11,6 +11,8 @@
   `relational` when delta_pe > delta_label, else `label-specific`.
 
 All are pure functions of params, vmappable over stacked models.
+
+Axis names (`jaxmech.shapes`): K models, H heads, L image length, N labels.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.analysis.decompose import decompose
+from jaxmech.analysis.probes import single_object_images
 
 
 def cls_row_profiles(params, image_len: int, positions=None) -> dict:
@@ -54,13 +57,10 @@ def gradient_stats(profile_HxL) -> dict:
 
 def head_roles(params, n_labels: int, image_len: int) -> dict:
     """delta_label, delta_pe [H] and relational [H] bool from single-object images."""
-    labels = jnp.arange(1, n_labels + 1)
-    pos = jnp.arange(image_len)
-    images = jnp.where(pos[None, None, :] == pos[None, :, None], labels[:, None, None], 0)
-    images = images.reshape(-1, image_len)  # [n_labels * L, L], label-major
-    logits = decompose(params, images)["logits"]  # [N, H, S, S]
+    images = single_object_images(n_labels, image_len)  # [N * L, L], label-major
+    logits = decompose(params, images)["logits"]  # [N * L, H, S, S]
     # CLS row, key = the object's own column (pixel p is key p + 1)
-    obj_key = jnp.tile(pos, n_labels) + 1
+    obj_key = jnp.tile(jnp.arange(image_len), n_labels) + 1
     s = jnp.take_along_axis(logits[:, :, 0, :], obj_key[:, None, None], axis=2)[..., 0]
     s = s.reshape(n_labels, image_len, -1)  # [labels, positions, H]
     delta_label = s.std(0).mean(0)

@@ -2,8 +2,8 @@
 profiles, rotation ablation.
 
 In a rotary block head h's logit of query s and key t is, with q, k the unrotated
-projections (biases included), F = Dh / 2 frequency pairs (q^1_i, q^2_i) = (q_i,
-q_{i+F}) and phi_i = f_i (pos_t - pos_s) (times the head's rope keep-weight):
+projections (biases included), R = Dh / 2 frequency pairs (q^1_i, q^2_i) = (q_i,
+q_{i+R}) and phi_i = f_i (pos_t - pos_s) (times the head's rope keep-weight):
 
     logit = rot(q_s) . rot(k_t) / sqrt(Dh)
           = sum_i [ a_i cos(phi_i) + b_i sin(phi_i) ] / sqrt(Dh),
@@ -31,17 +31,22 @@ Softmax is invariant only to row constants, so `position` also moves attention *
 a row; ablating the rotation in a head (`Edits.rope_keep`, `rope_ablation_table`)
 replaces that head's logits by `content` exactly (first block).
 
-Axis names: B batch, H heads, Q query rows (= S), S keys, F frequency pairs.
-All functions are pure functions of (params, inputs), jittable and vmappable.
+Axis names (`jaxmech.shapes`): B batch, H heads, Q query rows (= S), S keys, R rotary
+frequency pairs, N labels, L image length, K models, A stacked edits.
+All functions are pure functions of (params, inputs), jittable (`layer` static) and
+vmappable.
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.analysis.ablate import evaluate_edits
 from jaxmech.analysis.heads import gradient_stats
-from jaxmech.models.attention import has_ln, ln_parts
+from jaxmech.analysis.probes import single_object_images
+from jaxmech.models.attention import block_input
+from jaxmech.models.checks import check_images
 from jaxmech.models.dual_encoder import (
     encode,
     is_rotary,
@@ -54,83 +59,60 @@ from jaxmech.models.edits import Edits
 
 
 def _pair_terms(q_BxQxHxDh, k_BxSxHxDh):
-    """a, b [B, H, Q, S, F]: the per-pair dot and cross products of unrotated q and k."""
-    F = q_BxQxHxDh.shape[-1] // 2
-    q1, q2 = q_BxQxHxDh[..., :F], q_BxQxHxDh[..., F:]
-    k1, k2 = k_BxSxHxDh[..., :F], k_BxSxHxDh[..., F:]
+    """a, b [B, H, Q, S, R]: the per-pair dot and cross products of unrotated q and k."""
+    R = q_BxQxHxDh.shape[-1] // 2
+    q1, q2 = q_BxQxHxDh[..., :R], q_BxQxHxDh[..., R:]
+    k1, k2 = k_BxSxHxDh[..., :R], k_BxSxHxDh[..., R:]
     a = jnp.einsum("bqhf,bshf->bhqsf", q1, k1) + jnp.einsum("bqhf,bshf->bhqsf", q2, k2)
     b = jnp.einsum("bqhf,bshf->bhqsf", q2, k1) - jnp.einsum("bqhf,bshf->bhqsf", q1, k2)
     return a, b
 
 
-def rope_logit_parts(params, images_BxL, *, layer: int = 0, positions=None) -> dict:
-    """Content / relative-position split of a rotary vision block's logits (module doc).
-
-    Args:
-      params: one model's params with a rotary vision tower.
-      images_BxL: int images.
-      layer: which vision block.
-      positions: pixel positions as for `forward` (default 0..L-1; rotary position of
-        pixel i is 1 + positions[i], CLS is at 0).
-
-    Returns:
-      dict of [B, H, S, S] (rows queries, columns keys): "logits" (the forward's own),
-      "content", "position" (summing to the logits), "content_X" / "position_X" for
-      key parts X in E, B (and R for layer > 0; they sum to "content" / "position"),
-      "pair_content", "pair_position" [B, H, S, S, F], "rel_pos" [S, S] or [B, S, S]
-      (pos_key - pos_query), and "visible" / "readout" as in `decompose` (so
-      `decompose.row_variance_shares` applies).
-    """
-    tower = params["vision"]
-    if not is_rotary(tower):
+def _check(params, images_BxL, layer: int, positions) -> None:
+    check_images(params, images_BxL, positions)
+    if not is_rotary(params["vision"]):
         raise ValueError(
             "rope_logit_parts needs a rotary vision tower (vision_pos = 'rope'); "
             "for a learned P use analysis.decompose"
         )
-    n = n_blocks(tower)
-    if not 0 <= layer < n:
-        raise ValueError(f"layer = {layer}: the vision tower has layers 0..{n - 1}")
-    B, L = images_BxL.shape
-    tokens, _ = vision_inputs(tower, images_BxL, positions)
-    rope_pos = rope_positions(L, positions)
-    _, aux = encode(
-        tower,
-        tokens,
-        None,
-        jnp.zeros((B,), jnp.int32),
-        name="vision",
-        causal=False,
-        rope_pos=rope_pos,
-    )
-    sfx = f".{layer}"
-    block = tower[f"block_{layer}"]
-    scale = block["W_Q"].shape[-1] ** -0.5
-    q = aux["vision/q" + sfx]
+    n = n_blocks(params["vision"])
+    if not isinstance(layer, (int, np.integer)) or not 0 <= layer < n:
+        raise ValueError(f"layer = {layer!r}: the vision tower has layers 0..{n - 1}")
 
-    # key parts: token E, residual R (layer > 0), bias B (b_K, plus LayerNorm's bias)
-    x_in = aux["vision/resid_pre" + sfx]
+
+def _key_parts(block, aux, layer: int):
+    """The key side split by input part: (names, k per part [B, S, H, Dh]).
+
+    Parts: token E, residual R (layer > 0), bias B (b_K, plus LayerNorm's bias).
+    """
+    x_in = aux[f"vision/resid_pre.{layer}"]
     e_part = aux["vision/e_part"]
     parts, names = [e_part], ["E"]
     if layer > 0:
         parts.append(x_in - e_part)
         names.append("R")
-    bias_in = jnp.zeros((x_in.shape[-1],), x_in.dtype)
-    if has_ln(block):
-        parts, bias_in = ln_parts(x_in, parts, block["ln1_w"], block["ln1_b"])
+    _, parts, bias_in = block_input(block, x_in, parts)
     k_parts = [jnp.einsum("bsd,hde->bshe", p, block["W_K"]) for p in parts]
     k_bias = block["b_K"] + jnp.einsum("d,hde->he", bias_in, block["W_K"])
     k_parts.append(jnp.broadcast_to(k_bias, k_parts[0].shape))
     names.append("B")
+    return names, k_parts
 
-    angles = rope_angles(tower, rope_pos)  # [S, F] or [B, S, F]
-    phi = angles[..., None, :, :] - angles[..., :, None, :]  # [..., Q, S, F]: key - query
+
+def _relative_rotation(tower, rope_pos):
+    """cos(phi) - 1 and sin(phi), [B or 1, 1, Q, S, R], phi = angle(key) - angle(query)."""
+    angles = rope_angles(tower, rope_pos)  # [S, R] or [B, S, R]
+    phi = angles[..., None, :, :] - angles[..., :, None, :]  # [..., Q, S, R]: key - query
     if phi.ndim == 3:
         phi = phi[None]
-    phi = phi[:, None]  # [B or 1, 1, Q, S, F]
+    phi = phi[:, None]  # [B or 1, 1, Q, S, R]
     cos_m1 = -2.0 * jnp.sin(0.5 * phi) ** 2  # cos(phi) - 1 without cancellation
-    sin = jnp.sin(phi)
+    return cos_m1, jnp.sin(phi)
 
-    out = {"logits": aux["vision/attn_scores" + sfx]}
+
+def _content_position(q, names, k_parts, cos_m1, sin, scale) -> dict:
+    """Content / position parts per key part, per pair and in total (module docstring)."""
+    out = {}
     pair_c = pair_p = 0.0
     for name, k in zip(names, k_parts):
         a, b = _pair_terms(q, k)
@@ -142,19 +124,46 @@ def rope_logit_parts(params, images_BxL, *, layer: int = 0, positions=None) -> d
     out["pair_content"], out["pair_position"] = pair_c, pair_p
     out["content"] = pair_c.sum(-1)
     out["position"] = pair_p.sum(-1)
-    out["rel_pos"] = rope_pos[..., None, :] - rope_pos[..., :, None]
-    S = L + 1
-    out["visible"] = jnp.ones((B, 1, S, S), bool)
-    out["readout"] = jnp.zeros((B,), jnp.int32)
     return out
 
 
-def single_object_images(n_labels: int, image_len: int):
-    """Every label alone at every pixel, [n_labels * L, L], label-major."""
-    labels = jnp.arange(1, n_labels + 1)
-    pos = jnp.arange(image_len)
-    images = jnp.where(pos[None, None, :] == pos[None, :, None], labels[:, None, None], 0)
-    return images.reshape(-1, image_len)
+def rope_logit_parts(params, images_BxL, *, layer: int = 0, positions=None) -> dict:
+    """Content / relative-position split of a rotary vision block's logits (module doc).
+
+    Args:
+      params: one model's params with a rotary vision tower.
+      images_BxL: int images (as `forward` accepts them).
+      layer: which vision block (static under jit).
+      positions: pixel positions as for `forward` (default 0..L-1; rotary position of
+        pixel i is 1 + positions[i], CLS is at 0).
+
+    Returns:
+      dict of [B, H, S, S] (rows queries, columns keys): "logits" (the forward's own),
+      "content", "position" (summing to the logits), "content_X" / "position_X" for
+      key parts X in E, B (and R for layer > 0; they sum to "content" / "position"),
+      "pair_content", "pair_position" [B, H, S, S, R], "rel_pos" [S, S] or [B, S, S]
+      (pos_key - pos_query), and "visible" / "readout" as in `decompose` (so
+      `decompose.row_variance_shares` applies).
+    """
+    _check(params, images_BxL, layer, positions)
+    tower = params["vision"]
+    B, L = images_BxL.shape
+    tokens, _ = vision_inputs(tower, images_BxL, positions)
+    rope_pos = rope_positions(L, positions)
+    idx = jnp.zeros((B,), jnp.int32)
+    _, aux = encode(tower, tokens, None, idx, name="vision", causal=False, rope_pos=rope_pos)
+    block = tower[f"block_{layer}"]
+    names, k_parts = _key_parts(block, aux, layer)
+    cos_m1, sin = _relative_rotation(tower, rope_pos)
+    scale = block["W_Q"].shape[-1] ** -0.5
+    q = aux[f"vision/q.{layer}"]
+    out = {"logits": aux[f"vision/attn_scores.{layer}"]}
+    out.update(_content_position(q, names, k_parts, cos_m1, sin, scale))
+    out["rel_pos"] = rope_pos[..., None, :] - rope_pos[..., :, None]
+    S = L + 1
+    out["visible"] = jnp.ones((B, 1, S, S), bool)
+    out["readout"] = idx
+    return out
 
 
 def cls_profiles(params, n_labels: int, image_len: int, positions=None) -> dict:
@@ -173,7 +182,7 @@ def cls_profiles(params, n_labels: int, image_len: int, positions=None) -> dict:
       slope has the sign of the mean profile's); delta_label, delta_pe [H] and
       relational [H] (delta_pe > delta_label, as in `heads.head_roles`).
     """
-    images = single_object_images(n_labels, image_len)
+    images = single_object_images(n_labels, image_len)  # [N * L, L], label-major
     parts = rope_logit_parts(params, images, positions=positions)
     obj_key = jnp.tile(jnp.arange(image_len), n_labels) + 1
 
@@ -228,11 +237,11 @@ def rope_keep_masks(n_heads: int) -> tuple[tuple[str, ...], jnp.ndarray]:
     return tuple(names), jnp.stack(masks).astype(jnp.float32)
 
 
-def rope_ablation_table(params_K, settings_K, data, masks_AxH, *, causal_text: bool = True) -> dict:
+def rope_ablation_table(params_K, settings_K, data, masks_AxH) -> dict:
     """Accuracies of K models with the rotation scaled by A keep masks, dict -> [K, A].
 
-    `masks_AxH` ([A, H], or [A, n_layers, H] per block) go to `Edits.rope_keep`; one
-    compiled call (`ablate.evaluate_edits`).
+    `masks_AxH` ([A, H], or [A, Y, H] per block) go to `Edits.rope_keep`; one
+    compiled call (`ablate.evaluate_edits`); the switches are those of `params_K["static"]`.
     """
     edits = Edits(rope_keep={"vision": jnp.asarray(masks_AxH, jnp.float32)})
-    return evaluate_edits(params_K, settings_K, data, edits, causal_text=causal_text)
+    return evaluate_edits(params_K, settings_K, data, edits)

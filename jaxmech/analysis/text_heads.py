@@ -23,8 +23,8 @@ fraction of captions with pref > 0 near 1 (or 0) on seen *and* unseen labels.
 Everything here goes through the one forward (`encode_texts` and `analysis.decompose`)
 and reads its named intermediates `text/pattern.{layer}`; no copy of the model.
 
-Axis names: C captions, T caption length, Y text layers, H heads, G caption groups,
-K models.
+Axis names (`jaxmech.shapes`): C captions, T caption length, Y text layers, H heads,
+G caption groups, K models.
 """
 
 from __future__ import annotations
@@ -108,13 +108,15 @@ def _at(a_CxT, pos_C):
     return jnp.take_along_axis(a_CxT, idx, axis=-1)[..., 0]
 
 
-def eot_patterns(params, captions_CxT, *, causal_text: bool = True):
+def eot_patterns(params, captions_CxT):
     """Attention pattern of the EOT query row, every text layer and head.
 
     Args:
       params: one model's params (vmap for stacked models).
       captions_CxT: int caption tokens [C, T] (each with an EOT).
-      causal_text: the text tower's mask (as trained).
+
+    The mask is `params["static"]["causal_text"]` (as trained; `models.checks.with_static`
+    makes a counterfactual, e.g. a bidirectional text tower).
 
     Returns:
       [C, Y, H, T] float: row `eot` of the forward's `text/pattern.{layer}`; each row is
@@ -122,7 +124,7 @@ def eot_patterns(params, captions_CxT, *, causal_text: bool = True):
     """
     captions_CxT = jnp.asarray(captions_CxT)
     _check_captions(captions_CxT)
-    _, aux = encode_texts(params, captions_CxT, causal=causal_text)
+    _, aux = encode_texts(params, captions_CxT)
     eot_C = eot_index(params["text"], captions_CxT)
     rows = []
     for layer in range(n_blocks(params["text"])):
@@ -131,16 +133,15 @@ def eot_patterns(params, captions_CxT, *, causal_text: bool = True):
     return jnp.stack(rows, axis=1)
 
 
-def first_mention_preference(
-    params, captions_CxT, first_pos_C, second_pos_C, *, causal_text: bool = True
-) -> dict:
+def first_mention_preference(params, captions_CxT, first_pos_C, second_pos_C) -> dict:
     """EOT attention to the first- vs the second-mentioned label token, per layer and head.
 
     Args:
       params: one model's params.
       captions_CxT: int caption tokens [C, T] (e.g. `pair_captions(...).tokens`).
       first_pos_C, second_pos_C: int [C] token positions of the two labels.
-      causal_text: the text tower's mask.
+
+    The mask is the params' own, as in `eot_patterns`.
 
     Returns dict of [C, Y, H] arrays:
       first, second: EOT attention mass on the first / second label token.
@@ -160,13 +161,13 @@ def first_mention_preference(
             f"first_pos / second_pos must be [C] = [{C}], got {first_pos_C.shape} and "
             f"{second_pos_C.shape}"
         )
-    pat = eot_patterns(params, captions_CxT, causal_text=causal_text)  # [C, Y, H, T]
+    pat = eot_patterns(params, captions_CxT)  # [C, Y, H, T]
     first = _at(pat, first_pos_C)
     second = _at(pat, second_pos_C)
     parts = {"logit": [], "key_E": [], "key_P": [], "key_R": []}
     eot_C = eot_index(params["text"], captions_CxT)
     for layer in range(pat.shape[1]):
-        t = decompose(params, captions_CxT, tower="text", layer=layer, causal_text=causal_text)
+        t = decompose(params, captions_CxT, tower="text", layer=layer)
 
         def diff(a_CxHxSxS):
             row = jnp.take_along_axis(a_CxHxSxS, eot_C[:, None, None, None], axis=2)[:, :, 0]
@@ -267,7 +268,6 @@ def text_head_table(
     n_pair_labels_K,
     first_val_label: int,
     *,
-    causal_text: bool = True,
     min_pref: float = 0.05,
     min_frac: float = 0.95,
 ) -> dict:
@@ -286,11 +286,7 @@ def text_head_table(
     def one(args):
         params, n_pair = args
         pref = first_mention_preference(
-            params,
-            captions.tokens,
-            captions.first_pos,
-            captions.second_pos,
-            causal_text=causal_text,
+            params, captions.tokens, captions.first_pos, captions.second_pos
         )
         masks = caption_groups(
             captions.first, captions.second, captions.form, n_pair, first_val_label

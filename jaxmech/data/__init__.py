@@ -1,1 +1,2 @@
-"""Synthetic image-caption data: vocabularies and the 1D left/right generator."""
+"""Synthetic image-caption tasks: vocabularies, the 1D, 2D and three-object generators,
+and the grouped validation-set layout they share (`grouped`); `tasks` registers them."""

@@ -21,8 +21,12 @@ Caption ids (n = n_labels, labels 1-based):
   single_side(l, s) "l is on the left/right"   2 n^2 + 2 (l - 1) + s   (s = 0 left)
   single_label(l)   "l"                        2 n^2 + 2 n + (l - 1)
 
-Axis names: B batch, L image length, T caption length, C captions, N eval images,
-F caption forms per image (1 for caption mode `left`, 2 for `left_right`).
+The fixed validation sets are `data.grouped.GroupedEvalSets` with one group
+(`LineEvalSets`), so every task kind is evaluated by the same code (`evaluate`).
+
+Axis names (`jaxmech.shapes`): B batch rows, L image length, T caption length, C
+captions, N rows of an eval set, F caption forms per row (1 for caption mode `left`, 2
+for `left_right`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Settings, TaskConfig
+from jaxmech.data.grouped import GroupedEvalSets, absent_label
 from jaxmech.data.vocab import Vocab
 
 # ---------------------------------------------------------------------------
@@ -173,6 +178,122 @@ def finite_order(key: jax.Array, stream_pos, n):
     return x
 
 
+class BatchKeys(NamedTuple):
+    """The PRNG keys of one batch: streaming draws split from the step's key, the
+    finite-set epoch orders folded from the model's fixed order key."""
+
+    label: jax.Array
+    pos: jax.Array
+    x: jax.Array
+    y: jax.Array
+    layout: jax.Array
+    form: jax.Array
+    two_order: jax.Array
+    one_order: jax.Array
+    caption_order: jax.Array
+
+
+def batch_keys(key: jax.Array, order_key: jax.Array | None = None) -> BatchKeys:
+    """The keys `sample_batch` draws from (`order_key` None: the step's key)."""
+    order_key = key if order_key is None else order_key
+    k_lab, k_pos, k_x, k_y, k_lay, k_form = jax.random.split(key, 6)
+    k_two, k_one, k_cap = (jax.random.fold_in(order_key, i) for i in range(3))
+    return BatchKeys(k_lab, k_pos, k_x, k_y, k_lay, k_form, k_two, k_one, k_cap)
+
+
+def pixels(image_len: int, cell_B, label_B):
+    """images_BxL holding `label_B` at `cell_B` and background elsewhere."""
+    return jnp.where(jnp.arange(image_len)[None, :] == cell_B[:, None], label_B[:, None], 0)
+
+
+def single_caption(task: TaskConfig, settings: Settings, label_B, side_cap_B):
+    """Caption ids [B] of single-object samples under `task.single_captions`: the side
+    caption, the bare label, or (`side_pair`) the side caption for pair labels only."""
+    label_cap_B = single_label(task.n_labels, label_B)
+    if task.single_captions == "side":
+        return side_cap_B
+    if task.single_captions == "label":
+        return label_cap_B
+    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
+    return jnp.where(label_B <= n_pair, side_cap_B, label_cap_B)
+
+
+def draw_pair_labels(k_x: jax.Array, k_y: jax.Array, settings: Settings, batch_size: int):
+    """x_B, y_B: ordered pairs of distinct pair labels, uniform (streaming draws)."""
+    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
+    x_B = jax.random.randint(k_x, (batch_size,), 0, n_pair) + 1
+    y_B = jax.random.randint(k_y, (batch_size,), 0, n_pair - 1) + 1
+    return x_B, skip_label(y_B, x_B)
+
+
+def skip_label(y_B, x_B):
+    """Maps y in 1..n_pair - 1 onto the pair labels other than x (order kept)."""
+    return y_B + (y_B >= x_B)
+
+
+def merge_parts(n_single, single, pair) -> tuple[jax.Array, jax.Array]:
+    """The batch: rows below `n_single` from `single`, the rest from `pair`; each part is
+    (images_BxL, caption_ids_B) drawn for every row. Returns int32 arrays."""
+    (single_img_BxL, single_cap_B), (pair_img_BxL, pair_cap_B) = single, pair
+    is_single_B = jnp.arange(single_cap_B.shape[0], dtype=jnp.int32) < n_single
+    images = jnp.where(is_single_B[:, None], single_img_BxL, pair_img_BxL).astype(jnp.int32)
+    caps = jnp.where(is_single_B, single_cap_B, pair_cap_B).astype(jnp.int32)
+    return images, caps
+
+
+def _single_objects(tables, keys: BatchKeys, settings, task, batch_size, finite, stream_pos_B):
+    """Single-object (images_BxL, caption_ids_B): a label at one of its training
+    positions; the finite set cycles over all (label, position) items."""
+    n, L = task.n_labels, task.image_len
+    train_pos = jnp.asarray(tables.train_pos)
+    n_tp = train_pos.shape[1]
+    if finite:
+        one_item_B = finite_order(keys.one_order, stream_pos_B, n * n_tp)
+        label_B, pos_idx_B = one_item_B // n_tp + 1, one_item_B % n_tp
+    else:
+        label_B = jax.random.randint(keys.label, (batch_size,), 1, n + 1)
+        pos_idx_B = jax.random.randint(keys.pos, (batch_size,), 0, n_tp)
+    pos_B = train_pos[label_B, pos_idx_B]
+    side_B = (2 * pos_B >= L).astype(jnp.int32)
+    cap_B = single_caption(task, settings, label_B, single_side(n, label_B, side_B))
+    return pixels(L, pos_B, label_B), cap_B
+
+
+def _pair_items(keys: BatchKeys, settings, batch_size, finite, stream_pos_B):
+    """x_B, y_B, rank_B (the layout's place in the pair's training order) and, for the
+    finite set, item_B = (pair index) * lpp + rank with pair index (x - 1)(n_pair - 1) + y'."""
+    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
+    lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
+    if not finite:
+        x_B, y_B = draw_pair_labels(keys.x, keys.y, settings, batch_size)
+        return x_B, y_B, jax.random.randint(keys.layout, (batch_size,), 0, lpp), None
+    item_B = finite_order(keys.two_order, stream_pos_B, n_two_object_items(settings))
+    pair_B, rank_B = item_B // lpp, item_B % lpp
+    x_B = pair_B // (n_pair - 1) + 1
+    y_B = skip_label(pair_B % (n_pair - 1) + 1, x_B)
+    return x_B, y_B, rank_B, item_B
+
+
+def _two_objects(tables, keys: BatchKeys, settings, task, batch_size, finite, stream_pos_B):
+    """Two-object (images_BxL, caption_ids_B): an ordered pair of distinct pair labels
+    at one of its training layouts, X left of Y."""
+    n, L = task.n_labels, task.image_len
+    x_B, y_B, rank_B, item_B = _pair_items(keys, settings, batch_size, finite, stream_pos_B)
+    layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, rank_B]
+    pxy_Bx2 = jnp.asarray(tables.layouts)[layout_B]
+    images = pixels(L, pxy_Bx2[:, 0], x_B) + pixels(L, pxy_Bx2[:, 1], y_B)
+    if task.caption_mode == "left":
+        return images, pair_left(n, x_B, y_B)
+    # "left_right": "X left of Y" or "Y right of X", a fair coin per sample (per item in
+    # the finite set: a dataset has one caption per image)
+    if finite:
+        coin = lambda q: jax.random.bernoulli(jax.random.fold_in(keys.caption_order, q))  # noqa: E731
+        right_B = jax.vmap(coin)(item_B)
+    else:
+        right_B = jax.random.bernoulli(keys.form, 0.5, (batch_size,))
+    return images, jnp.where(right_B, pair_right(n, y_B, x_B), pair_left(n, x_B, y_B))
+
+
 def sample_batch(
     tables: DataTables,
     key: jax.Array,
@@ -209,113 +330,40 @@ def sample_batch(
     Returns:
       images_BxL int32, caption_ids_B int32.
     """
-    n, L, B = task.n_labels, task.image_len, batch_size
-    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
-    lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
-    order_key = key if order_key is None else order_key
-    k_lab, k_pos, k_x, k_y, k_lay, k_form = jax.random.split(key, 6)
-    k_two, k_one, k_cap = (jax.random.fold_in(order_key, i) for i in range(3))
+    keys = batch_keys(key, order_key)
     step = jnp.asarray(step, jnp.int32)
-    train_pos = jnp.asarray(tables.train_pos)
-    n_tp = train_pos.shape[1]
-
-    n_single = singles_per_batch(settings, B)
-    slot_B = jnp.arange(B, dtype=jnp.int32)
-    is_single_B = slot_B < n_single
-
-    # single object: streaming draws any label at one of its training positions;
-    # the finite set cycles over all n * n_tp (label, position) items
-    if finite:
-        one_item_B = finite_order(k_one, step * n_single + slot_B, n * n_tp)
-        label_B, pos_idx_B = one_item_B // n_tp + 1, one_item_B % n_tp
-    else:
-        label_B = jax.random.randint(k_lab, (B,), 1, n + 1)
-        pos_idx_B = jax.random.randint(k_pos, (B,), 0, n_tp)
-    pos_B = train_pos[label_B, pos_idx_B]
-    side_B = (2 * pos_B >= L).astype(jnp.int32)
-    side_cap = single_side(n, label_B, side_B)
-    label_cap = single_label(n, label_B)
-    if task.single_captions == "side":
-        single_cap_B = side_cap
-    elif task.single_captions == "label":
-        single_cap_B = label_cap
-    else:  # "side_pair": side captions only for labels that form training pairs
-        single_cap_B = jnp.where(label_B <= n_pair, side_cap, label_cap)
-    single_img_BxL = jnp.where(jnp.arange(L)[None, :] == pos_B[:, None], label_B[:, None], 0)
-
-    # two objects: an ordered pair of distinct pair labels, one of its training layouts.
-    # Finite item q = (pair index) * lpp + rank, pair index = (x - 1)(n_pair - 1) + y'.
-    if finite:
-        two_item_B = finite_order(
-            k_two,
-            step * (B - n_single) + jnp.maximum(slot_B - n_single, 0),
-            n_two_object_items(settings),
-        )
-        pair_B, rank_B = two_item_B // lpp, two_item_B % lpp
-        x_B = pair_B // (n_pair - 1) + 1
-        y_B = pair_B % (n_pair - 1) + 1
-    else:
-        x_B = jax.random.randint(k_x, (B,), 0, n_pair) + 1
-        y_B = jax.random.randint(k_y, (B,), 0, n_pair - 1) + 1
-        rank_B = jax.random.randint(k_lay, (B,), 0, lpp)
-    y_B = y_B + (y_B >= x_B)  # skip x: uniform over the other n_pair - 1 labels
-    layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, rank_B]
-    pxy_Bx2 = jnp.asarray(tables.layouts)[layout_B]
-    cols = jnp.arange(L)[None, :]
-    pair_img_BxL = jnp.where(cols == pxy_Bx2[:, :1], x_B[:, None], 0) + jnp.where(
-        cols == pxy_Bx2[:, 1:], y_B[:, None], 0
-    )
-    if task.caption_mode == "left":
-        pair_cap_B = pair_left(n, x_B, y_B)
-    else:  # "left_right": "X left of Y" or "Y right of X", a fair coin per sample
-        # (per item in the finite set: a dataset has one caption per image)
-        if finite:
-            coin = lambda q: jax.random.bernoulli(jax.random.fold_in(k_cap, q))  # noqa: E731
-            right = jax.vmap(coin)(two_item_B)
-        else:
-            right = jax.random.bernoulli(k_form, 0.5, (B,))
-        pair_cap_B = jnp.where(right, pair_right(n, y_B, x_B), pair_left(n, x_B, y_B))
-
-    images = jnp.where(is_single_B[:, None], single_img_BxL, pair_img_BxL).astype(jnp.int32)
-    caps = jnp.where(is_single_B, single_cap_B, pair_cap_B).astype(jnp.int32)
-    return images, caps
+    n_single = singles_per_batch(settings, batch_size)
+    slot_B = jnp.arange(batch_size, dtype=jnp.int32)
+    # stream positions of each row in its part's epoch stream (finite set only)
+    one_pos_B = step * n_single + slot_B
+    two_pos_B = step * (batch_size - n_single) + jnp.maximum(slot_B - n_single, 0)
+    args = (tables, keys, settings, task, batch_size, finite)
+    return merge_parts(n_single, _single_objects(*args, one_pos_B), _two_objects(*args, two_pos_B))
 
 
 # ---------------------------------------------------------------------------
 # fixed evaluation sets
 
 
-class EvalSets(NamedTuple):
-    """The fixed validation sets (NumPy, built once per data seed).
+class LineEvalSets(GroupedEvalSets):
+    """The 1D validation sets (`data.grouped.GroupedEvalSets` with one group, `all`).
 
-    single_*:  every label alone at each of its held-out positions (N_s images),
-               scored "l is on the <side>" against the other side.
-    seen_*:    every ordered pair of the first max_pair_labels labels at every layout
-               (N_v images); which of them belong to a model's seen-pair validation set
-               depends on its settings (`seen_mask`), since its training pairs and
-               layouts do. seen_x/seen_y are the labels, seen_rank the layout's place in
-               the pair's training order (trained on iff rank < layouts_per_pair).
-    unseen_*:  every ordered pair of distinct validation labels at every layout (N_u).
-    *_true / *_swap: caption ids [N, F] of the true caption and its swapped twin
-               (labels exchanged for pairs, left/right exchanged for singles).
-    labelset_true / labelset_false: [N_u] the left-form caption and the same caption
-               with one label replaced by a label absent from the image.
+    Every image is scored once (`*_index` is the identity) under one caption pair:
+    single: every label alone at each of its held-out positions, "l is on the <side>"
+    against the other side.
+    seen: every ordered pair (x, y) of the first max_pair_labels labels at every layout;
+    `seen_labels` [N_v, 2] = (x, y), `seen_ranks` [N_v, 1] the layout's place in the
+    pair's training order (trained on iff rank < layouts_per_pair), so a model's
+    seen-pair set is `seen_mask`.
+    unseen: every ordered pair of distinct validation labels at every layout.
+    labelset: the unseen rows' left-form caption against the same caption with one label
+    replaced by a label absent from the image.
+    No per-group metrics: `GROUPED_SETS` is empty.
     """
 
-    single_images: np.ndarray
-    single_true: np.ndarray
-    single_swap: np.ndarray
-    seen_images: np.ndarray
-    seen_true: np.ndarray
-    seen_swap: np.ndarray
-    seen_x: np.ndarray
-    seen_y: np.ndarray
-    seen_rank: np.ndarray
-    unseen_images: np.ndarray
-    unseen_true: np.ndarray
-    unseen_swap: np.ndarray
-    labelset_true: np.ndarray
-    labelset_false: np.ndarray
+    __slots__ = ()
+    GROUPS = ("all",)
+    GROUPED_SETS = ()
 
 
 def _pair_images(L: int, xs, ys, layouts) -> np.ndarray:
@@ -349,63 +397,59 @@ def _all_pairs_all_layouts(labels, tables: DataTables):
     return np.concatenate(xs), np.concatenate(ys), np.concatenate(lay)
 
 
-def build_eval_sets(task: TaskConfig, tables: DataTables) -> EvalSets:
+def held_out_singles(task: TaskConfig, tables) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every label alone at each of its held-out positions: (labels [N], positions [N],
+    images_NxL), labels in increasing order."""
+    labs = np.repeat(np.arange(1, task.n_labels + 1), task.n_single_holdout)
+    pos = tables.holdout_pos[1:].reshape(-1)
+    images = np.zeros((len(labs), task.image_len), np.int32)
+    images[np.arange(len(labs)), pos] = labs
+    return labs, pos, images
+
+
+def single_rows(task: TaskConfig, tables: DataTables) -> tuple[np.ndarray, ...]:
+    """The 1D single-object set: (images_NxL, true_Nx1, swap_Nx1), the side caption
+    against the other side."""
+    n = task.n_labels
+    labs, pos, images = held_out_singles(task, tables)
+    side = (2 * pos >= task.image_len).astype(np.int32)
+    true = single_side(n, labs, side)[:, None].astype(np.int32)
+    swap = single_side(n, labs, 1 - side)[:, None].astype(np.int32)
+    return images, true, swap
+
+
+def _one_row_per_image(images, true, swap, extra=()) -> tuple[np.ndarray, ...]:
+    """A set's fields in `GroupedEvalSets` order when each image is one row of group 0:
+    images, index, true, swap, group, then `extra`."""
+    n = len(images)
+    return (images, np.arange(n, dtype=np.int32), true, swap, np.zeros(n, np.int32), *extra)
+
+
+def build_eval_sets(task: TaskConfig, tables: DataTables) -> LineEvalSets:
     """The fixed validation sets for `task` (depends only on the task and data seed)."""
     n, L = task.n_labels, task.image_len
     rng = np.random.default_rng([task.data_seed, 1])
 
-    # single-object positional
-    labs = np.repeat(np.arange(1, n + 1), task.n_single_holdout)
-    pos = tables.holdout_pos[1:].reshape(-1)
-    single_images = np.zeros((len(labs), L), np.int32)
-    single_images[np.arange(len(labs)), pos] = labs
-    side = (2 * pos >= L).astype(np.int32)
-    single_true = single_side(n, labs, side)[:, None].astype(np.int32)
-    single_swap = single_side(n, labs, 1 - side)[:, None].astype(np.int32)
-
     # seen-pair configuration (candidates; masked per model)
     sx, sy, slay = _all_pairs_all_layouts(range(1, task.max_pair_labels + 1), tables)
     rank_of = np.argsort(tables.pair_perm, axis=-1)  # inverse permutation per pair
-    seen_rank = rank_of[sx, sy, slay].astype(np.int32)
-    seen_images = _pair_images(L, sx, sy, tables.layouts[slay])
-    seen_true, seen_swap = _pair_forms(task, sx, sy)
+    seen_labels = np.stack([sx, sy], 1).astype(np.int32)
+    seen_ranks = rank_of[sx, sy, slay][:, None].astype(np.int32)
+    seen = _pair_images(L, sx, sy, tables.layouts[slay]), *_pair_forms(task, sx, sy)
 
     # unseen pairs: validation labels only, all layouts
     ux, uy, ulay = _all_pairs_all_layouts(range(n - task.n_val_labels + 1, n + 1), tables)
-    unseen_images = _pair_images(L, ux, uy, tables.layouts[ulay])
-    unseen_true, unseen_swap = _pair_forms(task, ux, uy)
+    unseen = _pair_images(L, ux, uy, tables.layouts[ulay]), *_pair_forms(task, ux, uy)
 
     # label-set probe: replace one of the two labels with one absent from the image
-    z = rng.integers(1, n - 1, size=len(ux))  # n - 2 choices, then skip x and y
-    lo, hi = np.minimum(ux, uy), np.maximum(ux, uy)
-    z = z + (z >= lo)
-    z = z + (z >= hi)
+    z = absent_label(rng, n, np.stack([ux, uy], 1))
     replace_x = rng.random(len(ux)) < 0.5
     labelset_true = pair_left(n, ux, uy).astype(np.int32)
     labelset_false = np.where(replace_x, pair_left(n, z, uy), pair_left(n, ux, z)).astype(np.int32)
-    return EvalSets(
-        single_images,
-        single_true,
-        single_swap,
-        seen_images,
-        seen_true,
-        seen_swap,
-        sx.astype(np.int32),
-        sy.astype(np.int32),
-        seen_rank,
-        unseen_images,
-        unseen_true,
-        unseen_swap,
+    return LineEvalSets(
+        *_one_row_per_image(*single_rows(task, tables)),
+        *_one_row_per_image(*seen, (seen_labels, seen_ranks)),
+        *_one_row_per_image(*unseen),
         labelset_true,
         labelset_false,
-    )
-
-
-def seen_mask(evals: EvalSets, settings: Settings) -> jax.Array:
-    """[N_v] bool: which seen-pair candidates are validation images for this model."""
-    n_pair = jnp.asarray(settings.n_pair_labels)
-    return (
-        (jnp.asarray(evals.seen_x) <= n_pair)
-        & (jnp.asarray(evals.seen_y) <= n_pair)
-        & (jnp.asarray(evals.seen_rank) >= jnp.asarray(settings.layouts_per_pair))
     )

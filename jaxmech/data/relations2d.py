@@ -31,15 +31,17 @@ Evaluation scores every image under each of its valid relations (true caption ag
 the swapped one: A and B exchanged for pairs, the other side for singles) and reports
 accuracies per relation (`GridEvalSets.GROUPS`).
 
-Caption ids (n = n_labels, labels 1-based, relation r = 0 h / 1 v, K = 2n^2 + 3n):
-  pair_first(r, a, b)   "a left of b" / "a above b"     r K + (a - 1) n + (b - 1)
-  pair_second(r, a, b)  "a right of b" / "a below b"    r K + n^2 + (a - 1) n + (b - 1)
-  single_side(r, l, s)  side s (0 left/above)           r K + 2 n^2 + 2 (l - 1) + s
+Caption ids (n = n_labels, labels 1-based, relation r = 0 h / 1 v, a relation's block
+of ids blk = 2n^2 + 3n):
+  pair_first(r, a, b)   "a left of b" / "a above b"     r blk + (a - 1) n + (b - 1)
+  pair_second(r, a, b)  "a right of b" / "a below b"    r blk + n^2 + (a - 1) n + (b - 1)
+  single_side(r, l, s)  side s (0 left/above)           r blk + 2 n^2 + 2 (l - 1) + s
   single_label(l)       "l"                             2 n^2 + 2 n + (l - 1)
 The horizontal ids are the 1D ids (`relations1d`); the token ids differ (longer
 vocabulary).
 
-Axis names as in `relations1d`: B batch, L = H W cells, T caption length, C captions.
+Axis names as in `relations1d` (`jaxmech.shapes`): B batch rows, L = H W cells, T caption
+length, C captions, N rows and I distinct images of an eval set, F caption forms.
 """
 
 from __future__ import annotations
@@ -185,6 +187,42 @@ def _side(task, rel, cell):
     return (2 * coord >= size).astype(jnp.int32)
 
 
+def _single_objects(tables, k_lab, k_pos, k_srel, settings, task, batch_size):
+    """Single-object (images_BxL, caption_ids_B): any label at one of its training
+    cells, captioned along a relation drawn by a fair coin."""
+    n, B = task.n_labels, batch_size
+    train_pos = jnp.asarray(tables.train_pos)
+    label_B = jax.random.randint(k_lab, (B,), 1, n + 1)
+    pos_B = train_pos[label_B, jax.random.randint(k_pos, (B,), 0, train_pos.shape[1])]
+    srel_B = jax.random.bernoulli(k_srel, 0.5, (B,)).astype(jnp.int32)
+    side_cap_B = single_side(n, srel_B, label_B, _side(task, srel_B, pos_B))
+    return r1.pixels(task.image_len, pos_B, label_B), r1.single_caption(
+        task, settings, label_B, side_cap_B
+    )
+
+
+def _two_objects(tables, keys, settings, task, batch_size):
+    """Two-object (images_BxL, caption_ids_B): X at the layout's first cell (row-major),
+    Y at its second, captioned along one of the layout's valid relations (a fair coin
+    when both are valid). `keys` = (k_x, k_y, k_lay, k_rel, k_form)."""
+    k_x, k_y, k_lay, k_rel, k_form = keys
+    n, L, B = task.n_labels, task.image_len, batch_size
+    lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
+    x_B, y_B = r1.draw_pair_labels(k_x, k_y, settings, B)
+    layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, jax.random.randint(k_lay, (B,), 0, lpp)]
+    cells_Bx2 = jnp.asarray(tables.layouts)[layout_B]
+    ok_Bx2 = jnp.asarray(tables.rel_ok)[layout_B]
+    coin = jax.random.bernoulli(k_rel, 0.5, (B,))
+    rel_B = jnp.where(ok_Bx2[:, 0] & ok_Bx2[:, 1], coin, ~ok_Bx2[:, 0]).astype(jnp.int32)
+    first_B, second_B = _first_second(task, rel_B, x_B, y_B, cells_Bx2[:, 0], cells_Bx2[:, 1])
+    images = r1.pixels(L, cells_Bx2[:, 0], x_B) + r1.pixels(L, cells_Bx2[:, 1], y_B)
+    cap_B = pair_first(n, rel_B, first_B, second_B)
+    if task.caption_mode == "left_right":  # "b is on the right of a" / "b is below a"
+        other_B = jax.random.bernoulli(k_form, 0.5, (B,))
+        cap_B = jnp.where(other_B, pair_second(n, rel_B, second_B, first_B), cap_B)
+    return images, cap_B
+
+
 def sample_batch(
     tables: GridTables,
     key: jax.Array,
@@ -219,51 +257,12 @@ def sample_batch(
     del step, order_key
     if finite:
         raise NotImplementedError("task_kind '2d' trains on streaming batches only (epochs = 0)")
-    n, L, B = task.n_labels, task.image_len, batch_size
-    n_pair = jnp.asarray(settings.n_pair_labels, jnp.int32)
-    lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
-    k_lab, k_pos, k_srel, k_x, k_y, k_lay, k_rel, k_form = jax.random.split(key, 8)
-    train_pos = jnp.asarray(tables.train_pos)
-    cols = jnp.arange(L)[None, :]
-
-    n_single = r1.singles_per_batch(settings, B)
-    is_single_B = jnp.arange(B, dtype=jnp.int32) < n_single
-
-    # single objects
-    label_B = jax.random.randint(k_lab, (B,), 1, n + 1)
-    pos_B = train_pos[label_B, jax.random.randint(k_pos, (B,), 0, train_pos.shape[1])]
-    srel_B = jax.random.bernoulli(k_srel, 0.5, (B,)).astype(jnp.int32)
-    side_cap = single_side(n, srel_B, label_B, _side(task, srel_B, pos_B))
-    label_cap = single_label(n, label_B)
-    if task.single_captions == "side":
-        single_cap_B = side_cap
-    elif task.single_captions == "label":
-        single_cap_B = label_cap
-    else:  # "side_pair"
-        single_cap_B = jnp.where(label_B <= n_pair, side_cap, label_cap)
-    single_img_BxL = jnp.where(cols == pos_B[:, None], label_B[:, None], 0)
-
-    # two objects: X at the layout's first cell (row-major), Y at its second
-    x_B = jax.random.randint(k_x, (B,), 0, n_pair) + 1
-    y_B = jax.random.randint(k_y, (B,), 0, n_pair - 1) + 1
-    y_B = y_B + (y_B >= x_B)
-    layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, jax.random.randint(k_lay, (B,), 0, lpp)]
-    cells_Bx2 = jnp.asarray(tables.layouts)[layout_B]
-    ok_Bx2 = jnp.asarray(tables.rel_ok)[layout_B]
-    coin = jax.random.bernoulli(k_rel, 0.5, (B,))
-    rel_B = jnp.where(ok_Bx2[:, 0] & ok_Bx2[:, 1], coin, ~ok_Bx2[:, 0]).astype(jnp.int32)
-    first_B, second_B = _first_second(task, rel_B, x_B, y_B, cells_Bx2[:, 0], cells_Bx2[:, 1])
-    pair_img_BxL = jnp.where(cols == cells_Bx2[:, :1], x_B[:, None], 0) + jnp.where(
-        cols == cells_Bx2[:, 1:], y_B[:, None], 0
+    k_lab, k_pos, k_srel, *pair_keys = jax.random.split(key, 8)
+    return r1.merge_parts(
+        r1.singles_per_batch(settings, batch_size),
+        _single_objects(tables, k_lab, k_pos, k_srel, settings, task, batch_size),
+        _two_objects(tables, pair_keys, settings, task, batch_size),
     )
-    pair_cap_B = pair_first(n, rel_B, first_B, second_B)
-    if task.caption_mode == "left_right":  # "b is on the right of a" / "b is below a"
-        other = jax.random.bernoulli(k_form, 0.5, (B,))
-        pair_cap_B = jnp.where(other, pair_second(n, rel_B, second_B, first_B), pair_cap_B)
-
-    images = jnp.where(is_single_B[:, None], single_img_BxL, pair_img_BxL).astype(jnp.int32)
-    caps = jnp.where(is_single_B, single_cap_B, pair_cap_B).astype(jnp.int32)
-    return images, caps
 
 
 # ---------------------------------------------------------------------------
@@ -292,7 +291,7 @@ def _pair_rows(task: TaskConfig, tables: GridTables, labels):
     i = np.arange(len(img_x))
     images[i, tables.layouts[img_lay, 0]] = img_x
     images[i, tables.layouts[img_lay, 1]] = img_y
-    ok = tables.rel_ok[img_lay]  # [I, 2]
+    ok = tables.rel_ok[img_lay]  # [I, 2]: relations h, v valid per image
     index, rel = np.nonzero(ok)  # row-major: image order, h before v
     return images, index, img_x[index], img_y[index], img_lay[index], rel
 
@@ -312,6 +311,45 @@ def _forms(task: TaskConfig, tables: GridTables, x, y, lay, rel):
     return np.stack(true, 1).astype(np.int32), np.stack(swap, 1).astype(np.int32), a, b
 
 
+def _single_rows(task: TaskConfig, tables: GridTables):
+    """The single-object set: every label alone at each held-out cell, one row per
+    relation (h, then v). Returns (images [I, L], index [N], true [N, 1], swap [N, 1],
+    rel [N])."""
+    n = task.n_labels
+    labs, pos, images = r1.held_out_singles(task, tables)
+    s_index = np.repeat(np.arange(len(labs)), 2)
+    s_rel = np.tile(np.arange(2), len(labs))
+    s_lab, s_pos = labs[s_index], pos[s_index]
+    r, c = _rows_cols(task, s_pos)
+    side = np.where(s_rel == 0, 2 * c >= task.grid_w, 2 * r >= task.grid_h).astype(np.int64)
+    true = single_side(n, s_rel, s_lab, side)[:, None].astype(np.int32)
+    swap = single_side(n, s_rel, s_lab, 1 - side)[:, None].astype(np.int32)
+    return images, s_index, true, swap, s_rel
+
+
+def _seen_rows(task: TaskConfig, tables: GridTables):
+    """Seen-pair candidates: (images, index, true, swap, rel, labels [N, 2], ranks [N, 1])."""
+    images, index, x, y, lay, rel = _pair_rows(task, tables, range(1, task.max_pair_labels + 1))
+    true, swap, _, _ = _forms(task, tables, x, y, lay, rel)
+    rank_of = np.argsort(tables.pair_perm, axis=-1)  # inverse permutation per pair
+    ranks = rank_of[x, y, lay][:, None].astype(np.int32)
+    return images, index, true, swap, rel, np.stack([x, y], 1), ranks
+
+
+def _unseen_rows(task: TaskConfig, tables: GridTables, rng: np.random.Generator):
+    """Unseen pairs and their label-set probe: (images, index, true, swap, rel,
+    labelset_false [N])."""
+    n = task.n_labels
+    images, index, x, y, lay, rel = _pair_rows(
+        task, tables, range(n - task.n_val_labels + 1, n + 1)
+    )
+    true, swap, a, b = _forms(task, tables, x, y, lay, rel)
+    z = absent_label(rng, n, np.stack([x, y], 1))
+    replace_a = rng.random(len(x)) < 0.5
+    false = np.where(replace_a, pair_first(n, rel, z, b), pair_first(n, rel, a, z))
+    return images, index, true, swap, rel, false.astype(np.int32)
+
+
 def build_eval_sets(task: TaskConfig, tables: GridTables) -> GridEvalSets:
     """The fixed 2D validation sets (depend only on the task and data seed).
 
@@ -321,57 +359,29 @@ def build_eval_sets(task: TaskConfig, tables: GridTables) -> GridEvalSets:
     validation labels; labelset on the unseen rows.
     """
     _check(task)
-    n = task.n_labels
     rng = np.random.default_rng([task.data_seed, 2])
-
-    labs = np.repeat(np.arange(1, n + 1), task.n_single_holdout)
-    pos = tables.holdout_pos[1:].reshape(-1)
-    single_images = np.zeros((len(labs), task.image_len), np.int32)
-    single_images[np.arange(len(labs)), pos] = labs
-    s_index = np.repeat(np.arange(len(labs)), 2)
-    s_rel = np.tile(np.arange(2), len(labs))
-    s_lab, s_pos = labs[s_index], pos[s_index]
-    r, c = _rows_cols(task, s_pos)
-    side = np.where(s_rel == 0, 2 * c >= task.grid_w, 2 * r >= task.grid_h).astype(np.int64)
-    single_true = single_side(n, s_rel, s_lab, side)[:, None].astype(np.int32)
-    single_swap = single_side(n, s_rel, s_lab, 1 - side)[:, None].astype(np.int32)
-
-    seen_images, v_index, vx, vy, vlay, vrel = _pair_rows(
-        task, tables, range(1, task.max_pair_labels + 1)
-    )
-    seen_true, seen_swap, _, _ = _forms(task, tables, vx, vy, vlay, vrel)
-    rank_of = np.argsort(tables.pair_perm, axis=-1)  # inverse permutation per pair
-    seen_ranks = rank_of[vx, vy, vlay][:, None].astype(np.int32)
-
-    unseen_images, u_index, ux, uy, ulay, urel = _pair_rows(
-        task, tables, range(n - task.n_val_labels + 1, n + 1)
-    )
-    unseen_true, unseen_swap, ua, ub = _forms(task, tables, ux, uy, ulay, urel)
-    z = absent_label(rng, n, np.stack([ux, uy], 1))
-    replace_a = rng.random(len(ux)) < 0.5
-    labelset_false = np.where(
-        replace_a, pair_first(n, urel, z, ub), pair_first(n, urel, ua, z)
-    ).astype(np.int32)
-
+    s_img, s_index, s_true, s_swap, s_rel = _single_rows(task, tables)
+    v_img, v_index, v_true, v_swap, v_rel, v_labels, v_ranks = _seen_rows(task, tables)
+    u_img, u_index, u_true, u_swap, u_rel, labelset_false = _unseen_rows(task, tables, rng)
     i32 = lambda a: np.asarray(a, np.int32)  # noqa: E731
     return GridEvalSets(
-        single_images,
+        s_img,
         i32(s_index),
-        single_true,
-        single_swap,
+        s_true,
+        s_swap,
         i32(s_rel),
-        seen_images,
+        v_img,
         i32(v_index),
-        seen_true,
-        seen_swap,
-        i32(vrel),
-        i32(np.stack([vx, vy], 1)),
-        seen_ranks,
-        unseen_images,
+        v_true,
+        v_swap,
+        i32(v_rel),
+        i32(v_labels),
+        v_ranks,
+        u_img,
         i32(u_index),
-        unseen_true,
-        unseen_swap,
-        i32(urel),
-        unseen_true[:, 0].copy(),
+        u_true,
+        u_swap,
+        i32(u_rel),
+        u_true[:, 0].copy(),
         labelset_false,
     )

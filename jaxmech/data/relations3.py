@@ -192,41 +192,16 @@ def _group(px, py, pz):
     return np.where(pz < px, 0, np.where(pz < py, 1, 2)).astype(np.int32)
 
 
-def build_eval_sets(task: TaskConfig, tables: DataTables) -> ThreeEvalSets:
-    """The fixed three-object validation sets (module doc; task and data seed only)."""
-    _check(task)
-    n, L = task.n_labels, task.image_len
-    rng = np.random.default_rng([task.data_seed, 3])
-    one = r1.build_eval_sets(task, tables)
-    n_s = len(one.single_images)
-
-    # seen-pair candidates: one distractor per (pair, layout)
-    n_lay = len(tables.layouts)
-    pairs = [
-        (x, y)
-        for x in range(1, task.max_pair_labels + 1)
-        for y in range(1, task.max_pair_labels + 1)
-        if x != y
-    ]
-    vx = np.repeat([p[0] for p in pairs], n_lay)
-    vy = np.repeat([p[1] for p in pairs], n_lay)
-    vlay = np.tile(np.arange(n_lay), len(pairs))
-    vpx, vpy = tables.layouts[vlay, 0], tables.layouts[vlay, 1]
-    m = np.maximum(np.maximum(vx, vy), 3)
-    vz = np.floor(rng.random(len(vx)) * (m - 2)).astype(np.int64) + 1  # 1 .. m - 2
-    lo, hi = np.minimum(vx, vy), np.maximum(vx, vy)
-    vz = vz + (vz >= lo)
-    vz = vz + (vz >= hi)
-    vpz = _skip2(rng.integers(0, L - 2, size=len(vx)), vpx, vpy)
-    seen_images = _images(L, vx, vy, vz, vpx, vpy, vpz)
-    seen_true, seen_swap = _forms(task, vx, vy)
+def _sub_pair_ranks(tables: DataTables, L: int, labels_Nx3, cells_Nx3) -> np.ndarray:
+    """[N, 3] ranks, in the training order of their pair, of the layouts of an image's
+    three sub-pairs (each two objects, left one first, at their pixels)."""
     lay_index = -np.ones((L, L), np.int64)
-    lay_index[tables.layouts[:, 0], tables.layouts[:, 1]] = np.arange(n_lay)
+    lay_index[tables.layouts[:, 0], tables.layouts[:, 1]] = np.arange(len(tables.layouts))
     rank_of = np.argsort(tables.pair_perm, axis=-1)
-    order = np.argsort(np.stack([vpx, vpy, vpz], 1), axis=1)
-    pos3 = np.take_along_axis(np.stack([vpx, vpy, vpz], 1), order, 1)
-    lab3 = np.take_along_axis(np.stack([vx, vy, vz], 1), order, 1)
-    seen_ranks = np.stack(
+    order = np.argsort(cells_Nx3, axis=1)
+    pos3 = np.take_along_axis(cells_Nx3, order, 1)
+    lab3 = np.take_along_axis(labels_Nx3, order, 1)
+    return np.stack(
         [
             rank_of[lab3[:, a], lab3[:, b], lay_index[pos3[:, a], pos3[:, b]]]
             for a, b in ((0, 1), (0, 2), (1, 2))
@@ -234,7 +209,35 @@ def build_eval_sets(task: TaskConfig, tables: DataTables) -> ThreeEvalSets:
         1,
     )
 
-    # unseen label triples: every triple of validation labels, layout and distractor pixel
+
+def _seen_rows(task: TaskConfig, tables: DataTables, rng: np.random.Generator):
+    """Seen-pair candidates, one distractor per (pair, layout) drawn from `rng`:
+    (images, true, swap, group, labels [N, 3], ranks [N, 3])."""
+    L, n_lay, m = task.image_len, len(tables.layouts), task.max_pair_labels
+    pairs = [(x, y) for x in range(1, m + 1) for y in range(1, m + 1) if x != y]
+    vx = np.repeat([p[0] for p in pairs], n_lay)
+    vy = np.repeat([p[1] for p in pairs], n_lay)
+    vlay = np.tile(np.arange(n_lay), len(pairs))
+    vpx, vpy = tables.layouts[vlay, 0], tables.layouts[vlay, 1]
+    top = np.maximum(np.maximum(vx, vy), 3)
+    vz = np.floor(rng.random(len(vx)) * (top - 2)).astype(np.int64) + 1  # 1 .. top - 2
+    vz = _skip2(vz, np.minimum(vx, vy), np.maximum(vx, vy))
+    vpz = _skip2(rng.integers(0, L - 2, size=len(vx)), vpx, vpy)
+    labels, cells = np.stack([vx, vy, vz], 1), np.stack([vpx, vpy, vpz], 1)
+    return (
+        _images(L, vx, vy, vz, vpx, vpy, vpz),
+        *_forms(task, vx, vy),
+        _group(vpx, vpy, vpz),
+        labels,
+        _sub_pair_ranks(tables, L, labels, cells),
+    )
+
+
+def _unseen_rows(task: TaskConfig, tables: DataTables, rng: np.random.Generator):
+    """Unseen label triples at every layout and free distractor pixel, each image scored
+    once per pair of its objects a caption names (3 rows), with the label-set probe:
+    (images [I, L], index [N], true, swap, group, labelset_false [N])."""
+    n, L = task.n_labels, task.image_len
     val = range(n - task.n_val_labels + 1, n + 1)
     rows = [
         (x, y, z, a, b, c)
@@ -244,36 +247,41 @@ def build_eval_sets(task: TaskConfig, tables: DataTables) -> ThreeEvalSets:
         if c not in (a, b)
     ]
     ux, uy, uz, upx, upy, upz = np.asarray(rows).T
-    # an image of three validation labels is scored once per pair it can name (3 rows)
-    unseen_images, u_index = np.unique(
-        _images(L, ux, uy, uz, upx, upy, upz), axis=0, return_inverse=True
-    )
-    unseen_true, unseen_swap = _forms(task, ux, uy)
+    images, index = np.unique(_images(L, ux, uy, uz, upx, upy, upz), axis=0, return_inverse=True)
+    true, swap = _forms(task, ux, uy)
     w = absent_label(rng, n, np.stack([ux, uy, uz], 1))
     replace_x = rng.random(len(ux)) < 0.5
-    labelset_false = np.where(replace_x, r1.pair_left(n, w, uy), r1.pair_left(n, ux, w)).astype(
-        np.int32
-    )
+    false = np.where(replace_x, r1.pair_left(n, w, uy), r1.pair_left(n, ux, w))
+    return images, index.reshape(-1), true, swap, _group(upx, upy, upz), false.astype(np.int32)
 
+
+def build_eval_sets(task: TaskConfig, tables: DataTables) -> ThreeEvalSets:
+    """The fixed three-object validation sets (module doc; task and data seed only)."""
+    _check(task)
+    rng = np.random.default_rng([task.data_seed, 3])
+    s_img, s_true, s_swap = r1.single_rows(task, tables)
+    v_img, v_true, v_swap, v_group, v_labels, v_ranks = _seen_rows(task, tables, rng)
+    u_img, u_index, u_true, u_swap, u_group, labelset_false = _unseen_rows(task, tables, rng)
+    n_s, n_v = len(s_img), len(v_img)
     i32 = lambda a: np.asarray(a, np.int32)  # noqa: E731
     return ThreeEvalSets(
-        one.single_images,
+        s_img,
         i32(np.arange(n_s)),
-        one.single_true,
-        one.single_swap,
+        s_true,
+        s_swap,
         i32(np.zeros(n_s)),
-        seen_images,
-        i32(np.arange(len(vx))),
-        seen_true,
-        seen_swap,
-        _group(vpx, vpy, vpz),
-        i32(np.stack([vx, vy, vz], 1)),
-        i32(seen_ranks),
-        unseen_images,
-        i32(u_index.reshape(-1)),
-        unseen_true,
-        unseen_swap,
-        _group(upx, upy, upz),
-        unseen_true[:, 0].copy(),
+        v_img,
+        i32(np.arange(n_v)),
+        v_true,
+        v_swap,
+        v_group,
+        i32(v_labels),
+        i32(v_ranks),
+        u_img,
+        i32(u_index),
+        u_true,
+        u_swap,
+        u_group,
+        u_true[:, 0].copy(),
         labelset_false,
     )

@@ -1,33 +1,71 @@
 """Explicit-parameter transformer blocks as pure functions of a params dict.
 
-Block params (TransformerLens layout, head axis first):
+Block params (TransformerLens layout, head axis first; axis letters: `jaxmech.shapes`):
   W_Q, W_K, W_V [H, D, Dh]   b_Q, b_K, b_V [H, Dh]   W_O [H, Dh, D]   b_O [D]
   optional LayerNorm: ln1_w, ln1_b, ln2_w, ln2_b [D]
   optional MLP:       W_in [D, M], b_in [M], W_out [M, D], b_out [D]
 
-Axis names: B batch, S sequence (keys), Q query rows, D d_model, H heads, Dh d_head.
 Attention per head: softmax(mask((x W_Q + b_Q)(x W_K + b_K)^T / sqrt(Dh))) (x W_V + b_V),
-then summed over heads through W_O, plus b_O.
+then summed over heads through W_O, plus b_O. `block_forward` runs it in named steps:
+the block's input (LayerNorm, and its split into parts), q / k / v (`project`, with the
+factored first-layer fast path), the rotation (`rotate_qk`), the logits with term edits
+(`attention_scores`), the causal mask and softmax (`attend`), and the MLP (`mlp`).
 
 `attn_scores` in the intermediates are the scaled logits *before* the causal mask;
 the mask is applied only inside the softmax. This keeps every logit term of
 `analysis.decompose` defined everywhere and the sums exact.
 
+Query rows: a block computes every row (`q_rows_BxQ=None`) or the rows `q_rows_BxQ`
+([B, Q] int, e.g. each sequence's readout row); keys and values always see every row.
+
 Rotary positions (RoPE, optional, per call): with angles `theta[s, i] = pos_s * f_i`
-(F = Dh / 2 frequency pairs), each head's q and k (biases included) are rotated in the
-planes (e_i, e_{i+F}) before the dot product, so the logit of query s and key t depends
+(R = Dh / 2 frequency pairs), each head's q and k (biases included) are rotated in the
+planes (e_i, e_{i+R}) before the dot product, so the logit of query s and key t depends
 on positions only through pos_t - pos_s. A per-head keep-weight scales the angles
 (0: that head is not rotated).
+
+Query / key argument order: every function taking both takes the query side first.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxmech.models.edits import TERMS, Edits
+from jaxmech.models.edits import NO_EDITS, TERMS, Edits
 
 LN_EPS = 1e-5
+
+
+class FirstBlock(NamedTuple):
+    """What the first block of a tower knows about its input x = E[tokens] + p_rows.
+
+    tokens_BxS: int token ids; E_VxD: the token embedding; p_rows: position rows
+    [S, D] or [B, S, D] (None in a rotary tower); e_part, p_part [B, S, D]: the token and
+    position parts of x; factored: look q / k / v up from `E W` and `P W` (V + S rows)
+    instead of projecting B * S rows (the training fast path; needs a block without
+    LayerNorm and an unedited input; same values up to float reassociation);
+    term_keep [H, 9] / vp_keep [H]: the term edits (`models.edits`), or None.
+    """
+
+    tokens_BxS: Any
+    E_VxD: Any
+    p_rows: Any
+    e_part: Any
+    p_part: Any
+    factored: bool = False
+    term_keep: Any = None
+    vp_keep: Any = None
+
+
+class Rotary(NamedTuple):
+    """Rotary positions of a block: angles [S, R] or [B, S, R]; keep [H] or None."""
+
+    angles: Any
+    keep: Any = None
 
 
 def layer_norm(x, w, b):
@@ -56,79 +94,172 @@ def has_mlp(block) -> bool:
     return "W_in" in block
 
 
-def select_rows(a, q_rows, batched=True):
-    """Rows `q_rows` of a [B, S, ...] array (or of a shared [S, ...] one) -> [B, Q, ...].
+def select_rows(a, q_rows_BxQ, batched=True):
+    """Rows `q_rows_BxQ` ([B, Q] int) of a [B, S, ...] array (or a shared [S, ...] one).
 
-    `q_rows` is a static int (the same single row everywhere, e.g. CLS = 0: a slice) or
-    an int array [B, Q] (e.g. each caption's EOT: a one-hot contraction over the short
-    sequence for float arrays, whose gradient is a product rather than a scatter-add).
+    Float arrays use a one-hot contraction over the short sequence (its gradient is a
+    product rather than a scatter-add); int arrays a gather. Returns [B, Q, ...].
     """
-    if isinstance(q_rows, int):
-        return a[q_rows : q_rows + 1] if not batched else a[:, q_rows : q_rows + 1]
     if not batched:
-        return a[q_rows]
+        return a[q_rows_BxQ]
     if jnp.issubdtype(a.dtype, jnp.floating):
-        return jnp.einsum("bqs,bs...->bq...", jax.nn.one_hot(q_rows, a.shape[1], dtype=a.dtype), a)
-    idx = q_rows.reshape(q_rows.shape + (1,) * (a.ndim - 2))
+        one_hot = jax.nn.one_hot(q_rows_BxQ, a.shape[1], dtype=a.dtype)
+        return jnp.einsum("bqs,bs...->bq...", one_hot, a)
+    idx = q_rows_BxQ.reshape(q_rows_BxQ.shape + (1,) * (a.ndim - 2))
     return jnp.take_along_axis(a, idx, axis=1)
 
 
 def rotate(x, angles):
-    """Rotates x [..., Dh] by `angles` [..., Dh/2] in the planes (e_i, e_{i + Dh/2})."""
-    F = x.shape[-1] // 2
-    x1, x2 = x[..., :F], x[..., F:]
+    """Rotates x [..., Dh] by `angles` [..., R] (R = Dh / 2) in the planes (e_i, e_{i+R})."""
+    R = x.shape[-1] // 2
+    x1, x2 = x[..., :R], x[..., R:]
     c, s = jnp.cos(angles), jnp.sin(angles)
     return jnp.concatenate([x1 * c - x2 * s, x1 * s + x2 * c], axis=-1)
 
 
 def head_angles(angles, rope_keep=None):
-    """Position angles [S, F] or [B, S, F] -> per head [..., S, H or 1, F] (x keep[h])."""
+    """Position angles [S, R] or [B, S, R] -> per head [..., S, H or 1, R] (x keep[h])."""
     a = angles[..., :, None, :]
     return a if rope_keep is None else a * rope_keep[:, None]
+
+
+def _check_block_args(block, first, rotary):
+    if rotary is not None and first is not None and first.term_keep is not None:
+        raise ValueError(
+            "term_keep ablates the E/P terms of unrotated logits; with rotary positions "
+            "use rope_keep (or analysis.rope) instead"
+        )
+    if first is not None and first.factored and has_ln(block):
+        raise ValueError("factored projections need a first block without LayerNorm")
+
+
+def block_input(block, x_BxSxD, parts):
+    """The block's attention input: (x_in, parts, bias_in).
+
+    x_in is LN(x) with LayerNorm, else x; `parts` (or None) split x_in by input part
+    (`ln_parts` with LayerNorm: then bias_in is LN's bias, else zeros [D]).
+    """
+    x_in = x_BxSxD
+    bias_in = jnp.zeros((x_BxSxD.shape[-1],), x_BxSxD.dtype)
+    if has_ln(block):
+        x_in = layer_norm(x_BxSxD, block["ln1_w"], block["ln1_b"])
+        if parts is not None:
+            parts, bias_in = ln_parts(x_BxSxD, parts, block["ln1_w"], block["ln1_b"])
+    return x_in, parts, bias_in
+
+
+def project(W_HxDxDh, x_in, q_rows_BxQ=None, first=None):
+    """x W per head without bias, [B, S or Q, H, Dh] (rows `q_rows_BxQ` when given).
+
+    With `first.factored`, x = E[tokens] + p_rows is never formed: the projection is
+    looked up from `E W` and `P W`.
+    """
+
+    def rows(a):
+        return a if q_rows_BxQ is None else select_rows(a, q_rows_BxQ)
+
+    if first is None or not first.factored:
+        return jnp.einsum("bsd,hde->bshe", rows(x_in), W_HxDxDh)
+    e = jnp.einsum("vd,hde->vhe", first.E_VxD, W_HxDxDh)[rows(first.tokens_BxS)]
+    P_rows = first.p_rows
+    if P_rows is None:
+        return e
+    if q_rows_BxQ is not None:
+        P_rows = select_rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
+    return e + jnp.einsum("...sd,hde->...she", P_rows, W_HxDxDh)
+
+
+def rotate_qk(q, k, rotary, q_rows_BxQ, edits, nm, aux):
+    """q and k rotated by the rotary angles (edit points rot_q, rot_k); logs q, k too."""
+    ang_k = head_angles(rotary.angles, rotary.keep)
+    ang_q = ang_k
+    if q_rows_BxQ is not None:
+        batched = rotary.angles.ndim == 3
+        ang_q = head_angles(select_rows(rotary.angles, q_rows_BxQ, batched), rotary.keep)
+    aux[nm("q")], aux[nm("k")] = q, k
+    q = edits(nm("rot_q"), rotate(q, ang_q))
+    k = edits(nm("rot_k"), rotate(k, ang_k))
+    aux[nm("rot_q")], aux[nm("rot_k")] = q, k
+    return q, k
+
+
+def values(block, x_in, parts, first):
+    """x W_V + b_V per head, [B, S, H, Dh], minus the removed share of P W_V (vp_keep)."""
+    v = project(block["W_V"], x_in, None, first) + block["b_V"]
+    if first is not None and first.vp_keep is not None:
+        pv = jnp.einsum("bsd,hde->bshe", parts[1], block["W_V"])
+        v = v - (1.0 - first.vp_keep)[:, None] * pv
+    return v
+
+
+def attention_scores(block, q, k, parts, bias_in, q_rows_BxQ, first):
+    """Scaled logits [B, H, Q, S], with the removed logit terms (term_keep) subtracted."""
+    scale = block["W_Q"].shape[-1] ** -0.5
+    scores = jnp.einsum("bqhe,bshe->bhqs", q, k) * scale
+    if first is not None and first.term_keep is not None:
+        # Subtract the removed terms from the logits computed anyway: an all-ones mask
+        # subtracts exact zeros, so it gives the plain forward's values.
+        parts_q = parts if q_rows_BxQ is None else [select_rows(p, q_rows_BxQ) for p in parts]
+        scores = scores - _removed_logits(block, parts_q, parts, bias_in, first.term_keep)
+    return scores
+
+
+def causal_mask(scores_BxHxQxS, causal, q_rows_BxQ=None):
+    """Logits with keys after each query set to -inf (those the softmax must not see).
+
+    `causal`: a Python bool (static), or a scalar array flag (0: no mask, else causal;
+    traced values work, e.g. `params["static"]["causal_text"]`).
+    """
+    if isinstance(causal, (bool, np.bool_)) and not causal:
+        return scores_BxHxQxS
+    B, _, _, S = scores_BxHxQxS.shape
+    if q_rows_BxQ is None:
+        q_pos = jnp.broadcast_to(jnp.arange(S)[None], (B, S))
+    else:
+        q_pos = q_rows_BxQ
+    visible = jnp.arange(S)[None, None, None, :] <= q_pos[:, None, :, None]
+    if not isinstance(causal, (bool, np.bool_)):
+        visible = visible | (causal == 0)
+    return jnp.where(visible, scores_BxHxQxS, -jnp.inf)
+
+
+def mlp(block, resid_mid_BxQxD):
+    """The block's MLP output [B, Q, D] (reads LN(resid_mid) with LayerNorm)."""
+    h = resid_mid_BxQxD
+    if has_ln(block):
+        h = layer_norm(resid_mid_BxQxD, block["ln2_w"], block["ln2_b"])
+    return jax.nn.gelu(h @ block["W_in"] + block["b_in"]) @ block["W_out"] + block["b_out"]
 
 
 def block_forward(
     block,
     x_BxSxD,
     *,
-    causal: bool,
+    causal,
     q_rows_BxQ=None,
-    edits: Edits,
-    prefix: str,
+    edits: Edits = NO_EDITS,
+    prefix: str = "",
     suffix: str = "",
-    parts=None,
-    factored=None,
-    term_keep=None,
-    vp_keep=None,
-    rope_angles=None,
-    rope_keep=None,
+    first: FirstBlock | None = None,
+    rotary: Rotary | None = None,
 ):
     """One transformer block.
 
     Args:
       block: block params (module docstring).
       x_BxSxD: residual stream in.
-      causal: key j is visible to query i only if j <= i.
-      q_rows_BxQ: int positions [B, Q] of the query rows to compute, or a static int
-        for one row shared by the batch (None: all S rows). The output then has Q rows:
-        the residual stream at those positions only. Exact, since keys and values still
-        see every position.
+      causal: key j is visible to query i only if j <= i (bool, or a scalar flag
+        array: `causal_mask`).
+      q_rows_BxQ: int positions [B, Q] of the query rows to compute (None: all S
+        rows). The output then has Q rows: the residual stream at those positions
+        only. Exact, since keys and values still see every position.
       edits: named interventions, applied at `"{prefix}{point}{suffix}"`.
       prefix, suffix: e.g. `"vision/"` and `".0"` (the layer).
-      parts: (E_part, P_part) [B, S, D] summing to x_BxSxD (first layer only), needed
-        for `term_keep` / `vp_keep`.
-      factored: (tokens_BxS, E_VxD, P_rows [S, D] or [B, S, D] or None) with
-        x = E[tokens] + P_rows, for a first block without LayerNorm: Q, K and V are then
-        looked up from `E W` and `P W` (V + S rows) instead of projecting B * S rows.
-        Same values up to float reassociation; this is the training fast path. P_rows
-        None: x = E[tokens] (a rotary tower has no additive positions).
-      term_keep: [H, 9] keep-weights on the logit terms (`edits.TERMS`). Not with
-        `rope_angles`: the terms are those of unrotated q and k.
-      vp_keep: [H] keep-weights on P W_V in the values.
-      rope_angles: rotary angles [S, F] or [B, S, F] (F = Dh / 2) of every sequence
-        position: q (of the computed rows) and k are rotated by them before the dot
-        product (module docstring). None: no rotation.
-      rope_keep: [H] keep-weights scaling each head's angles (0: no rotation there).
+      first: the first block's input parts, fast path and term edits (`FirstBlock`);
+        None for later blocks.
+      rotary: rotary angles of every sequence position and per-head keep-weights
+        (`Rotary`); q (of the computed rows) and k are rotated before the dot product.
+        None: no rotation.
 
     Returns:
       (resid_post_BxQxD, intermediates dict keyed `"{prefix}{point}{suffix}"`).
@@ -136,86 +267,24 @@ def block_forward(
       rotation); attn_scores, pattern [B, H, Q, S].
     """
     nm = lambda point: f"{prefix}{point}{suffix}"  # noqa: E731
+    _check_block_args(block, first, rotary)
     aux = {}
-    B, S, D = x_BxSxD.shape
-    d_head = block["W_Q"].shape[-1]
-    scale = d_head**-0.5
-
-    def take_rows(a):
-        return a if q_rows_BxQ is None else select_rows(a, q_rows_BxQ)
-
-    if rope_angles is None and rope_keep is not None:
-        raise ValueError("rope_keep needs rope_angles: this block has no rotary positions")
-    if rope_angles is not None and term_keep is not None:
-        raise ValueError(
-            "term_keep ablates the E/P terms of unrotated logits; with rotary positions "
-            "use rope_keep (or analysis.rope) instead"
-        )
-    x_in = x_BxSxD
-    bias_in = jnp.zeros((D,), x_BxSxD.dtype)
-    if has_ln(block):
-        if factored is not None:
-            raise ValueError("factored projections need a first block without LayerNorm")
-        x_in = layer_norm(x_BxSxD, block["ln1_w"], block["ln1_b"])
-        if parts is not None:
-            parts, bias_in = ln_parts(x_BxSxD, parts, block["ln1_w"], block["ln1_b"])
-
-    def project(W, rows: bool):
-        """x W per head, [B, S or Q, H, Dh] (without bias)."""
-        if factored is None:
-            return jnp.einsum("bsd,hde->bshe", take_rows(x_in) if rows else x_in, W)
-        tokens, E, P_rows = factored
-        t = take_rows(tokens) if rows else tokens
-        e = jnp.einsum("vd,hde->vhe", E, W)[t]
-        if P_rows is None:
-            return e
-        p = (
-            select_rows(P_rows, q_rows_BxQ, batched=P_rows.ndim == 3)
-            if rows and q_rows_BxQ is not None
-            else P_rows
-        )
-        return e + jnp.einsum("...sd,hde->...she", p, W)
-
-    q = edits(nm("q"), project(block["W_Q"], True) + block["b_Q"])
-    k = edits(nm("k"), project(block["W_K"], False) + block["b_K"])
-    if rope_angles is not None:
-        ang_k = head_angles(rope_angles, rope_keep)
-        ang_q = ang_k
-        if q_rows_BxQ is not None:
-            ang_q = head_angles(
-                select_rows(rope_angles, q_rows_BxQ, batched=rope_angles.ndim == 3), rope_keep
-            )
-        aux[nm("q")], aux[nm("k")] = q, k
-        q = edits(nm("rot_q"), rotate(q, ang_q))
-        k = edits(nm("rot_k"), rotate(k, ang_k))
-        aux[nm("rot_q")], aux[nm("rot_k")] = q, k
-    v = project(block["W_V"], False) + block["b_V"]
-    if vp_keep is not None:
-        v = v - (1.0 - vp_keep)[:, None] * jnp.einsum("bsd,hde->bshe", parts[1], block["W_V"])
-    v = edits(nm("v"), v)
-    scores = jnp.einsum("bqhe,bshe->bhqs", q, k) * scale
-    if term_keep is not None:
-        # Subtract the removed terms from the logits computed anyway: an all-ones mask
-        # subtracts exact zeros, so it is bit-identical to the plain forward.
-        parts_q = parts if q_rows_BxQ is None else [take_rows(p) for p in parts]
-        scores = scores - _removed_logits(block, parts, parts_q, bias_in, term_keep)
+    parts = None if first is None else [first.e_part, first.p_part]
+    x_in, parts, bias_in = block_input(block, x_BxSxD, parts)
+    q = edits(nm("q"), project(block["W_Q"], x_in, q_rows_BxQ, first) + block["b_Q"])
+    k = edits(nm("k"), project(block["W_K"], x_in, None, first) + block["b_K"])
+    if rotary is not None:
+        q, k = rotate_qk(q, k, rotary, q_rows_BxQ, edits, nm, aux)
+    v = edits(nm("v"), values(block, x_in, parts, first))
+    scores = attention_scores(block, q, k, parts, bias_in, q_rows_BxQ, first)
     scores = edits(nm("attn_scores"), scores)
-    if causal:
-        if q_rows_BxQ is None:
-            q_pos = jnp.broadcast_to(jnp.arange(S)[None], (B, S))
-        elif isinstance(q_rows_BxQ, int):
-            q_pos = jnp.full((B, 1), q_rows_BxQ)
-        else:
-            q_pos = q_rows_BxQ
-        visible = jnp.arange(S)[None, None, None, :] <= q_pos[:, None, :, None]
-        masked = jnp.where(visible, scores, -jnp.inf)
-    else:
-        masked = scores
+    masked = causal_mask(scores, causal, q_rows_BxQ)
     pattern = edits(nm("pattern"), jax.nn.softmax(masked, axis=-1))
     z = edits(nm("z"), jnp.einsum("bhqs,bshe->bqhe", pattern, v))
     attn_out = edits(nm("attn_out"), jnp.einsum("bqhe,hed->bqd", z, block["W_O"]) + block["b_O"])
-    resid_mid = edits(nm("resid_mid"), take_rows(x_BxSxD) + attn_out)
-    if rope_angles is None:
+    x_rows = x_BxSxD if q_rows_BxQ is None else select_rows(x_BxSxD, q_rows_BxQ)
+    resid_mid = edits(nm("resid_mid"), x_rows + attn_out)
+    if rotary is None:
         aux[nm("q")], aux[nm("k")] = q, k
     aux.update(
         {
@@ -229,9 +298,7 @@ def block_forward(
     )
     resid_post = resid_mid
     if has_mlp(block):
-        h = layer_norm(resid_mid, block["ln2_w"], block["ln2_b"]) if has_ln(block) else resid_mid
-        mlp_out = jax.nn.gelu(h @ block["W_in"] + block["b_in"]) @ block["W_out"] + block["b_out"]
-        mlp_out = edits(nm("mlp_out"), mlp_out)
+        mlp_out = edits(nm("mlp_out"), mlp(block, resid_mid))
         aux[nm("mlp_out")] = mlp_out
         resid_post = resid_mid + mlp_out
     resid_post = edits(nm("resid_post"), resid_post)
@@ -244,7 +311,7 @@ def _head_logit_terms(W_Q, b_Q, W_K, b_K, parts_q, parts_k, bias_in, names):
 
     W_Q, W_K [D, Dh]; b_Q, b_K [Dh]; parts_q [B, Q, D] and parts_k [B, S, D] per named
     part; bias_in [D] is added to every input row (LayerNorm's bias), so it joins the
-    bias part B: q_B = b_Q + bias_in W_Q.
+    bias part "B": q_B = b_Q + bias_in W_Q.
     """
     B, Q = parts_q[0].shape[:2]
     S = parts_k[0].shape[1]
@@ -282,8 +349,8 @@ def logit_terms(block, parts_q, parts_k, bias_in, names=("E", "P")):
     return {k: v * scale for k, v in terms.items()}
 
 
-def _removed_logits(block, parts_k, parts_q, bias_in, term_keep):
+def _removed_logits(block, parts_q, parts_k, bias_in, term_keep_Hx9):
     """sum_t (1 - keep_t) * term_t over the nine E/P/B terms (scaled); [B, H, Q, S]."""
     terms = logit_terms(block, parts_q, parts_k, bias_in)
-    drop = 1.0 - term_keep  # [H, 9]
+    drop = 1.0 - term_keep_Hx9
     return sum(drop[None, :, i, None, None] * terms[t] for i, t in enumerate(TERMS))

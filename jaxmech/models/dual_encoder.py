@@ -3,19 +3,22 @@
 Params (a plain nested dict; `init_params` builds it):
 
   vision/ E [V_img, D]   P [L (+1 with cls_position), D]   block_0 ... block_{n-1}
-          (or, with vision_pos = "rope", rope_freqs [Dh/2] instead of P)
-          (lnf_w, lnf_b [D] with LayerNorm)   W_proj [D, d_embed]
-  text/   E [V_txt, D]   P [T, D]   block_*   (lnf_*)   W_proj [D, d_embed]
+          (or, with vision_pos = "rope", rope_freqs [R] instead of P)
+          (lnf_w, lnf_b [D] with LayerNorm)   W_proj [D, Z]
+  text/   E [V_txt, D]   P [T, D]   block_*   (lnf_*)   W_proj [D, Z]
   logit_scale []
+  static/ causal_text, logit_scale_max, cls_position []  (`models.checks`)
 
 Everything the forward needs about the architecture is read off the params (number
 of blocks, heads, LayerNorm, MLP, whether the CLS token has a position row, rotary
-positions), so analysis code calls `forward(params, ...)` with no module or config
-object. The only behavioural switches without parameters are keyword arguments
-(`causal_text`).
+positions), and the behaviour switches without a trained parameter (the text tower's
+causal mask, the logit-scale cap) from `params["static"]`, so analysis code calls
+`forward(params, ...)` with no module, config object or switch keyword. A
+counterfactual (e.g. a bidirectional text tower) is a model with edited switches:
+`forward(models.checks.with_static(params, causal_text=0.0), ...)`.
 
 Rotary vision tower (`vision_pos = "rope"`): the vision params hold `rope_freqs`
-(F = Dh/2 frequencies `rope_base ** (-2i / Dh)`, a constant: the forward stops its
+(R = Dh/2 frequencies `rope_base ** (-2i / Dh)`, a constant: the forward stops its
 gradient, so training never changes it) and no `P`. The input is `E[tokens]` only;
 every vision block rotates q and k by `rotary position x rope_freqs`, with CLS at
 rotary position 0 and pixel i at `1 + positions[i]` (default positions 0..L-1, so the
@@ -27,8 +30,13 @@ Vision input: `[CLS, x_0 .. x_{L-1}]`; output = residual stream at CLS (row 0).
 Text input: `BOS w.. EOT PAD..`; output = residual stream at the first EOT, whose id is
 the last text token id (`data.vocab`).
 
-Axis names: B batch (images), C captions, L image length, T caption length, S = L + 1
-vision sequence, D d_model, H heads, Dh d_head, K embedding dim.
+Axis names: the glossary of `jaxmech.shapes` (B images, C captions, L image length, T
+caption length, S sequence, D d_model, H heads, Dh d_head, Z embedding width, R rotary
+frequency pairs, V vocabulary).
+
+Under `jax.jit`, `readout_only` must be static (`static_argnames`); params, inputs,
+positions and edits may be traced. Inputs are checked before tracing
+(`models.checks`): ValueErrors name the argument, the value and what was expected.
 """
 
 from __future__ import annotations
@@ -41,10 +49,21 @@ import jax.numpy as jnp
 
 from jaxmech.config import Config, ModelConfig
 from jaxmech.data.vocab import CAPTION_LEN, task_vocab
-from jaxmech.models.attention import block_forward, layer_norm, select_rows
+from jaxmech.models.attention import FirstBlock, Rotary, block_forward, layer_norm, select_rows
+from jaxmech.models.checks import check_captions, check_edits, check_images, read_static
 from jaxmech.models.edits import NO_EDITS, Edits
 
 LOGIT_SCALE_MAX = math.log(100.0)
+
+
+def static_params(config: Config) -> dict:
+    """`params["static"]` for `config`: the switches without a trained parameter (f32 [])."""
+    m = config.model
+    return {
+        "causal_text": jnp.float32(1.0 if m.causal_text else 0.0),
+        "logit_scale_max": jnp.float32(m.logit_scale_max),
+        "cls_position": jnp.float32(1.0 if m.cls_position else 0.0),
+    }
 
 
 def n_blocks(tower) -> int:
@@ -78,7 +97,7 @@ def rope_positions(image_len: int, positions=None):
 
 
 def rope_angles(tower, rope_pos):
-    """Angles [..., S, F] = rotary position x frequency (the frequencies are constants)."""
+    """Angles [..., S, R] = rotary position x frequency (the frequencies are constants)."""
     freqs = jax.lax.stop_gradient(tower["rope_freqs"])
     return jnp.asarray(rope_pos, jnp.float32)[..., None] * freqs
 
@@ -96,7 +115,8 @@ def vision_inputs(tower, images_BxL, positions=None):
     fractional positions interpolate between neighbouring rows. The position rows are
     [S, D] (or [B, S, D] for batched positions); the CLS row is zero unless P has a row
     for it (P with L + 1 rows: `cls_position`). A rotary tower has no position rows:
-    they are None (its positions enter as angles, `rope_positions`).
+    they are None (its positions enter as angles, `rope_positions`). Takes one tower's
+    params; `encode_images` checks the inputs against the whole params first.
     """
     B, L = images_BxL.shape
     E = tower["E"]
@@ -128,19 +148,71 @@ def text_inputs(tower, captions_CxT, positions=None):
 
 
 def eot_index(tower, captions_CxT):
-    """Position of the first EOT token (the last text token id) in each caption."""
+    """Position [C] of the first EOT token (the last text token id) in each caption."""
     eot = tower["E"].shape[0] - 1
     return jnp.argmax(captions_CxT == eot, axis=1)
+
+
+def _first_block(tower, tokens_BxS, p_rows, name: str, edits: Edits):
+    """The first block's input parts and fast path (`attention.FirstBlock`), and its aux."""
+    e_part = tower["E"][tokens_BxS]
+    if is_rotary(tower):
+        p_part = jnp.zeros_like(e_part)
+    else:
+        p_part = jnp.broadcast_to(p_rows, e_part.shape)
+    first_in = f"{name}/resid_pre.0"
+    # Layer 0 sees x = E[tokens] + P: its projections can be looked up from E W and P W
+    # unless LayerNorm or an edit of resid_pre.0 comes between.
+    factored = (
+        "ln1_w" not in tower["block_0"]
+        and first_in not in edits.replace
+        and first_in not in edits.add
+    )
+    first = FirstBlock(
+        tokens_BxS,
+        tower["E"],
+        p_rows,
+        e_part,
+        p_part,
+        factored=factored,
+        term_keep=edits.term_keep.get(name),
+        vp_keep=edits.vp_keep.get(name),
+    )
+    # The token and position parts of the input (what the logit decomposition splits).
+    return first, {f"{name}/e_part": e_part, f"{name}/p_part": p_part}
+
+
+def _rotary(tower, rope_pos, name: str, edits: Edits):
+    """(angles [..., S, R] or None, rope_keep [H] / [Y, H] or None) of a tower."""
+    rotary = is_rotary(tower)
+    if rotary and rope_pos is None:
+        raise ValueError("a rotary tower needs rope_pos (see rope_positions)")
+    rope_keep = edits.rope_keep.get(name)
+    if rope_keep is not None and not rotary:
+        raise ValueError(f"rope_keep[{name!r}]: the {name} tower has no rotary positions")
+    return (rope_angles(tower, rope_pos) if rotary else None), rope_keep
+
+
+def _embed(tower, readout_BxD, name: str, edits: Edits, aux: dict):
+    """The readout row -> (final LayerNorm) -> W_proj -> L2-normalised embedding [B, Z]."""
+    readout = edits(f"{name}/readout", readout_BxD)
+    aux[f"{name}/readout"] = readout
+    h = layer_norm(readout, tower["lnf_w"], tower["lnf_b"]) if "lnf_w" in tower else readout
+    proj = h @ tower["W_proj"]
+    embed = proj / jnp.linalg.norm(proj, axis=-1, keepdims=True).clip(1e-12)
+    embed = edits(f"{name}/embed", embed)
+    aux[f"{name}/embed"] = embed
+    return embed
 
 
 def encode(
     tower,
     tokens_BxS,
     p_rows,
-    readout_idx,
+    readout_idx_B,
     *,
     name: str,
-    causal: bool,
+    causal,
     readout_only: bool = False,
     edits: Edits = NO_EDITS,
     rope_pos=None,
@@ -151,10 +223,10 @@ def encode(
       tower: this tower's params.
       tokens_BxS: input token ids; the input is `E[tokens] + p_rows`.
       p_rows: position rows, [S, D] shared or [B, S, D]; None for a rotary tower.
-      readout_idx: the row to read out: a static int shared by the batch (CLS: 0) or
-        [B] int (each caption's EOT position).
+      readout_idx_B: int [B], the row to read out (CLS: 0; each caption's EOT).
       name: "vision" or "text" (prefix of intermediates and edit names).
-      causal: causal self-attention mask.
+      causal: causal self-attention mask: a bool, or a scalar flag array (0: none;
+        `params["static"]["causal_text"]`).
       readout_only: compute the last layer's attention for the readout row only
         (exact; the training fast path). Last-layer intermediates then have one row.
       edits: named interventions.
@@ -162,39 +234,17 @@ def encode(
         only; `rope_positions`).
 
     Returns:
-      (embed_BxK L2-normalised, intermediates dict).
+      (embed_BxZ L2-normalised, intermediates dict).
     """
-    E = tower["E"]
-    e_part = E[tokens_BxS]
-    rotary = is_rotary(tower)
-    if rotary != (p_rows is None):
+    if is_rotary(tower) != (p_rows is None):
         raise ValueError("a rotary tower takes p_rows=None; a learned-P tower needs p_rows")
-    if rotary and rope_pos is None:
-        raise ValueError("a rotary tower needs rope_pos (see rope_positions)")
-    angles = rope_angles(tower, rope_pos) if rotary else None
-    rope_keep = edits.rope_keep.get(name)
-    if rope_keep is not None and not rotary:
-        raise ValueError(f"rope_keep[{name!r}]: the {name} tower has no rotary positions")
-    p_part = jnp.zeros_like(e_part) if rotary else jnp.broadcast_to(p_rows, e_part.shape)
-    # The token and position parts of the input (what the logit decomposition splits).
-    aux = {f"{name}/e_part": e_part, f"{name}/p_part": p_part}
-    first_in = f"{name}/resid_pre.0"
-    x = edits(first_in, e_part + p_part)
-    # Layer 0 sees x = E[tokens] + P: its projections can be looked up from E W and P W
-    # unless LayerNorm or an edit of resid_pre.0 comes between.
-    can_factor = (
-        "ln1_w" not in tower["block_0"]
-        and first_in not in edits.replace
-        and first_in not in edits.add
-    )
+    angles, rope_keep = _rotary(tower, rope_pos, name, edits)
+    first, aux = _first_block(tower, tokens_BxS, p_rows, name, edits)
+    x = edits(f"{name}/resid_pre.0", first.e_part + first.p_part)
+    readout_rows_Bx1 = readout_idx_B[:, None]
     n = n_blocks(tower)
     for layer in range(n):
         last = layer == n - 1
-        if readout_only and last:
-            q_rows = readout_idx if isinstance(readout_idx, int) else readout_idx[:, None]
-        else:
-            q_rows = None
-        first = layer == 0
         keep = rope_keep
         if keep is not None and keep.ndim == 2:
             keep = keep[layer]
@@ -203,38 +253,37 @@ def encode(
             tower[f"block_{layer}"],
             x,
             causal=causal,
-            q_rows_BxQ=q_rows,
+            q_rows_BxQ=readout_rows_Bx1 if readout_only and last else None,
             edits=edits,
             prefix=f"{name}/",
             suffix=f".{layer}",
-            parts=(e_part, p_part) if first else None,
-            factored=(tokens_BxS, E, p_rows) if first and can_factor else None,
-            term_keep=edits.term_keep.get(name) if first else None,
-            vp_keep=edits.vp_keep.get(name) if first else None,
-            rope_angles=angles,
-            rope_keep=keep,
+            first=first if layer == 0 else None,
+            rotary=None if angles is None else Rotary(angles, keep),
         )
         aux.update(block_aux)
         if not last:
             x = edits(f"{name}/resid_pre.{layer + 1}", x)
-    if readout_only:
-        readout = x[:, 0]
-    else:
-        readout = select_rows(
-            x, readout_idx if isinstance(readout_idx, int) else readout_idx[:, None]
-        )[:, 0]
-    readout = edits(f"{name}/readout", readout)
-    aux[f"{name}/readout"] = readout
-    h = layer_norm(readout, tower["lnf_w"], tower["lnf_b"]) if "lnf_w" in tower else readout
-    proj = h @ tower["W_proj"]
-    embed = proj / jnp.linalg.norm(proj, axis=-1, keepdims=True).clip(1e-12)
-    embed = edits(f"{name}/embed", embed)
-    aux[f"{name}/embed"] = embed
-    return embed, aux
+    readout = x[:, 0] if readout_only else select_rows(x, readout_rows_Bx1)[:, 0]
+    return _embed(tower, readout, name, edits, aux), aux
 
 
 def encode_images(params, images_BxL, *, positions=None, readout_only=False, edits=NO_EDITS):
-    """Vision embeddings [B, K] (normalised) and intermediates for int images [B, L]."""
+    """Vision embeddings and intermediates of int images.
+
+    Args:
+      params: one model's params (vmap over stacked ones).
+      images_BxL: int pixel ids in [0, V_img - 2] (V_img - 1 is CLS, which the encoder
+        prepends); L must match the vision P (L rows, or L + 1 with `cls_position`).
+      positions: pixel positions [L] or [B, L], int or float (in [0, L - 1] with a
+        learned P; any value is a rotary position in a rotary tower). Default 0..L-1.
+      readout_only: compute the last layer's CLS row only (exact, faster).
+      edits: interventions (`models.edits`).
+
+    Returns:
+      (embed_BxZ L2-normalised, intermediates dict).
+    """
+    check_images(params, images_BxL, positions)
+    check_edits(params, edits, "vision")
     tower = params["vision"]
     tokens, p_rows = vision_inputs(tower, images_BxL, positions)
     idx = jnp.zeros((images_BxL.shape[0],), jnp.int32)
@@ -252,10 +301,25 @@ def encode_images(params, images_BxL, *, positions=None, readout_only=False, edi
     )
 
 
-def encode_texts(
-    params, captions_CxT, *, positions=None, causal=True, readout_only=False, edits=NO_EDITS
-):
-    """Text embeddings [C, K] (normalised) and intermediates for captions [C, T]."""
+def encode_texts(params, captions_CxT, *, positions=None, readout_only=False, edits=NO_EDITS):
+    """Text embeddings and intermediates of int captions.
+
+    The causal mask is `params["static"]["causal_text"]` (`checks.with_static` edits it).
+
+    Args:
+      params: one model's params (vmap over stacked ones).
+      captions_CxT: int token ids in [0, V_txt - 1], each caption with an EOT (the last
+        id); T at most the text P's rows.
+      positions: token positions [T] or [C, T] in [0, T_P - 1] (default 0..T-1).
+      readout_only: compute the last layer's EOT row only (exact, faster).
+      edits: interventions (`models.edits`).
+
+    Returns:
+      (embed_CxZ L2-normalised, intermediates dict).
+    """
+    check_captions(params, captions_CxT, positions)
+    check_edits(params, edits, "text")
+    causal = read_static(params, "causal_text")
     tower = params["text"]
     tokens, p_rows = text_inputs(tower, captions_CxT, positions)
     return encode(
@@ -270,8 +334,12 @@ def encode_texts(
     )
 
 
-def logit_scale(params, max_value=LOGIT_SCALE_MAX):
-    """exp(clip(logit_scale, max)): the temperature of the similarities."""
+def logit_scale(params):
+    """exp(min(logit_scale, max)) []: the temperature of the similarities.
+
+    The cap `max` is `params["static"]["logit_scale_max"]` (`checks.with_static`).
+    """
+    max_value = read_static(params, "logit_scale_max")
     return jnp.exp(jnp.minimum(params["logit_scale"], max_value))
 
 
@@ -283,27 +351,29 @@ def forward(
     edits: Edits = NO_EDITS,
     vision_positions=None,
     text_positions=None,
-    causal_text: bool = True,
     readout_only: bool = False,
-    logit_scale_max: float = LOGIT_SCALE_MAX,
 ):
     """The dual encoder's one forward pass.
 
     Args:
-      params: the params dict (module docstring).
-      images_BxL: int images. captions_CxT: int caption tokens.
+      params: one model's params (module docstring; vmap over stacked ones). The text
+        mask and the logit-scale cap are its `static` switches (`checks.with_static`).
+      images_BxL: int images. captions_CxT: int caption tokens (`encode_images`,
+        `encode_texts` say what is accepted).
       edits: interventions as data (`models.edits`).
       vision_positions / text_positions: position ids ([L]/[T] or batched; float
         positions interpolate rows of P, or are rotary positions as they are in a
         rotary vision tower). Default: natural order.
-      causal_text: causal mask in the text encoder.
-      readout_only: last layers compute only the CLS / EOT query row (exact, faster).
-      logit_scale_max: clip of the learned log temperature.
+      readout_only: last layers compute only the CLS / EOT query row (exact, faster;
+        static under jit).
 
     Returns:
       (sims_BxC = exp(logit_scale) * cos(image, caption), intermediates dict with
       every named point of both towers, `vision/embed`, `text/embed`, `logit_scale`).
     """
+    # checked here too, so that errors name forward's own arguments
+    check_images(params, images_BxL, vision_positions, "vision_positions")
+    check_captions(params, captions_CxT, text_positions, "text_positions")
     img, aux_v = encode_images(
         params, images_BxL, positions=vision_positions, readout_only=readout_only, edits=edits
     )
@@ -311,11 +381,10 @@ def forward(
         params,
         captions_CxT,
         positions=text_positions,
-        causal=causal_text,
         readout_only=readout_only,
         edits=edits,
     )
-    scale = logit_scale(params, logit_scale_max)
+    scale = logit_scale(params)
     aux = {**aux_v, **aux_t, "logit_scale": scale}
     return scale * img @ txt.T, aux
 
@@ -407,14 +476,19 @@ class DualEncoder(nn.Module):
                 "logit_scale", nn.initializers.constant(c.logit_scale_init), ()
             ),
         }
-        kwargs.setdefault("causal_text", c.causal_text)
-        kwargs.setdefault("logit_scale_max", c.logit_scale_max)
+        # the switches are constants, not Flax params: `init_params` adds them after init
+        params["static"] = static_params(self.config)
         return forward(params, images_BxL, captions_CxT, **kwargs)
 
 
 def init_params(config: Config, key: jax.Array):
-    """A fresh params dict for `config` (plain nested dict of arrays)."""
+    """A fresh params dict for `config` (plain nested dict of arrays).
+
+    The Flax init draws every trained parameter; `params["static"]` (`static_params`)
+    is added after it, so it shifts no random stream.
+    """
     t = config.task
     images = jnp.zeros((1, t.image_len), jnp.int32)
     captions = jnp.asarray([task_vocab(t).encode([1])], jnp.int32)
-    return DualEncoder(config).init(key, images, captions, readout_only=True)["params"]
+    params = DualEncoder(config).init(key, images, captions, readout_only=True)["params"]
+    return {**params, "static": static_params(config)}

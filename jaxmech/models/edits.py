@@ -9,7 +9,7 @@ sweep is one compiled call.
   first layer's pre-softmax attention logits, in `TERMS` order (rows: the query side
   E / P / B, columns: the key side E / P / B). 1 keeps, 0 removes. The forward
   subtracts `sum_t (1 - keep_t) * term_t` from the logits it computes anyway, so an
-  all-ones mask is exactly the plain forward.
+  all-ones mask subtracts exact zeros (see "No-op edits" below).
 * `vp_keep[tower]`    `[H]`, keep-weight on `P W_V` in the first layer's values.
 * `rope_keep[tower]`  `[H]` (every block) or `[n_layers, H]` (per block): scales each
   head's rotary angles (towers with rotary positions only). 1 keeps the rotation (and
@@ -26,6 +26,20 @@ before the rotation, `rot_q`, `rot_k` after it), plus `"{tower}/e_part"` and
 `"{tower}/p_part"` (the token and position parts of the input; read-only; `p_part` is
 zero in a rotary tower), `"{tower}/readout"` (the CLS/EOT vector before the final
 LayerNorm and projection) and `"{tower}/embed"` (the normalised output embedding).
+The forward checks every name against the params (`models.checks`): a misspelt name
+is a ValueError, not an edit of nothing; term_keep / vp_keep / rope_keep shapes are
+checked against the tower's heads and blocks.
+
+No-op edits (all-ones term_keep / vp_keep / rope_keep, a zero `add`): run eagerly,
+each op is dispatched on its own and the result equals the plain forward bit for bit
+(tested). Under `jax.jit` the edited and the plain forward are two different XLA
+programs: XLA may fuse and order their ops differently, so they agree to float
+rounding; bit-identity is observed on CPU but not promised. Within one compiled
+program (e.g. `analysis.ablate`'s `lax.map` over stacked edits, where "none" is an
+all-ones row) every row runs the same code, so the "none" row is the value the
+plain evaluation under that program gives.
+
+Axis names (`jaxmech.shapes`): H heads, Y blocks, A stacked edits.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ import dataclasses
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 # Query-side component x key-side component, row-major over (E, P, B).
@@ -67,11 +82,29 @@ NO_EDITS = Edits()
 def term_mask(n_heads: int, remove: tuple[str, ...] | list[str] = (), heads=None) -> jnp.ndarray:
     """A `[H, 9]` keep-mask removing the named terms (in `heads`, default all).
 
-    `remove` holds names from `TERMS`; unknown names raise a ValueError.
+    Args:
+      n_heads: H, the tower's heads (a positive int).
+      remove: names from `TERMS` (a list or tuple; a bare string is refused, since
+        "EP" would read as the terms "E" and "P").
+      heads: head indices in [0, H) (default: all heads).
+
+    Raises:
+      ValueError naming the argument for an unknown term, a bad `n_heads` or a head
+      out of range.
     """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        raise ValueError(f"n_heads = {n_heads!r}: expected a positive int")
+    if isinstance(remove, str):
+        raise ValueError(f"remove = {remove!r}: expected a list of term names, e.g. [{remove!r}]")
     unknown = [t for t in remove if t not in TERMS]
     if unknown:
         raise ValueError(f"unknown attention terms {unknown}; known: {', '.join(TERMS)}")
+    if heads is not None:
+        h = np.asarray(heads)
+        if h.ndim != 1 or not np.issubdtype(h.dtype, np.integer):
+            raise ValueError(f"heads = {heads!r}: expected a list of int head indices")
+        if h.size and (h.min() < 0 or h.max() >= n_heads):
+            raise ValueError(f"heads = {h.tolist()}: expected indices in [0, {n_heads - 1}]")
     keep = jnp.ones((n_heads, len(TERMS)), jnp.float32)
     cols = jnp.asarray([TERMS.index(t) for t in remove], jnp.int32)
     rows = jnp.arange(n_heads) if heads is None else jnp.asarray(heads, jnp.int32)

@@ -1,4 +1,9 @@
-"""What the entry points print and write after a run: table, figures, Markdown summary."""
+"""The sweep summary: what experiments.train / experiments.sweep print and write after a run.
+
+Prints the per-model table and, per swept field, mean final accuracies with 95%
+t-intervals over seeds; writes figures (training curves, accuracy vs each swept field)
+and `OUT/summary.md`.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import os
 
 from jaxmech import plots
 from jaxmech.config import Config
-from jaxmech.evaluate import METRICS
+from jaxmech.families import family_for
 from jaxmech.results import summary_table
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid
@@ -19,21 +24,26 @@ def _non_default(config: Config, swept=()) -> dict:
     return {k: v for k, v in config.flat().items() if base[k] != v and k not in skip}
 
 
-def by_value(rows: list[dict], field: str) -> list[dict]:
+def by_value(rows: list[dict], field: str, metrics: tuple[str, ...]) -> list[dict]:
     """Per value of `field`: n and mean with 95% CI of every metric (finite models)."""
     out = []
     for x in sorted({r[field] for r in rows}):
         sel = [r for r in rows if r[field] == x and r["diverged_step"] < 0]
         entry = {field: x, "n": len(sel)}
-        for m in METRICS:
+        for m in metrics:
             entry[m] = mean_ci([r[m] for r in sel])
         out.append(entry)
     return out
 
 
 def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str:
-    """A short Markdown page: settings, per-value means with 95% CIs, time, figures."""
+    """A short Markdown page: settings, per-value means with 95% CIs, time, figures.
+
+    `run` is `sweep.run_grid`'s result; `figures` are paths under `out` (linked
+    relative to it). Returns the page's text (the caller writes it).
+    """
     rows = run["rows"]
+    metrics = family_for(grid.config).metrics(grid.config)
     lines = [f"# Sweep summary: `{out}`", ""]
     nd = _non_default(grid.config, grid.swept)
     lines.append(
@@ -56,39 +66,44 @@ def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str
     fields = list(grid.swept) or ["seed"]
     for field in fields:
         lines += ["", f"## By `{field}`", ""]
-        lines.append(f"| {field} | n | " + " | ".join(METRICS) + " |")
-        lines.append("|---" * (len(METRICS) + 2) + "|")
-        for e in by_value(rows, field) if field != "seed" else [_all(rows)]:
-            cells = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi, _ in (e[k] for k in METRICS)]
+        lines.append(f"| {field} | n | " + " | ".join(metrics) + " |")
+        lines.append("|---" * (len(metrics) + 2) + "|")
+        entries = by_value(rows, field, metrics) if field != "seed" else [_all(rows, metrics)]
+        for e in entries:
+            cells = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi, _ in (e[k] for k in metrics)]
             lines.append(f"| {e.get(field, 'all')} | {e['n']} | " + " | ".join(cells) + " |")
     lines += ["", "## Figures", ""]
     lines += [f"![{os.path.basename(p)}]({os.path.relpath(p, out)})" for p in figures]
-    text = "\n".join(lines) + "\n"
-    with open(os.path.join(out, "summary.md"), "w") as f:
-        f.write(text)
-    return text
+    return "\n".join(lines) + "\n"
 
 
-def _all(rows):
+def _all(rows, metrics):
     sel = [r for r in rows if r["diverged_step"] < 0]
-    return {"n": len(sel), **{m: mean_ci([r[m] for r in sel]) for m in METRICS}}
+    return {"n": len(sel), **{m: mean_ci([r[m] for r in sel]) for m in metrics}}
 
 
 def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
-    """Prints the per-model table and per-value means; writes figures and summary.md."""
+    """Prints the per-model table and per-value means; writes figures and summary.md.
+
+    `run` is `sweep.run_grid`'s result ({"rows", "curves", "wall_s", "diverged", ...}).
+    """
     rows = run["rows"]
-    log(summary_table(rows, grid.swept))
+    metrics = family_for(grid.config).metrics(grid.config)
+    log(summary_table(rows, grid.swept, metrics))
     figdir = plots.ensure_dir(os.path.join(out, "figures"))
-    paths = [plots.training_curves(run["curves"], os.path.join(figdir, "curves.png"))]
+    curves_png = os.path.join(figdir, "curves.png")
+    paths = [plots.training_curves(run["curves"], curves_png, metrics=metrics)]
     for field in grid.swept:
-        paths.append(plots.accuracy_vs(rows, field, os.path.join(figdir, f"acc_vs_{field}.png")))
+        png = os.path.join(figdir, f"acc_vs_{field}.png")
+        paths.append(plots.accuracy_vs(rows, field, png, metrics=metrics))
         log(f"\nmean final accuracy [95% CI] by {field}:")
-        for e in by_value(rows, field):
+        for e in by_value(rows, field, metrics):
             log(
                 f"  {field}={e[field]} (n={e['n']}): "
-                + "  ".join(f"{m}={e[m][0]:.3f} [{e[m][1]:.3f},{e[m][2]:.3f}]" for m in METRICS)
+                + "  ".join(f"{m}={e[m][0]:.3f} [{e[m][1]:.3f},{e[m][2]:.3f}]" for m in metrics)
             )
-    markdown_summary(out, grid, run, paths)
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write(markdown_summary(out, grid, run, paths))
     k = len(rows)
     if run["wall_s"]:
         log(f"\n{k} model(s) trained in {run['wall_s']:.1f} s (compile included)")

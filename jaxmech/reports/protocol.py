@@ -3,7 +3,7 @@
 Paper 000 reports unseen-pair accuracy rising with N_pair (label diversity) and flat in
 n_2 (layouts per pair); under SPEC.md's defaults N_pair = 5 already generalises. This
 module trains the same grid of data settings under a list of training protocols (each
-a set of config overrides), measures per model the accuracies, the steps it trained,
+a set of config overrides: `jaxmech.presets`), measures per model the accuracies, the steps it trained,
 the CLS-row EP gradient and the EP / EP+BP ablation effects, and writes one Markdown
 page with a figure and a verdict per factor.
 
@@ -19,70 +19,23 @@ value (default (5, 15), (15, 15), (5, 45): does full layout diversity rescue few
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import os
 import time
-from typing import Any, Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmech import plots
 from jaxmech.analysis.ablate import ablation_table
 from jaxmech.analysis.heads import head_table
 from jaxmech.config import Config, ConfigError
-from jaxmech.mechanism import strongest_heads
-from jaxmech.results import load_run
+from jaxmech.presets import BASELINE, Protocol
+from jaxmech.reports.common import open_run, write_csv
+from jaxmech.reports.mechanism import strongest_heads
 from jaxmech.stats import diff_ci, mean_ci
 from jaxmech.sweep import Grid, finite_steps, run_grid
-from jaxmech.train import build_data, stack_settings, step_budget
-
-
-@dataclasses.dataclass(frozen=True)
-class Protocol:
-    """A training protocol: config overrides (flat field names) under a factor."""
-
-    name: str  # folder name
-    factor: str  # the factor it varies (one figure per factor)
-    label: str  # legend text
-    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-
-BASELINE = Protocol("baseline", "baseline", "SPEC defaults (streaming, 1500 steps)")
-
-# Ordered by how directly each tests a protocol difference the paper may have had:
-# the study runs them in this order, so a cut-short run still has the first ones.
-PROTOCOLS = (
-    BASELINE,
-    Protocol("finite_e60", "dataset", "finite set, 60 epochs", {"epochs": 60}),
-    Protocol("finite_e20", "dataset", "finite set, 20 epochs", {"epochs": 20}),
-    Protocol("steps150", "length", "streaming, 150 steps", {"steps": 150, "eval_every": 50}),
-    Protocol("steps500", "length", "streaming, 500 steps", {"steps": 500}),
-    Protocol(
-        "left_right_t1", "captions", "left_right, 1-layer text", {"caption_mode": "left_right"}
-    ),
-    Protocol(
-        "left_right_t2",
-        "captions",
-        "left_right, 2-layer text",
-        {"caption_mode": "left_right", "text_n_layers": 2},
-    ),
-    Protocol("single_label", "singles", 'singles captioned "X"', {"single_captions": "label"}),
-    Protocol(
-        "single_side_pair",
-        "singles",
-        "side captions on pair labels only",
-        {"single_captions": "side_pair"},
-    ),
-    Protocol("single_frac0.1", "singles", "single_frac 0.1", {"single_frac": 0.1}),
-    Protocol("wd0", "weight_decay", "weight decay 0", {"weight_decay": 0.0}),
-    Protocol("init_E0.1_P0.01", "init", "init E 0.1, P 0.01", {"init_E": 0.1, "init_P": 0.01}),
-    Protocol("d64", "width", "d_model 64 (d_head 16)", {"d_model": 64, "d_head": 16}),
-    Protocol("cls_position", "cls_position", "CLS has a position row", {"cls_position": True}),
-)
-BY_NAME = {p.name: p for p in PROTOCOLS}
+from jaxmech.train import stack_settings, step_budget
 
 FACTOR_TITLES = {
     "dataset": "streaming batches vs a finite set iterated in epochs",
@@ -127,20 +80,14 @@ def protocol_grid(
 
 def mechanism_rows(path: str) -> list[dict]:
     """Per model of a results folder: ablated accuracies and the strongest EP gradient."""
-    run = load_run(path)
+    run = open_run(path)
     cfg = run.config
-    params = jax.tree_util.tree_map(jnp.asarray, run.params)
-    settings = jax.tree_util.tree_map(jnp.asarray, run.settings)
-    table = jax.device_get(
-        ablation_table(
-            params, settings, build_data(cfg), ABLATIONS, causal_text=cfg.model.causal_text
-        )
-    )
+    table = jax.device_get(ablation_table(run.params, run.settings, run.data, ABLATIONS))
     strongest = strongest_heads(
-        jax.device_get(head_table(params, cfg.task.n_labels, cfg.task.image_len))
+        jax.device_get(head_table(run.params, cfg.task.n_labels, cfg.task.image_len))
     )
     rows = []
-    for i in range(len(run.results)):
+    for i in range(run.k):
         row = {"model": i}
         for j, a in enumerate(ABLATIONS[1:], start=1):
             row[f"unseen_{a}"] = float(table["unseen_acc"][i, j])
@@ -149,15 +96,6 @@ def mechanism_rows(path: str) -> list[dict]:
         row["ep_gradient"] = float(strongest["ep_gradient"][i])
         rows.append(row)
     return rows
-
-
-def _write_csv(path: str, rows: list[dict]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
 
 
 def _read_csv(path: str) -> list[dict]:
@@ -194,7 +132,7 @@ def run_study(
         res = run_grid(grid, path, overwrite=overwrite, chunk_size=chunk_size, log=log)
         mech_path = os.path.join(path, "protocol_mechanism.csv")
         if not os.path.isfile(mech_path):
-            _write_csv(mech_path, mechanism_rows(path))
+            write_csv(mech_path, mechanism_rows(path))
         mech = _read_csv(mech_path)
         merged[p.name] = [{**r, **m} for r, m in zip(res["rows"], mech)]
         took = time.perf_counter() - t0

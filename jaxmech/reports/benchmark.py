@@ -131,13 +131,13 @@ def ablation_table_time(config: Config, n_models: int, names=None) -> dict:
     (timing only: the accuracies of untrained models mean nothing), first call
     (compile included) and a second call."""
     from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, ablation_table
-    from jaxmech.train import _init_program
+    from jaxmech.train import init_program
 
     names = tuple(names or DEFAULT_ABLATIONS)
     settings = jax.tree_util.tree_map(
         jnp.asarray, stack_settings([config.replace(seed=i).settings() for i in range(n_models)])
     )
-    params = _init_program(settings, config).params
+    params = init_program(settings, config).params
     data = build_data(config)
     out = {}
     for label in ("first_s", "second_s"):

@@ -13,7 +13,8 @@ initialisation:
   embeddings and for the towers' single-object output embeddings, against random
   orthogonal maps and shuffled-correspondence fits.
 
-Prints the tables (mean +- std and 95% CI over models) and writes into `RUN/text_align/`:
+Prints the tables (mean +- std and 95% CI over models) and writes into `RUN/text_align/`
+(the folder keeps the report's old name, so existing runs keep their outputs):
   text_heads.csv  params (trained / init), model, layer, head, role, group, n, STAT_KEYS
   align.csv       params, model, kind, ALIGN_COLS
   summary.json    head counts and strongest heads per model; alignment means
@@ -22,8 +23,6 @@ Prints the tables (mean +- std and 95% CI over models) and writes into `RUN/text
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 
 import jax
@@ -34,9 +33,8 @@ import numpy as np
 from jaxmech import plots  # selects the Agg backend before any figure is made
 from jaxmech.analysis.align import KINDS, alignment_study, control_maps
 from jaxmech.analysis.text_heads import GROUPS, ROLES, pair_captions, text_head_table
-from jaxmech.models.dual_encoder import init_params
-from jaxmech.results import load_run
-from jaxmech.stats import mean_ci
+from jaxmech.reports.common import LoadedRun, fmt_ci, load_config, open_run, write_csv, write_json
+from jaxmech.train import init_program
 
 STAT_KEYS = ("mean_pref", "std_pref", "frac_first", "mean_first", "mean_second", "key_P")
 STAT_KEYS += ("key_E_mean", "key_E_std")
@@ -58,29 +56,6 @@ ALIGN_COLS = (
 )
 
 
-def _write_csv(path, rows):
-    """Writes dict rows (keys of the first row as header)."""
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-
-
-def _fmt(values, lo=-1.0, hi=1.0):
-    """mean +-std [95% CI] over models, as one table cell."""
-    m, a, b, n = mean_ci(values, lo, hi)
-    sd = float(np.nanstd(np.asarray(values, float)))
-    return f"{m:+.3f} +-{sd:.3f} [{a:+.3f},{b:+.3f}]"
-
-
-def _init_models(cfg, seeds):
-    """Each model's step-0 params (the training init: fold_in(key(seed), 0))."""
-    keys = jax.vmap(lambda s: jax.random.fold_in(jax.random.key(s.astype(jnp.uint32)), 0))(
-        jnp.asarray(seeds)
-    )
-    return jax.jit(jax.vmap(lambda k: init_params(cfg, k)))(keys)
-
-
 def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
     """Per-head EOT statistics of stacked models, and their CSV rows."""
     caps = pair_captions(cfg.task.n_labels, cfg.task.caption_mode)
@@ -91,7 +66,6 @@ def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
             caps,
             n,
             first_val,
-            causal_text=cfg.model.causal_text,
             min_pref=min_pref,
             min_frac=min_frac,
         )
@@ -143,7 +117,6 @@ def _alignment(params, cfg, label, n_random, n_shuffled, seed):
                     image_len=t.image_len,
                     kind=kind,
                     text_caption=text_caption,
-                    causal_text=cfg.model.causal_text,
                 )
             )
         )
@@ -211,12 +184,12 @@ def _head_summary(out, log, label):
         f"with a first- or second-mention head: {summary['models_with_order_head']}/{K}; "
         f"first/second heads per model: {n_first.tolist()} / {n_second.tolist()}"
     )
-    log(f"[{label}] most first-preferring head per model, pref:   {_fmt(summary['max_pref'])}")
+    log(f"[{label}] most first-preferring head per model, pref:   {fmt_ci(summary['max_pref'])}")
     log(
         f"[{label}]   its fraction first > second on unseen pairs: "
-        f"{_fmt(summary['max_pref_frac_unseen'], 0.0, 1.0)}"
+        f"{fmt_ci(summary['max_pref_frac_unseen'], 0.0, 1.0)}"
     )
-    log(f"[{label}] largest |pref| head per model:             {_fmt(summary['max_abs_pref'])}")
+    log(f"[{label}] largest |pref| head per model:             {fmt_ci(summary['max_abs_pref'])}")
     return summary
 
 
@@ -225,7 +198,7 @@ def _print_align(res, log, label):
     log(f"{'':>24} " + " ".join(f"{k:>36}" for k in KINDS))
     for c in ALIGN_COLS:
         lo = 0.0 if c.startswith(("retrieval", "span")) else -1.0
-        log(f"{label + ' ' + c:>30} " + " ".join(f"{_fmt(res[k][c], lo):>36}" for k in KINDS))
+        log(f"{label + ' ' + c:>30} " + " ".join(f"{fmt_ci(res[k][c], lo):>36}" for k in KINDS))
 
 
 def _fig_heads(out, path, title):
@@ -304,6 +277,65 @@ def _fig_align(res, res_init, path, title):
     return path
 
 
+def text_refusal(config, path: str) -> str | None:
+    """Why this report does not apply to a run (None when it does)."""
+    # the pair captions and single-object images here are the 1D task's
+    if config.task.task_kind != "1d":
+        return f"{path}: task_kind = {config.task.task_kind!r}; this study is 1D only"
+    return None
+
+
+def compute_text(run: LoadedRun, n_random, n_shuffled, seed, min_pref, min_frac) -> dict:
+    """Text heads and alignment of the trained models and of the same models at init.
+
+    Returns {"heads", "head_rows", "heads0", "head_rows0", "align", "align_rows",
+    "align0", "align_rows0"}: per-head EOT statistics ({name: [K, G, Y, H]}), alignment
+    results per embedding kind ({kind: {name: [K] or [K, n]}}) and their CSV rows; the
+    `0` entries are the init control.
+    """
+    cfg = run.config
+    init = init_program(run.settings, cfg).params  # each model's step-0 params, as trained
+    n_pair = run.settings.n_pair_labels
+    res = {}
+    for label, params, suffix in (("trained", run.params, ""), ("init", init, "0")):
+        heads, rows = _text_heads(params, cfg, n_pair, label, min_pref, min_frac)
+        res["heads" + suffix], res["head_rows" + suffix] = heads, rows
+    for label, params, suffix in (("trained", run.params, ""), ("init", init, "0")):
+        align, rows = _alignment(params, cfg, label, n_random, n_shuffled, seed)
+        for kind in KINDS:
+            align[kind]["n_test"] = cfg.task.n_val_labels
+        res["align" + suffix], res["align_rows" + suffix] = align, rows
+    return res
+
+
+def _print_text(run: LoadedRun, res: dict, n_random: int, n_shuffled: int, log) -> dict:
+    """Logs the head and alignment tables; returns the summary (summary.json)."""
+    t = run.config.task
+    log("\n-- text heads: EOT attention to the first- minus second-mentioned label")
+    log(
+        "   pref = mean over captions of (a_first - a_second); P>0 = fraction of captions "
+        "with a_first > a_second; key_P = logit difference from the keys' position rows "
+        "(label-independent), sd key_E = its spread from the keys' token rows"
+    )
+    _print_heads(res["heads"], run.unseen_acc(), log)
+    summary = {"text_heads": {"trained": _head_summary(res["heads"], log, "trained")}}
+    summary["text_heads"]["init"] = _head_summary(res["heads0"], log, "init")
+    log(
+        f"\n-- alignment: Procrustes R fitted on labels 1..{t.n_labels - t.n_val_labels}, "
+        f"tested on {t.n_labels - t.n_val_labels + 1}..{t.n_labels} (mean +- std [95% CI] "
+        f"over models; random R: {n_random} Haar maps; shuffled fit: "
+        f"{n_shuffled} fits with permuted labels; retrieval chance "
+        f"{1 / t.n_val_labels:.2f})"
+    )
+    _print_align(res["align"], log, "trained")
+    _print_align(res["align0"], log, "init")
+    summary["align"] = {
+        lab: {k: {c: float(np.mean(r[k][c])) for c in ALIGN_COLS} for k in KINDS}
+        for lab, r in (("trained", res["align"]), ("init", res["align0"]))
+    }
+    return summary
+
+
 def analyse_text_run(
     path: str,
     *,
@@ -314,7 +346,7 @@ def analyse_text_run(
     min_frac: float = 0.95,
     log=print,
 ) -> dict:
-    """Computes, prints and writes the text-side report of one results folder (module doc).
+    """Computes, prints, writes and plots the text-side report of one results folder.
 
     Args:
       path: a finished results folder of the 1D task (config.json, results.csv, params).
@@ -329,61 +361,27 @@ def analyse_text_run(
       The summary written to summary.json: {"text_heads": {"trained", "init"},
       "align": {"trained", "init"}}.
     """
-    run = load_run(path)
-    cfg = run.config
+    refusal = text_refusal(load_config(path), path)
+    if refusal:
+        raise ValueError(refusal)
+    run = open_run(path, with_data=False)
+    cfg, t = run.config, run.config.task
     out_dir = plots.ensure_dir(os.path.join(path, "text_align"))
-    params = jax.tree_util.tree_map(jnp.asarray, run.params)
-    init = _init_models(cfg, run.settings.seed)
-    unseen = np.asarray([r["unseen_acc"] for r in run.results], float)
-    n_pair = run.settings.n_pair_labels
-    K = len(unseen)
-    t = cfg.task
     log(
-        f"{K} models; caption_mode {t.caption_mode}; text layers {cfg.model.text_layers}; "
+        f"{run.k} models; caption_mode {t.caption_mode}; text layers {cfg.model.text_layers}; "
         f"labels 1..{t.n_labels}, validation labels {t.n_labels - t.n_val_labels + 1}.."
         f"{t.n_labels}"
     )
-
-    heads, head_rows = _text_heads(params, cfg, n_pair, "trained", min_pref, min_frac)
-    heads0, head_rows0 = _text_heads(init, cfg, n_pair, "init", min_pref, min_frac)
-    _write_csv(os.path.join(out_dir, "text_heads.csv"), head_rows + head_rows0)
-    log("\n-- text heads: EOT attention to the first- minus second-mentioned label")
-    log(
-        "   pref = mean over captions of (a_first - a_second); P>0 = fraction of captions "
-        "with a_first > a_second; key_P = logit difference from the keys' position rows "
-        "(label-independent), sd key_E = its spread from the keys' token rows"
-    )
-    _print_heads(heads, unseen, log)
-    summary = {"text_heads": {"trained": _head_summary(heads, log, "trained")}}
-    summary["text_heads"]["init"] = _head_summary(heads0, log, "init")
-
-    align, align_rows = _alignment(params, cfg, "trained", n_random, n_shuffled, seed)
-    align0, align_rows0 = _alignment(init, cfg, "init", n_random, n_shuffled, seed)
-    for r in (align, align0):
-        for kind in KINDS:
-            r[kind]["n_test"] = t.n_val_labels
-    _write_csv(os.path.join(out_dir, "align.csv"), align_rows + align_rows0)
-    log(
-        f"\n-- alignment: Procrustes R fitted on labels 1..{t.n_labels - t.n_val_labels}, "
-        f"tested on {t.n_labels - t.n_val_labels + 1}..{t.n_labels} (mean +- std [95% CI] "
-        f"over models; random R: {n_random} Haar maps; shuffled fit: "
-        f"{n_shuffled} fits with permuted labels; retrieval chance "
-        f"{1 / t.n_val_labels:.2f})"
-    )
-    _print_align(align, log, "trained")
-    _print_align(align0, log, "init")
-    summary["align"] = {
-        lab: {k: {c: float(np.mean(r[k][c])) for c in ALIGN_COLS} for k in KINDS}
-        for lab, r in (("trained", align), ("init", align0))
-    }
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
-
+    res = compute_text(run, n_random, n_shuffled, seed, min_pref, min_frac)
+    write_csv(os.path.join(out_dir, "text_heads.csv"), res["head_rows"] + res["head_rows0"])
+    write_csv(os.path.join(out_dir, "align.csv"), res["align_rows"] + res["align_rows0"])
+    summary = _print_text(run, res, n_random, n_shuffled, log)
+    write_json(os.path.join(out_dir, "summary.json"), summary)
     name = os.path.basename(path.rstrip("/"))
     figs = [
-        _fig_heads(heads, os.path.join(out_dir, "text_heads.png"), f"{name}: text EOT heads"),
+        _fig_heads(res["heads"], os.path.join(out_dir, "text_heads.png"), f"{name}: text EOT heads"),
         _fig_align(
-            align, align0, os.path.join(out_dir, "align.png"),
+            res["align"], res["align0"], os.path.join(out_dir, "align.png"),
             f"{name}: image-text label alignment up to a rotation",
         ),
     ]  # fmt: skip

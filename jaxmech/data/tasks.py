@@ -1,0 +1,106 @@
+"""The task interface: what training, sweeps and evaluation need from a task kind.
+
+A task kind (`TaskConfig.task_kind`) is one `Task`, found with `get_task(kind)`. Its
+functions are pure; `sample_batch` is jittable and runs inside the training scan, the
+other two run once on the host.
+
+  build_tables(task_config) -> tables        host NumPy arrays shared by every model
+                                               (the caption table, label splits, ...)
+  build_eval_sets(task_config, tables) -> evals
+                                             fixed validation sets (host NumPy)
+  sample_batch(tables, key, settings, task_config, batch_size, *, finite, step,
+               order_key) -> batch           one model's training batch (jittable; the
+                                               settings are that model's scalars)
+  epoch_items(settings, batch_size) -> (n_items, per_batch)
+                                             finite-set tasks only (else None): items in
+                                               one epoch and items per batch, for
+                                               `train.step_budget`
+
+What a batch holds is between the task and the model families that train on it: the
+caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is
+true of which image where that is more than "identical captions" (the three-object
+task). A model family names the task kinds it accepts (`models.families.Family`).
+
+Adding a task kind: write its module under `data/` with those functions and register
+it in `TASKS` below (and its name in `config.TASK_KINDS`, where its config is checked).
+Shapes use the vocabulary of `jaxmech.shapes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+from jaxmech.config import TASK_KINDS, ConfigError
+from jaxmech.data import relations1d, relations2d, relations3
+
+
+class CaptionBatch(NamedTuple):
+    """A batch of images and the ids of their true captions (rows of `tables.captions`).
+
+    images_BxL: int32 pixel ids. caption_ids_B: int32. positives_BxB: bool [image,
+    caption] with a True diagonal, or None when the positives are the samples with
+    identical captions.
+    """
+
+    images_BxL: jax.Array
+    caption_ids_B: jax.Array
+    positives_BxB: Any = None
+
+
+class Task(NamedTuple):
+    """One task kind's functions (module docstring)."""
+
+    name: str
+    build_tables: Callable
+    build_eval_sets: Callable
+    sample_batch: Callable
+    epoch_items: Callable | None = None
+
+
+def caption_sampler(module, positives: Callable | None = None) -> Callable:
+    """A task's `sample_batch` from a caption module's `(images, caption_ids)` sampler;
+    `positives(images, caption_ids, task_config)` adds the batch's positives."""
+
+    def sample_batch(tables, key, settings, task, batch_size, *, finite, step, order_key):
+        images, ids = module.sample_batch(
+            tables, key, settings, task, batch_size, finite=finite, step=step, order_key=order_key
+        )
+        pos = None if positives is None else positives(images, ids, task)
+        return CaptionBatch(images, ids, pos)
+
+    return sample_batch
+
+
+def _line_epoch_items(settings, batch_size: int):
+    two_per_batch = batch_size - relations1d.singles_per_batch(settings, batch_size)
+    return relations1d.n_two_object_items(settings), two_per_batch
+
+
+TASKS: dict[str, Task] = {
+    "1d": Task(
+        "1d",
+        relations1d.build_tables,
+        relations1d.build_eval_sets,
+        caption_sampler(relations1d),
+        _line_epoch_items,
+    ),
+    "2d": Task(
+        "2d", relations2d.build_tables, relations2d.build_eval_sets, caption_sampler(relations2d)
+    ),
+    "three": Task(
+        "three",
+        relations3.build_tables,
+        relations3.build_eval_sets,
+        caption_sampler(relations3, relations3.positives),
+    ),
+}
+assert tuple(TASKS) == TASK_KINDS, "config.TASK_KINDS and the task registry disagree"
+
+
+def get_task(kind: str) -> Task:
+    """The registered task of `task_kind`; a clear error for an unknown kind."""
+    if kind not in TASKS:
+        raise ConfigError(f"task_kind = {kind!r} is invalid: allowed one of {', '.join(TASKS)}")
+    return TASKS[kind]

@@ -1,0 +1,122 @@
+"""The model-family interface: what training, sweeps, checkpoints and results need.
+
+A model family (`ModelConfig.model_kind`) is one `Family`, found with
+`get_family(kind)`. Training knows a model only through it:
+
+  init_params(config, key) -> params         a plain pytree of arrays (one model)
+  loss(params, batch, tables, config) -> []  the training loss on one task batch
+                                               (differentiated w.r.t. params)
+  evaluate(params, evals, tables, settings, config) -> {metric: []}
+                                             one model's metrics on the fixed eval sets
+                                               (may return more keys than `metrics`)
+  metrics(config) -> names                   the metrics that curves.csv and
+                                               results.csv keep, in column order
+  task_kinds                                 the task kinds whose batches `loss` reads
+  progress_metric                            a metric the sweep's progress lines count
+                                               (models >= 0.9), or None
+  complete_params(params_K, config) -> params_K
+                                             stacked params loaded from a results folder,
+                                               completed where an older version of the
+                                               family saved less (default: unchanged)
+
+Everything that goes into the jitted functions besides params (the caption table, eval
+sets) comes from the task's `tables` and `evals`; settings are the model's sweepable
+scalars. Behaviour switches without a trained parameter (the text tower's causal mask,
+the logit-scale cap) live in `params["static"]`, a subtree of constants that the
+forward reads with a stopped gradient: they travel with the params into checkpoints,
+analyses and vmaps, and training norms leave them out (`trainable`).
+
+Adding a family: a module under `models/` with its forward and `init_params`, its
+loss and evaluation, and a `Family` registered here with `register` (a test can
+register a stand-in the same way). `train` and `sweep` need no change.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from jaxmech.config import Config, ConfigError
+from jaxmech.data.tasks import get_task
+from jaxmech.evaluate import METRICS, evaluate
+from jaxmech.models import contrastive, dual_encoder
+from jaxmech.models.dual_encoder import static_params
+
+
+class Family(NamedTuple):
+    """One model family's functions (module docstring)."""
+
+    name: str
+    init_params: Callable
+    loss: Callable
+    evaluate: Callable
+    metrics: Callable
+    task_kinds: tuple[str, ...]
+    progress_metric: str | None = None
+    complete_params: Callable = lambda params_K, config: params_K
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Adds (or replaces) a family in the registry under its name."""
+    FAMILIES[family.name] = family
+    return family
+
+
+def get_family(kind: str) -> Family:
+    """The registered family of `model_kind`; a clear error for an unknown kind."""
+    if kind not in FAMILIES:
+        raise ConfigError(
+            f"model_kind = {kind!r} is invalid: allowed one of {', '.join(FAMILIES)}"
+        )
+    return FAMILIES[kind]
+
+
+def family_for(config: Config) -> Family:
+    """The config's family, checked against its task kind (before any compute)."""
+    family = get_family(config.model.model_kind)
+    kind = get_task(config.task.task_kind).name
+    if kind not in family.task_kinds:
+        raise ConfigError(
+            f"task_kind = {kind!r} is invalid with model_kind = {family.name!r}: allowed "
+            + ", ".join(repr(k) for k in family.task_kinds)
+        )
+    return family
+
+
+def trainable(params):
+    """The params without the `static` constants (what norms are taken over)."""
+    if isinstance(params, dict) and "static" in params:
+        return {k: v for k, v in params.items() if k != "static"}
+    return params
+
+
+def _dual_encoder_evaluate(params, evals, tables, settings, config):
+    del config
+    return evaluate(params, evals, tables.captions, settings)
+
+
+def _dual_encoder_complete(params_K, config):
+    """Folders written before `params["static"]` existed: add it from their config."""
+    if "static" in params_K or "logit_scale" not in params_K:
+        return params_K
+    k = np.asarray(params_K["logit_scale"]).shape[0]
+    static = {n: np.full((k,), v, np.float32) for n, v in static_params(config).items()}
+    return {**params_K, "static": static}
+
+
+register(
+    Family(
+        name="dual_encoder",
+        init_params=dual_encoder.init_params,
+        loss=contrastive.batch_loss,
+        evaluate=_dual_encoder_evaluate,
+        metrics=lambda config: METRICS,
+        task_kinds=("1d", "2d", "three"),
+        progress_metric="unseen_acc",
+        complete_params=_dual_encoder_complete,
+    )
+)

@@ -1,0 +1,104 @@
+"""The model-family interface: a stand-in second family trains through `train_models` and
+the sweep (checkpoints, resume, results folder) with no change to train.py or sweep.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import Interrupted, stop_after
+
+from jaxmech import results
+from jaxmech.config import Config, ConfigError
+from jaxmech.data import relations1d
+from jaxmech.families import FAMILIES, Family, get_family, register
+from jaxmech.sweep import expand, run_grid
+from jaxmech.train import train_models
+
+
+def _probe_init(config, key):
+    """A linear probe: one weight per (pixel position, pixel id, caption)."""
+    t = config.task
+    n_captions = relations1d.caption_tokens(t.n_labels).shape[0]
+    shape = (t.image_len, t.n_labels + 2, n_captions)  # ids 0..n_labels, then CLS
+    return {"W": 0.01 * jax.random.normal(key, shape)}
+
+
+def _probe_logits(params, images_BxL):
+    positions_L = jnp.arange(images_BxL.shape[1])
+    return params["W"][positions_L, images_BxL].sum(1)  # [B, C]
+
+
+def _probe_loss(params, batch, tables, config):
+    del tables, config
+    logp_BxC = jax.nn.log_softmax(_probe_logits(params, batch.images_BxL))
+    return -jnp.take_along_axis(logp_BxC, batch.caption_ids_B[:, None], 1).mean()
+
+
+def _probe_evaluate(params, evals, tables, settings, config):
+    del tables, settings, config
+    logits_IxC = _probe_logits(params, jnp.asarray(evals.unseen_images))
+    logits_NxC = logits_IxC[jnp.asarray(evals.unseen_index)]
+    true_N = jnp.take_along_axis(logits_NxC, jnp.asarray(evals.unseen_true[:, :1]), 1)
+    swap_N = jnp.take_along_axis(logits_NxC, jnp.asarray(evals.unseen_swap[:, :1]), 1)
+    return {"probe_acc": (true_N > swap_N).astype(jnp.float32).mean()}
+
+
+PROBE = Family(
+    name="test_probe",
+    init_params=_probe_init,
+    loss=_probe_loss,
+    evaluate=_probe_evaluate,
+    metrics=lambda config: ("probe_acc",),
+    task_kinds=("1d",),
+)
+
+
+@pytest.fixture(scope="module")
+def probe_config():
+    register(PROBE)
+    yield Config().replace(
+        model_kind="test_probe",
+        n_labels=8,
+        n_val_labels=3,
+        n_pair_labels=5,
+        image_len=6,
+        layouts_per_pair=5,
+        batch_size=32,
+        steps=60,
+        eval_every=20,
+        lr=3e-2,
+    )
+    FAMILIES.pop("test_probe")
+
+
+def test_stand_in_family_trains_through_train_models(probe_config):
+    settings = expand(probe_config, {"lr": "3e-2,1e-1"}, seeds=1).settings
+    from jaxmech.train import stack_settings
+
+    state, curves = train_models(probe_config, stack_settings(list(settings)))
+    assert set(curves) >= {"probe_acc", "loss", "grad_norm", "param_norm", "step"}
+    assert curves["loss"].shape == (2, 3)
+    assert np.all(curves["loss"][:, -1] < curves["loss"][:, 0])  # it learns
+    assert state.params["W"].shape[0] == 2
+
+
+def test_stand_in_family_sweeps_checkpoints_and_resumes(probe_config, tmp_path):
+    grid = expand(probe_config, {"lr": "3e-2,1e-1"}, seeds=2)
+    full = run_grid(grid, str(tmp_path / "full"), chunk_size=2, log=lambda *_: None)
+    part = str(tmp_path / "part")
+    with pytest.raises(Interrupted):
+        run_grid(grid, part, chunk_size=2, log=stop_after(2))  # mid first chunk
+    resumed = run_grid(grid, part, chunk_size=2, log=lambda *_: None)
+    assert resumed["trained_steps"] < full["trained_steps"]
+    assert [r["probe_acc"] for r in resumed["rows"]] == [r["probe_acc"] for r in full["rows"]]
+    run = results.load_run(part)
+    np.testing.assert_array_equal(run.params["W"], results.load_run(str(tmp_path / "full")).params["W"])
+    assert "unseen_acc" not in run.results[0]
+
+
+def test_unknown_family_and_task_pairing_fail_before_compute(probe_config):
+    with pytest.raises(ConfigError, match="model_kind = 'nope'"):
+        expand(Config().replace(model_kind="nope"), {}, seeds=1)
+    with pytest.raises(ConfigError, match="task_kind = '2d' is invalid with model_kind"):
+        expand(probe_config.replace(task_kind="2d"), {}, seeds=1)
+    assert get_family("dual_encoder").progress_metric == "unseen_acc"
