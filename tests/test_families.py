@@ -102,3 +102,17 @@ def test_unknown_family_and_task_pairing_fail_before_compute(probe_config):
     with pytest.raises(ConfigError, match="task_kind = '2d' is invalid with model_kind"):
         expand(probe_config.replace(task_kind="2d"), {}, seeds=1)
     assert get_family("dual_encoder").progress_metric == "unseen_acc"
+
+
+def test_dual_encoder_completes_params_saved_before_static_existed():
+    from jaxmech.models.dual_encoder import init_params, static_params
+
+    config = Config().replace(causal_text=False, **{"d_model": 16, "d_head": 4, "d_embed": 16})
+    one = init_params(config, jax.random.key(0))
+    stacked = jax.tree_util.tree_map(lambda x: np.stack([x, x]), one)
+    old = {k: v for k, v in stacked.items() if k != "static"}
+    done = get_family("dual_encoder").complete_params(old, config)
+    for name, value in static_params(config).items():
+        np.testing.assert_array_equal(done["static"][name], np.full(2, value, np.float32))
+    assert done["static"]["causal_text"].tolist() == [0.0, 0.0]
+    assert get_family("dual_encoder").complete_params(stacked, config) is stacked

@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import TINY as SHARED_TINY
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
@@ -13,17 +14,7 @@ from jaxmech.data.relations1d import finite_order, pair_left, pair_right, sample
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import build_data, stack_settings, step_budget, train_models
 
-TINY = dict(
-    d_model=16,
-    d_head=4,
-    d_embed=16,
-    batch_size=16,
-    n_labels=8,
-    n_val_labels=3,
-    n_pair_labels=4,
-    layouts_per_pair=3,
-    image_len=6,
-)
+TINY = dict(SHARED_TINY, n_pair_labels=4, layouts_per_pair=3)
 
 
 @pytest.mark.parametrize("n", [1, 7, 64, 3150])

@@ -4,6 +4,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import TINY as SHARED_TINY
 
 from jaxmech.config import Config, ConfigError
 from jaxmech.presets import BASELINE, BY_NAME, PROTOCOLS, Protocol
@@ -18,14 +19,7 @@ from jaxmech.reports.protocol import (
 from jaxmech.stats import diff_ci
 
 TINY = dict(
-    d_model=16,
-    d_head=4,
-    d_embed=16,
-    batch_size=16,
-    n_labels=8,
-    n_val_labels=3,
-    image_len=6,
-    n_pair_labels=5,
+    SHARED_TINY,
     layouts_per_pair=3,
     steps=50,
     eval_every=50,  # few evaluations and checkpoints: the finite budgets are 45 and 150
