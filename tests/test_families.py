@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import Interrupted, stop_after
+from conftest import Interrupted, stop_after, tiny_config
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
@@ -107,8 +107,8 @@ def test_unknown_family_and_task_pairing_fail_before_compute(probe_config):
 def test_dual_encoder_completes_params_saved_before_static_existed():
     from jaxmech.models.dual_encoder import init_params, static_params
 
-    config = Config().replace(causal_text=False, **{"d_model": 16, "d_head": 4, "d_embed": 16})
-    one = init_params(config, jax.random.key(0))
+    config = tiny_config(causal_text=False)
+    one = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
     stacked = jax.tree_util.tree_map(lambda x: np.stack([x, x]), one)
     old = {k: v for k, v in stacked.items() if k != "static"}
     done = get_family("dual_encoder").complete_params(old, config)

@@ -111,17 +111,19 @@ def test_model_is_frozen_after_its_budget():
 
 
 def test_finite_sweep_derives_steps_stops_early_and_records_steps(tmp_path):
-    config = Config().replace(eval_every=5, **TINY)
-    grid = expand(config, {"n_pair": "3,5", "epochs": "2"}, seeds=1)
-    # budgets: 2*6*3/8 -> 5 and 2*20*3/8 -> 15; steps = 15 (a multiple of eval_every)
-    assert grid.config.train.steps == 15 and grid.config.train.epochs == 2
+    config = Config().replace(eval_every=10, **TINY)
+    grid = expand(config, {"n_pair": "3,5", "epochs": "2"}, seeds=2)
+    # budgets: 2*6*3/8 -> 5 and 2*20*3/8 -> 15; steps = 20 (a multiple of eval_every)
+    assert grid.config.train.steps == 20 and grid.config.train.epochs == 2
     lines = []
-    out = run_grid(grid, str(tmp_path / "run"), chunk_size=1, log=lines.append)
-    assert [r["steps_trained"] for r in out["rows"]] == [5, 15]
-    assert any("budget done at step 5" in line for line in lines)
+    # chunks of 2 (the program of test_model_is_frozen_after_its_budget): (3, 3), (5, 5)
+    out = run_grid(grid, str(tmp_path / "run"), chunk_size=2, log=lines.append)
+    assert [r["steps_trained"] for r in out["rows"]] == [5, 5, 15, 15]
+    assert any("chunk 1/2: every model's budget done at step 10" in line for line in lines)
+    assert not any("chunk 2/2: every model's budget done" in line for line in lines)
     run = results.load_run(str(tmp_path / "run"))
     first = [r for r in run.curves if r["model"] == 0]
-    assert [r["step"] for r in first] == [5, 10, 15]
+    assert [r["step"] for r in first] == [10, 20]
     assert first[0]["unseen_acc"] == first[-1]["unseen_acc"]  # frozen: copied evaluation
 
 

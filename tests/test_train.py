@@ -158,7 +158,7 @@ def test_clip_loss_treats_identical_captions_as_positives():
 
     uniform = np.asarray([[0.5, 0.5, 0, 0], [0.5, 0.5, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]])
     expected = 0.5 * (xent(sims, uniform) + xent(sims.T, uniform))
-    got = float(clip_loss(params, imgs, ids, data.tables.captions))
+    got = float(jax.jit(clip_loss)(params, imgs, ids, data.tables.captions))
     np.testing.assert_allclose(got, expected, rtol=1e-5)
     # Note: for exactly repeated captions the columns are identical, so this equals the
     # plain diagonal-target loss too (see BUILD_NOTES); the check pins SPEC's definition.
