@@ -221,11 +221,22 @@ def stack_settings(settings_list: list[Settings]) -> Settings:
 
 
 def program_config(config: Config) -> Config:
-    """The config a compiled program depends on: values that only set how long a run
-    is (`steps`, the base `seed`, the number of `epochs`) are canonical here, so a run
-    of another length reuses the same program (budgets travel as arrays)."""
-    t = config.train
-    return config.replace(steps=t.eval_every, seed=0, epochs=min(t.epochs, 1))
+    """The config a compiled program is keyed on. What only sets a run's length
+    (`steps`, the number of `epochs`) and the sweepable values (which reach the program
+    as `Settings` arrays; families and tasks read them from there, never from the
+    config) take canonical values, so runs of another length or base settings reuse
+    the same program. Budgets travel as arrays (`step_budget`)."""
+    t = config.task
+    return config.replace(
+        steps=config.train.eval_every,
+        epochs=min(config.train.epochs, 1),
+        seed=0,
+        n_pair_labels=3 if t.task_kind == "three" else 2,
+        layouts_per_pair=1,
+        single_frac=0.0,
+        lr=1e-3,
+        weight_decay=0.0,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("config",))

@@ -21,8 +21,8 @@ from jaxmech.stats import diff_ci
 TINY = dict(
     SHARED_TINY,
     layouts_per_pair=3,
-    steps=50,
-    eval_every=50,  # few evaluations and checkpoints: the finite budgets are 45 and 150
+    steps=20,
+    eval_every=10,
 )
 
 
@@ -95,7 +95,10 @@ def test_tiny_study_trains_analyses_reports_and_resumes(tmp_path):
     cells = ((3, 3), (5, 3))
     prots = [BY_NAME["finite_e20"]]  # the finite path; streaming sweeps are tested elsewhere
     lines = []
-    merged = run_study(str(tmp_path), prots, cells, seeds=2, base=base, log=lines.append)
+    # chunks of 2: the finite program of tests/test_finite.py (compiled once per session)
+    merged = run_study(
+        str(tmp_path), prots, cells, seeds=2, base=base, chunk_size=2, log=lines.append
+    )
     for p in prots:
         rows = merged[p.name]
         assert len(rows) == 4
@@ -110,6 +113,8 @@ def test_tiny_study_trains_analyses_reports_and_resumes(tmp_path):
     assert os.path.isfile(tmp_path / "figures" / "factor_dataset.png")
     # a second invocation trains nothing and reads the cached mechanism rows
     lines2 = []
-    again = run_study(str(tmp_path), prots, cells, seeds=2, base=base, log=lines2.append)
+    again = run_study(
+        str(tmp_path), prots, cells, seeds=2, base=base, chunk_size=2, log=lines2.append
+    )
     assert any("already finished" in line for line in lines2)
     assert again["finite_e20"][0]["unseen_ep"] == merged["finite_e20"][0]["unseen_ep"]
