@@ -15,10 +15,10 @@ from jaxmech.train import (
     _train_program,
     build_data,
     diverged_models,
+    init_program,
     init_state,
     stack_settings,
     train_models,
-    train_step,
 )
 
 # The shared tiny config: its compiled programs are reused across the test files.
@@ -117,20 +117,19 @@ def test_two_default_models_learn_in_a_few_hundred_steps():
 
 
 def test_nonfinite_model_is_frozen_and_reported():
-    data = jax.tree_util.tree_map(jnp.asarray, build_data(SMALL))
-    s = SMALL.settings()
-    state = init_state(SMALL, s)
-    bad = state._replace(params={**state.params, "logit_scale": jnp.asarray(jnp.nan, jnp.float32)})
-    step = jax.jit(train_step, static_argnames="config")
-    new, metrics = step(bad, s, data, config=SMALL)
-    assert not np.isfinite(metrics["loss"])
-    assert int(new.diverged_step) == 0
-    # params stay as they were (no NaN update spreads), later steps keep the record
-    np.testing.assert_array_equal(new.params["vision"]["E"], bad.params["vision"]["E"])
-    newer, _ = step(new, s, data, config=SMALL)
-    assert int(newer.diverged_step) == 0
-    stacked = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], newer)
-    lines = diverged_models(stacked, stack_settings([s]))
+    # through train_models (the one-model program of test_vmapped_equals_each_model_alone)
+    s1 = stack_settings([SMALL.settings()])
+    state = jax.tree_util.tree_map(np.asarray, init_program(s1, SMALL))
+    nan = np.full_like(state.params["logit_scale"], np.nan)
+    bad = state._replace(params={**state.params, "logit_scale": nan})
+    new, curves = train_models(SMALL, s1, state=bad, n_chunks=2)
+    assert not np.isfinite(curves["loss"][0, 0])
+    assert int(new.diverged_step[0]) == 0  # the first step's loss was non-finite
+    # params stay as they were over all 20 steps (no NaN update spreads)
+    for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(bad.params)):
+        np.testing.assert_array_equal(a, b)
+    assert int(new.step[0]) == 20
+    lines = diverged_models(new, s1)
     assert len(lines) == 1 and "model 0" in lines[0] and "n_pair_labels=5" in lines[0]
 
 
