@@ -14,7 +14,7 @@ Randomness: model k's stream derives from its seed alone: init from
 `fold_in(key(seed), 0)`, the batch of step t from `fold_in(fold_in(key(seed), 1), t)`.
 So a model sees the same init and batches alone, in any batch of models, and resumed;
 its arithmetic is bit-identical only within the same compiled program (XLA may round
-differently for another number of vmapped models; BUILD_NOTES.md, guarantees).
+differently for another number of vmapped models; BUILD_NOTES.md, known gaps).
 
 A model whose loss or gradient becomes non-finite stops updating (its params are the
 last finite ones) and its `diverged_step` records the step; the host reports it by
