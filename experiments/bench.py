@@ -10,7 +10,7 @@ Everything is measured in this one run; the report prints ratios between them.
 
 from absl import app, flags
 
-from jaxmech.cli import define_config_flags, setup_runtime, specs_from_flags
+from jaxmech.cli import define_config_flags, run_main, setup_runtime, specs_from_flags
 from jaxmech.config import Config, ConfigError
 from jaxmech.reports.benchmark import (
     ablation_table_time,
@@ -89,4 +89,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -8,6 +8,7 @@ ablation table (mean +- std [min, max] over models) and the head table, and writ
 RUN/mechanism/{ablations,heads,shares}.csv, summary.json and figures. With several
 runs, also compares the EP gradient of generalising and non-generalising models pooled
 over them (figure in --compare_out, default the first run's mechanism folder).
+Diverged models are left out of every number and figure and named, one line each.
 """
 
 import os
@@ -15,8 +16,8 @@ import os
 from absl import app, flags
 
 from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, parse_ablation
-from jaxmech.cli import setup_runtime
-from jaxmech.reports.common import load_config
+from jaxmech.cli import run_main, setup_runtime
+from jaxmech.reports.common import check_runs
 from jaxmech.reports.mechanism import analyse_run, compare_runs, ep_report_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
@@ -30,21 +31,14 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     setup_runtime()
-    runs = [r for r in FLAGS.run.split(",") if r]
     ablations = [a.strip().lower() for a in FLAGS.ablations.split(",") if a.strip()]
     try:
         for a in ablations:
             parse_ablation(a)
         heads = None if FLAGS.heads is None else [int(h) for h in FLAGS.heads.split(",")]
+        runs = check_runs(FLAGS.run, ep_report_refusal)  # every folder, before any compute
     except ValueError as e:
         raise app.UsageError(str(e)) from None
-    for r in runs:  # every folder is checked before any compute
-        try:
-            refusal = ep_report_refusal(load_config(r), r)
-        except ValueError as e:
-            raise app.UsageError(f"--run: {e}") from None
-        if refusal:
-            raise app.UsageError(refusal)
     if "none" not in ablations:
         ablations = ["none", *ablations]
     results = {}
@@ -58,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -16,7 +16,7 @@ import time
 
 from absl import app, flags
 
-from jaxmech.cli import setup_runtime
+from jaxmech.cli import run_main, setup_runtime
 from jaxmech.config import ConfigError
 from jaxmech.presets import BY_NAME, PROTOCOLS
 from jaxmech.reports.protocol import cells_from, protocol_grid, run_study, write_report
@@ -74,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

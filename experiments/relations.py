@@ -8,14 +8,15 @@ Prints the ablation table (mean +- std over models) per relation (2D: left/right
 and above/below `v` on single, seen-pair and unseen-pair sets, label-set) or per
 distractor place (three objects: `zl` left of, `zm` between, `zr` right of the named
 pair), the same per single head for `--per_head` ablations, and the CLS-row EP term's
-fit per head; writes RUN/relations/ (see jaxmech.reports.relations).
+fit per head; writes RUN/relations/ (see jaxmech.reports.relations). Diverged models
+are left out of every number and figure and named, one line each.
 """
 
 from absl import app, flags
 
 from jaxmech.analysis.ablate import parse_ablation
-from jaxmech.cli import setup_runtime
-from jaxmech.reports.common import load_config
+from jaxmech.cli import run_main, setup_runtime
+from jaxmech.reports.common import check_runs
 from jaxmech.reports.relations import DEFAULT_ABLATIONS, analyse_relations_run, relations_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
@@ -32,22 +33,15 @@ def main(argv):
     try:
         for a in ablations + per_head:
             parse_ablation(a)
+        runs = check_runs(FLAGS.run, relations_refusal)  # every folder, before any compute
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     if "none" not in ablations:
         ablations = ["none", *ablations]
-    runs = [r for r in FLAGS.run.split(",") if r]
-    for r in runs:  # every folder is checked before any compute
-        try:
-            refusal = relations_refusal(load_config(r), r)
-        except ValueError as e:
-            raise app.UsageError(f"--run: {e}") from None
-        if refusal:
-            raise app.UsageError(refusal)
     for r in runs:
         print(f"\n=== {r}")
         analyse_relations_run(r, tuple(ablations), tuple(per_head))
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -8,12 +8,13 @@ Prints the accuracies (mean +- std over models), per model and head the CLS-row
 relative-position profile (the CLS logit to a lone object as it moves across the
 image), and the accuracies with the rotation switched off in all heads / each head /
 all heads but one; writes RUN/rope/{heads,ablations}.csv, summary.json and figures.
+Diverged models are left out of every number and figure and named, one line each.
 """
 
 from absl import app, flags
 
-from jaxmech.cli import setup_runtime
-from jaxmech.reports.common import load_config
+from jaxmech.cli import run_main, setup_runtime
+from jaxmech.reports.common import check_runs
 from jaxmech.reports.rope import analyse_rope_run, rope_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
@@ -23,18 +24,16 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     setup_runtime()
-    runs = [r for r in FLAGS.run.split(",") if r]
-    for r in runs:  # every folder is checked before any compute
-        try:
-            refusal = rope_refusal(load_config(r).model.vision_pos, r)
-        except ValueError as e:
-            raise app.UsageError(f"--run: {e}") from None
-        if refusal:
-            raise app.UsageError(f"--run: {refusal}")
+    try:  # every folder is checked before any compute
+        runs = check_runs(
+            FLAGS.run, lambda c, r: rope_refusal(c.model.vision_pos, r, c.task.task_kind)
+        )
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     for r in runs:
         print(f"\n=== {r}")
         analyse_rope_run(r)
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

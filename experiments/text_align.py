@@ -19,12 +19,13 @@ model and, as a control, the same models at their initialisation:
 
 Prints the tables (mean +- std and 95% CI over models), writes
 RUN/text_align/{text_heads,align}.csv, summary.json, text_heads.png and align.png.
+Diverged models are left out of every number and figure and named, one line each.
 """
 
 from absl import app, flags
 
-from jaxmech.cli import setup_runtime
-from jaxmech.reports.common import load_config
+from jaxmech.cli import run_main, setup_runtime
+from jaxmech.reports.common import check_runs
 from jaxmech.reports.text import analyse_text_run, text_refusal
 
 flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
@@ -39,16 +40,10 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     setup_runtime()
-    runs = [r for r in FLAGS.run.split(",") if r]
-    if not runs:
-        raise app.UsageError("--run: give at least one results folder")
-    for r in runs:  # every folder is checked before any compute
-        try:
-            refusal = text_refusal(load_config(r), r)
-        except ValueError as e:
-            raise app.UsageError(f"--run: {e}") from None
-        if refusal:
-            raise app.UsageError(f"--run: {refusal}")
+    try:
+        runs = check_runs(FLAGS.run, text_refusal)  # every folder, before any compute
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
     if FLAGS.n_random < 1 or FLAGS.n_shuffled < 1:
         raise app.UsageError("--n_random and --n_shuffled must be >= 1")
     if not 0.5 < FLAGS.min_frac <= 1.0:
@@ -66,4 +61,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

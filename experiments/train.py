@@ -10,7 +10,7 @@ unless --overwrite is given.
 
 from absl import app, flags
 
-from jaxmech.cli import define_config_flags, define_run_flags, train_from_flags
+from jaxmech.cli import define_config_flags, define_run_flags, run_main, train_from_flags
 from jaxmech.reports.summary import report_run
 
 define_run_flags(default_out="runs/train", default_seeds=8)
@@ -25,4 +25,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

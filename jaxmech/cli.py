@@ -8,18 +8,22 @@ for a bad value names the field and its allowed range.
 from __future__ import annotations
 
 import os
+import sys
 
-from absl import flags, logging
+from absl import app, flags, logging
 
+from jaxmech import outdir
 from jaxmech.config import SWEEPABLE, Config, ConfigError
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid
 
 __all__ = [
+    "check_run_flags",
     "define_config_flags",
     "define_run_flags",
     "enable_compilation_cache",
     "preset_config",
+    "run_main",
     "setup_runtime",
     "specs_from_flags",
     "train_from_flags",
@@ -70,6 +74,40 @@ def setup_runtime() -> None:
     enable_compilation_cache()
 
 
+# Errors a user can cause (bad input, a damaged or busy folder, a full disk): they are
+# reported as one message, not a traceback. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ValueError, OSError)
+
+
+def user_error_names() -> tuple[type, ...]:
+    """USER_ERRORS plus the library's own (imported late: cli must stay light)."""
+    from jaxmech.checkpoint import CheckpointError
+    from jaxmech.outdir import FolderLockedError, SweepMismatchError
+
+    return (*USER_ERRORS, CheckpointError, FolderLockedError, SweepMismatchError)
+
+
+def run_main(main) -> None:
+    """`absl.app.run(main)`, with a user's error printed once, as the last line.
+
+    A flag error (`app.UsageError`) keeps absl's usage message. The library's errors and
+    ValueError / OSError print `error: MESSAGE` on stderr and exit with status 1, after
+    stdout is flushed, so that the message is what the user sees last.
+    """
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except app.UsageError:
+            raise
+        except user_error_names() as e:
+            sys.stdout.flush()
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
+
+    app.run(guarded)
+
+
 def define_run_flags(default_out: str, default_seeds: int) -> None:
     """The flags shared by the training entry points (train, sweep)."""
     flags.DEFINE_string(
@@ -102,6 +140,15 @@ def grid_from_flags(FLAGS, single_values: bool):
     return expand(preset_config(FLAGS.preset), specs, FLAGS.seeds, FLAGS.first_seed)
 
 
+def check_run_flags(FLAGS) -> None:
+    """Refuses a bad --chunk_size, --checkpoint_every or --out before any compute."""
+    for name in ("chunk_size", "checkpoint_every"):
+        value = getattr(FLAGS, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name}={value}: allowed an integer >= 1 (or leave it out)")
+    outdir.check_usable(FLAGS.out)
+
+
 def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
     """Body of experiments.train / experiments.sweep: parse, then train (resumably).
 
@@ -112,6 +159,7 @@ def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
     setup_runtime()
     try:
         grid = grid_from_flags(FLAGS, single_values)
+        check_run_flags(FLAGS)
     except (ConfigError, ValueError) as e:
         raise usage_error(str(e)) from None
     if FLAGS.distributed:

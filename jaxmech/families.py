@@ -69,9 +69,7 @@ def register(family: Family) -> Family:
 def get_family(kind: str) -> Family:
     """The registered family of `model_kind`; a clear error for an unknown kind."""
     if kind not in FAMILIES:
-        raise ConfigError(
-            f"model_kind = {kind!r} is invalid: allowed one of {', '.join(FAMILIES)}"
-        )
+        raise ConfigError(f"model_kind = {kind!r} is invalid: allowed one of {', '.join(FAMILIES)}")
     return FAMILIES[kind]
 
 

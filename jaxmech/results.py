@@ -5,9 +5,12 @@ Layout of a results folder:
   results.csv   one row per model: model, seed, every sweepable field, the family's
                 metrics (dual encoder: single_acc, seen_acc, unseen_acc, labelset_acc),
                 final_loss, diverged_step, steps_trained (optimiser steps the model
-                took: its finite-set budget or `steps`)
+                took: its finite-set budget or `steps`); metrics and final_loss are
+                NaN for a diverged model
   curves.csv    one row per model per evaluation: model, step, `train.curve_fields`
-  params/       stacked params of all models (Orbax; leading axis = model)
+  params/       stacked params of all models (Orbax, checksummed; leading axis = model)
+  sweep.json    written by `sweep.run_grid`: what a resume must match (config,
+                settings, program)
 
 `results.csv` is written last (atomically), so its presence marks a finished run.
 `load_run` (and the cheaper `load_config`) refuse, with a ValueError naming the path,
@@ -45,6 +48,9 @@ def result_rows(
 ) -> list[dict]:
     """One dict per model: settings, final `metrics` (the family's) and loss (last
     evaluation). `steps_trained` [K] defaults to the last evaluated step.
+
+    A diverged model (`diverged_step >= 0`) gets NaN metrics and loss: its frozen
+    last-finite params are not a trained model, and a 0.0 would be averaged in silently.
     """
     k = len(np.asarray(settings.seed))
     if steps_trained is None:
@@ -54,10 +60,10 @@ def result_rows(
         row: dict[str, Any] = {"model": i}
         for name, col in zip(SWEEPABLE, settings):
             row[name] = np.asarray(col)[i].item()
-        for m in metrics:
-            row[m] = float(np.asarray(curves[m])[i, -1])
-        row["final_loss"] = float(np.asarray(curves["loss"])[i, -1])
-        row["diverged_step"] = int(np.asarray(diverged_step)[i])
+        div = int(np.asarray(diverged_step)[i])
+        for name, col in [*zip(metrics, metrics), ("final_loss", "loss")]:
+            row[name] = np.nan if div >= 0 else float(np.asarray(curves[col])[i, -1])
+        row["diverged_step"] = div
         row["steps_trained"] = int(np.asarray(steps_trained)[i])
         rows.append(row)
     return rows

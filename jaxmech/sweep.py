@@ -8,21 +8,22 @@ with the field's own message before anything is compiled.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
 import os
 import shutil
-import tempfile
 import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from jaxmech import checkpoint, results
+from jaxmech import checkpoint, outdir, results
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
 from jaxmech.families import family_for
+from jaxmech.outdir import SweepMismatchError  # noqa: F401  (re-exported: callers catch it here)
 from jaxmech.train import (
     TrainState,
     build_data,
@@ -91,6 +92,10 @@ def parse_spec(name: str, text: str) -> list:
     values = [coerce(name, v) for v in text.split(",") if v.strip()]
     if not values:
         raise ConfigError(f"--{name}={text!r}: no values")
+    twice = sorted({v for v in values if values.count(v) > 1}, key=values.index)
+    if twice:
+        # two equal grid points would be the same models, and an interval over them a lie
+        raise ConfigError(f"--{name}={text!r}: {twice[0]!r} is given twice; give each value once")
     return values
 
 
@@ -171,55 +176,103 @@ def finite_steps(base: Config, settings: list[Settings], steps_given: bool) -> C
     return base.replace(steps=max(every, -(-longest // every) * every))
 
 
-def default_chunk_size(k: int) -> int:
-    """Models per compiled call: small on CPU, large on accelerators; a device multiple.
+# Models per device in one compiled chunk, by backend. Fixed (not fitted to a sweep's
+# size), so that a model's numbers do not depend on how many models share its sweep:
+# XLA may round differently for another number of vmapped models.
+CHUNK_PER_DEVICE = {"cpu": 4}
+ACCELERATOR_CHUNK_PER_DEVICE = 256
+
+
+def default_chunk_size() -> int:
+    """Models per compiled call on this machine: a fixed number per device and backend.
 
     On a 2-core CPU one model already keeps both cores busy and vmapping 4 models gains
-    ~1.5x per model over 1 while larger K gain little more (BUILD_NOTES.md, bench);
-    on GPU/TPU throughput grows with the batch of models until memory runs out.
+    ~1.5x per model over 1 while larger K gain little more (BUILD_NOTES.md, bench); on
+    GPU/TPU throughput grows with the batch of models until memory runs out. A sweep
+    with fewer models pads its chunk (padding repeats the last model).
     """
-    n_dev = jax.device_count()
-    max_per_dev = 4 if jax.default_backend() == "cpu" else 512
-    n_chunks = -(-k // (max_per_dev * n_dev))
-    # balance the chunks, so the last one is not mostly padding (6 models: 3 + 3, not 4 + 4)
-    per_dev = -(-k // (n_chunks * n_dev))
-    return per_dev * n_dev
+    backend = jax.default_backend()
+    per_dev = CHUNK_PER_DEVICE.get(backend, ACCELERATOR_CHUNK_PER_DEVICE)
+    return per_dev * jax.device_count()
 
 
-def identity(grid: Grid) -> dict:
-    """What a sweep folder must match to be resumed: the config and every model's settings."""
+def program_record(chunk: int) -> dict:
+    """What, besides a model's settings and seed, its numbers depend on: the compiled
+    program's shape (models per chunk) and where it ran (BUILD_NOTES.md, guarantees)."""
+    return {"chunk_size": chunk, "backend": jax.default_backend(), "devices": jax.device_count()}
+
+
+def _program_text(p: dict) -> str:
+    return f"chunks of {p['chunk_size']} model(s) on {p['devices']} {p['backend']} device(s)"
+
+
+def identity(grid: Grid, chunk: int | None = None) -> dict:
+    """What a sweep folder must match to be resumed: the config, every model's settings
+    and the program (`program_record`; chunk default `default_chunk_size`)."""
     return {
         "format": 1,
         "config": json.loads(grid.config.to_json()),
         "swept": list(grid.swept),
         "settings": [s._asdict() for s in grid.settings],
+        "program": program_record(chunk or default_chunk_size()),
     }
 
 
-def same_sweep(stored: dict, ident: dict) -> bool:
-    """Whether a folder's `sweep.json` describes the sweep `ident` (see `identity`).
+def sweep_difference(stored: dict, ident: dict) -> str | None:
+    """None when a folder's `sweep.json` describes the sweep `ident` (see `identity`),
+    else what the folder holds instead, for the error message.
 
     Compared as configs and settings, not as text: a field added to the code since the
     folder was written takes its default, so an old sweep still resumes (or is found
-    finished) when its values are the defaults.
+    finished) when its values are the defaults. A folder written before programs were
+    recorded matches any program.
     """
     if stored == ident:
-        return True
+        return None
     try:
         if stored.get("format") != ident["format"] or stored.get("swept") != ident["swept"]:
-            return False
-        as_config = lambda raw: Config.from_json(json.dumps(raw))  # noqa: E731
-        if as_config(stored["config"]) != as_config(ident["config"]):
-            return False
+            return "a different sweep (other swept fields)"
+        old = Config.from_json(json.dumps(stored["config"])).flat()
+        new = Config.from_json(json.dumps(ident["config"])).flat()
+        changed = [f"{n} {old[n]!r} (folder) vs {new[n]!r}" for n in new if old[n] != new[n]]
+        if changed:
+            return "a different sweep (" + ", ".join(changed[:3]) + ")"
         defaults = Config().flat()
         fill = lambda s: {n: s.get(n, defaults[n]) for n in SWEEPABLE}  # noqa: E731
-        return [fill(s) for s in stored["settings"]] == [fill(s) for s in ident["settings"]]
-    except (ConfigError, KeyError, TypeError, AttributeError):
-        return False
+        if [fill(s) for s in stored["settings"]] != [fill(s) for s in ident["settings"]]:
+            return "a different sweep (other models: swept values or seeds)"
+    except (ConfigError, KeyError, TypeError, AttributeError, ValueError):
+        return "a sweep.json this version cannot read"
+    program = stored.get("program", ident["program"])
+    if program != ident["program"]:
+        return (
+            f"this sweep run as {_program_text(program)}, not {_program_text(ident['program'])} "
+            "(its models' numbers would differ; give the same --chunk_size on a machine "
+            "like the one it ran on)"
+        )
+    return None
 
 
-class SweepMismatchError(RuntimeError):
-    """The output folder holds a different sweep (and --overwrite was not given)."""
+def same_sweep(stored: dict, ident: dict) -> bool:
+    """Whether a folder's `sweep.json` describes the sweep `ident` (`sweep_difference`)."""
+    return sweep_difference(stored, ident) is None
+
+
+def _folder_difference(ident: dict):
+    """`outdir.prepare`'s check: what a folder holds if not this sweep (None if it does)."""
+
+    def check(folder: str) -> str | None:
+        path = os.path.join(folder, "sweep.json")
+        if not os.path.isfile(path):
+            return "other files"
+        try:
+            with open(path) as f:
+                stored = json.load(f)
+        except (ValueError, OSError):
+            return f"a sweep.json that does not parse ({path})"
+        return sweep_difference(stored, ident) if isinstance(stored, dict) else "other files"
+
+    return check
 
 
 def _plan_segments(n_evals: int, evals_per_ckpt: int) -> list[int]:
@@ -245,6 +298,10 @@ class _Plan:
     def k(self) -> int:
         return len(self.grid.settings)
 
+    @property
+    def program(self) -> dict:
+        return program_record(self.chunk)
+
     def chunk_slice(self, c: int) -> slice:
         return slice(c * self.chunk, (c + 1) * self.chunk)
 
@@ -254,15 +311,16 @@ class _Plan:
 
 def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None) -> _Plan:
     cfg = grid.config
-    every = checkpoint_every or cfg.train.eval_every
-    if every % cfg.train.eval_every:
+    every = cfg.train.eval_every if checkpoint_every is None else checkpoint_every
+    if every < 1 or every % cfg.train.eval_every:
         raise ValueError(
-            f"checkpoint_every = {every} must be a multiple of eval_every = {cfg.train.eval_every}"
+            f"checkpoint_every = {every} is invalid: allowed a positive multiple of "
+            f"eval_every = {cfg.train.eval_every}"
         )
     k = len(grid.settings)
-    chunk = chunk_size or default_chunk_size(k)
-    if chunk < 1:
-        raise ValueError(f"chunk_size = {chunk}: must be >= 1")
+    chunk = default_chunk_size() if chunk_size is None else chunk_size
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk_size = {chunk_size!r} is invalid: allowed an integer >= 1")
     n_chunks = -(-k // chunk)
     padded = pad_models(stack_settings(list(grid.settings)), n_chunks * chunk)
     # steps each model trains (finite-set budgets; `steps` when streaming)
@@ -276,39 +334,16 @@ def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None)
 def _finished(out: str) -> dict:
     """What `run_grid` returns for a sweep that is already finished in `out`."""
     run = results.load_run(out)
+    with open(os.path.join(out, "sweep.json")) as f:
+        program = json.load(f).get("program")  # None: written before programs were recorded
     return {
         "rows": run.results,
         "curves": run.curves,
         "wall_s": 0.0,
-        "diverged": [r for r in run.results if r["diverged_step"] >= 0],
+        "diverged": diverged_models([r["diverged_step"] for r in run.results], run.settings),
         "trained_steps": 0,
+        "program": program,
     }
-
-
-def _prepare_folder(out: str, ident: dict, overwrite: bool) -> tuple[str, bool]:
-    """(folder to work in, whether `out` already holds this finished sweep).
-
-    Decided before any compute: `out` itself when empty or holding this sweep (resume);
-    a temporary sibling with `overwrite` when it holds anything else (it replaces `out`
-    only at the end); otherwise `SweepMismatchError`.
-    """
-    ident_path = os.path.join(out, "sweep.json")
-    if not os.path.exists(out) or (os.path.isdir(out) and not os.listdir(out)):
-        return out, False
-    same = False
-    if os.path.isfile(ident_path):
-        with open(ident_path) as f:
-            same = same_sweep(json.load(f), ident)
-    if same:
-        return out, os.path.isfile(os.path.join(out, "results.csv"))
-    if not overwrite:
-        what = "a different sweep" if os.path.isfile(ident_path) else "other files"
-        raise SweepMismatchError(
-            f"output folder {out!r} holds {what}; pass --overwrite to replace it or "
-            "choose another --out (nothing was changed)"
-        )
-    parent = os.path.dirname(os.path.abspath(out))
-    return tempfile.mkdtemp(prefix=".tmp-" + os.path.basename(out) + "-", dir=parent), False
 
 
 class _Progress:
@@ -341,7 +376,7 @@ class _Progress:
             self.passed_before += int((last >= 0.9).sum())
 
 
-def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str):
+def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
     """(state or None, curves [chunk, n_evals] per field) of chunk c: its checkpoint if
     there is one, else nothing trained (NaN curves)."""
     cfg = plan.grid.config
@@ -353,13 +388,19 @@ def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str):
         return None, curves
     chunk_settings = jax.tree_util.tree_map(lambda x: x[: plan.chunk], plan.settings)
     like_state = jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings)
-    tree, meta = checkpoint.restore(ckpt_dir, like={"state": like_state, "curves": curves})
+    # the newest intact step; damaged ones are reported through `log` and dropped
+    found = checkpoint.restore_latest(ckpt_dir, {"state": like_state, "curves": curves}, log)
+    if found is None:
+        log(f"  chunk {c + 1}/{plan.n_chunks}: no intact checkpoint; training it from step 0")
+        return None, curves
+    tree, meta, _ = found
     if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
         raise checkpoint.CheckpointError(
             f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
             "folder or pass --overwrite"
         )
-    return TrainState(*tree["state"]), tree["curves"]
+    # in the order of a fresh run, so that curves.csv's columns do not depend on a resume
+    return TrainState(*tree["state"]), {n: tree["curves"][n] for n in curves}
 
 
 def _settings_meta(plan: _Plan, c: int) -> list[dict]:
@@ -382,7 +423,7 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
     ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
     settings_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.settings)
     budget_c = plan.budget[plan.chunk_slice(c)][: plan.n_real(c)]
-    state, curves = _restore_chunk(plan, c, ckpt_dir)
+    state, curves = _restore_chunk(plan, c, ckpt_dir, log)
     step = 0 if state is None else int(np.asarray(state.step).max())
     progress.done += int(np.minimum(budget_c, step).sum())
     evals_done = step // eval_every
@@ -423,7 +464,7 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
     div = np.asarray(state.diverged_step)
     steps_trained = np.where(div >= 0, np.minimum(steps_trained, div), steps_trained)
     all_settings = jax.tree_util.tree_map(lambda x: x[:k], plan.settings)
-    diverged = diverged_models(state, all_settings)
+    diverged = diverged_models(state.diverged_step, all_settings)
     for line in diverged:
         log("WARNING: " + line)
     rows = results.write_files(
@@ -433,17 +474,11 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
         state.params,
         curves,
         state.diverged_step,
-        extra={"swept": list(plan.grid.swept), "wall_s": wall},
+        extra={"swept": list(plan.grid.swept), "wall_s": wall, "program": plan.program},
         steps_trained=steps_trained,
     )
-    shutil.rmtree(os.path.join(work, "checkpoints"), ignore_errors=True)
-    if work != out:  # --overwrite: replace the old folder only now that the new one is whole
-        old = tempfile.mkdtemp(
-            prefix=".old-" + os.path.basename(out) + "-", dir=os.path.dirname(os.path.abspath(out))
-        )
-        os.rename(out, os.path.join(old, "x"))
-        os.rename(work, out)
-        shutil.rmtree(old)
+    shutil.rmtree(os.path.join(work, "checkpoints"))
+    outdir.publish(work, out)  # --overwrite: the old folder is replaced only now
     return rows, diverged
 
 
@@ -458,26 +493,40 @@ def run_grid(
 ) -> dict:
     """Trains every model of `grid` and writes the results folder `out`, resumably.
 
-    Models train in chunks of `chunk_size` (default `default_chunk_size`), all chunks
-    through one compiled program (the last chunk is padded). Every `checkpoint_every`
-    steps (default: every evaluation) each chunk's stacked TrainState and curves are
-    saved under `out/checkpoints/`. Re-running the same grid resumes from there (also
-    after kill -9) and gives the same final results; re-running a finished grid trains
-    nothing. A folder holding anything else is refused unless `overwrite`; then the new
-    sweep is built in a temporary sibling and replaces the old folder only at the end.
+    Models train in chunks of `chunk_size` (default `default_chunk_size`: fixed per
+    backend), all chunks through one compiled program (the last chunk is padded), so a
+    model's numbers depend on its settings, its seed and that program, not on the other
+    models of the sweep. Every `checkpoint_every` steps (default: every evaluation) each
+    chunk's stacked TrainState and curves are saved (checksummed) under
+    `out/checkpoints/`. Re-running the same grid resumes from the newest intact
+    checkpoint (also after kill -9) and gives the same final results; re-running a
+    finished grid trains nothing. One process writes `out` at a time
+    (`outdir.locked`). A folder holding anything else is refused unless `overwrite`;
+    then the new sweep is built in a staging sibling (resumed if interrupted) that
+    replaces `out` only when finished (`outdir`).
 
-    Returns {"rows", "curves", "wall_s", "diverged", "trained_steps"}.
+    Returns {"rows", "curves", "wall_s", "diverged" (one line per diverged model),
+    "trained_steps", "program" (`program_record`)}.
     """
     plan = _make_plan(grid, chunk_size, checkpoint_every)
-    ident = identity(grid)
-    work, finished = _prepare_folder(out, ident, overwrite)
-    if finished:
-        log(f"{out}: this sweep is already finished; nothing to train")
-        return _finished(out)
-    os.makedirs(work, exist_ok=True)
-    with open(os.path.join(work, "sweep.json"), "w") as f:
-        json.dump(ident, f, indent=1)
-    cfg = grid.config
+    outdir.check_usable(out)
+    lock = outdir.locked(out, log) if jax.process_index() == 0 else contextlib.nullcontext()
+    with lock:
+        ident = identity(grid, plan.chunk)
+        work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
+        if finished:
+            outdir.publish(work, out)  # a finished --overwrite whose swap was interrupted
+            log(f"{out}: this sweep is already finished; nothing to train")
+            return _finished(out)
+        os.makedirs(work, exist_ok=True)
+        with open(os.path.join(work, "sweep.json"), "w") as f:
+            json.dump(ident, f, indent=1)
+        return _train_all(plan, work, out, log)
+
+
+def _train_all(plan: _Plan, work: str, out: str, log) -> dict:
+    """Trains (or resumes) every chunk in `work`, then writes and publishes the results."""
+    cfg = plan.grid.config
     log(
         f"sweep: {plan.k} model(s) in {plan.n_chunks} chunk(s) of {plan.chunk} x "
         f"{cfg.train.steps} steps on {jax.device_count()} {jax.default_backend()} device(s); "
@@ -496,4 +545,5 @@ def run_grid(
         "wall_s": wall,
         "diverged": diverged,
         "trained_steps": progress.trained,
+        "program": plan.program,
     }

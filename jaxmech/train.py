@@ -13,8 +13,9 @@ eval sets, batches), both chosen by the config; nothing here branches on either.
 Randomness: model k's stream derives from its seed alone: init from
 `fold_in(key(seed), 0)`, the batch of step t from `fold_in(fold_in(key(seed), 1), t)`.
 So a model sees the same init and batches alone, in any batch of models, and resumed;
-its arithmetic is bit-identical only within the same compiled program (XLA may round
-differently for another number of vmapped models; BUILD_NOTES.md, known gaps).
+its arithmetic is bit-identical only within the same compiled program: XLA may round
+differently for another number of vmapped models, which is why sweeps train in chunks
+of a fixed size per backend (`sweep.default_chunk_size`; BUILD_NOTES.md, guarantees).
 
 A model whose loss or gradient becomes non-finite stops updating (its params are the
 last finite ones) and its `diverged_step` records the step; the host reports it by
@@ -343,10 +344,11 @@ def train_models(
     return trim(fetch(state_out)), trim(fetch(curves))
 
 
-def diverged_models(state: TrainState, settings: Settings) -> list[str]:
-    """One line per model whose loss went non-finite: index, step and settings."""
+def diverged_models(diverged_step, settings: Settings) -> list[str]:
+    """One line per model whose loss went non-finite (`diverged_step` [K] >= 0): index,
+    step and settings."""
     out = []
-    div = np.asarray(state.diverged_step)
+    div = np.asarray(diverged_step)
     for i in np.flatnonzero(div >= 0):
         vals = ", ".join(f"{n}={np.asarray(v)[i].item()}" for n, v in zip(SWEEPABLE, settings))
         out.append(

@@ -27,8 +27,6 @@ TINY = dict(
 )
 
 
-
-
 def tiny_config(**overrides):
     """The TINY config (20 steps, evaluated every 10) with flat overrides. Tests that
     share it share compiled programs: a run's length (`steps`, epochs) is not part of
@@ -53,3 +51,21 @@ def stop_after(n):
                 raise Interrupted(line)
 
     return log
+
+
+def quiet(*_):
+    """A log callback that drops everything."""
+
+
+def file_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def flip_middle_byte(path):
+    """Damages a file as a bad disk sector would: one byte in its middle changes."""
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        b = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([b[0] ^ 0x01]))

@@ -92,7 +92,9 @@ def test_stand_in_family_sweeps_checkpoints_and_resumes(probe_config, tmp_path):
     assert resumed["trained_steps"] < full["trained_steps"]
     assert [r["probe_acc"] for r in resumed["rows"]] == [r["probe_acc"] for r in full["rows"]]
     run = results.load_run(part)
-    np.testing.assert_array_equal(run.params["W"], results.load_run(str(tmp_path / "full")).params["W"])
+    np.testing.assert_array_equal(
+        run.params["W"], results.load_run(str(tmp_path / "full")).params["W"]
+    )
     assert "unseen_acc" not in run.results[0]
 
 

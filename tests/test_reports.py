@@ -5,11 +5,12 @@ import csv
 import json
 import os
 import pathlib
+import re
 
 import jax
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, tiny_config
 
 from jaxmech import results
 from jaxmech.config import Config
@@ -117,17 +118,21 @@ def _read(path):
         return list(csv.DictReader(f))
 
 
+# the protocol study's ablations: every mechanism report below shares one compiled table
+ABLATIONS = ("none", "ep", "ep+bp", "ep+pp+bp")
+
+
 def test_mechanism_report_writes_what_it_prints(tiny_run):
     from jaxmech.reports.mechanism import analyse_run
 
     lines = []
-    res = analyse_run(tiny_run, ("none", "ep", "ep+bp"), log=lines.append)
+    res = analyse_run(tiny_run, ABLATIONS, log=lines.append)
     out = os.path.join(tiny_run, "mechanism")
     rows = _read(os.path.join(out, "ablations.csv"))
     assert list(rows[0]) == ["model", "ablation", *METRICS]
     assert [(r["model"], r["ablation"]) for r in rows][:3] == [("0", "none"), ("0", "ep"), ("0", "ep+bp")]  # fmt: skip
     summary = json.load(open(os.path.join(out, "summary.json")))
-    for a in ("none", "ep", "ep+bp"):
+    for a in ABLATIONS:
         for m in METRICS:
             vals = [float(r[m]) for r in rows if r["ablation"] == a]
             assert summary["ablations"][a][m]["mean"] == pytest.approx(np.mean(vals))
@@ -151,3 +156,147 @@ def test_reports_refuse_runs_they_do_not_apply_to(tiny_run):
         analyse_relations_run(tiny_run)
     with pytest.raises(ValueError, match="does not exist"):
         analyse_rope_run(tiny_run + "_missing")
+
+
+# ---------------------------------------------------------------------------
+# diverged models: left out of every report and named; report entry points fail cleanly
+
+
+@pytest.fixture(scope="module")
+def diverged_run(tmp_path_factory):
+    """A trained run of four tiny models: lr = 10 (models 0, 1) diverges, lr = 1e-3
+    (models 2, 3) does not. Two finite models: the reports compile the same programs
+    as for `tiny_run`."""
+    from jaxmech.sweep import expand, run_grid
+
+    grid = expand(tiny_config(weight_decay=100.0), {"lr": "10,1e-3"}, seeds=2)
+    out = str(tmp_path_factory.mktemp("diverged") / "run")
+    # chunks of 2: the streaming program of tests/test_sweep.py (compiled once a session)
+    rows = run_grid(grid, out, chunk_size=2, log=lambda line: None)["rows"]
+    assert [r["diverged_step"] >= 0 for r in rows] == [True, True, False, False]
+    return out
+
+
+def _finite_only(path: str, out: str) -> str:
+    """The same folder with its finite models only (a run trained without the others)."""
+    run = results.load_run(path)
+    keep = [i for i, r in enumerate(run.results) if r["diverged_step"] < 0]
+    take = lambda tree: jax.tree_util.tree_map(lambda x: np.asarray(x)[keep], tree)  # noqa: E731
+    curves = {"step": np.zeros((len(keep), 1), int), "loss": np.ones((len(keep), 1))}
+    curves.update({m: np.asarray([[run.results[i][m]] for i in keep]) for m in METRICS})
+    results.write_files(out, run.config, take(run.settings), take(run.params), curves, np.full(len(keep), -1))  # fmt: skip
+    return out
+
+
+def test_mechanism_report_leaves_out_and_names_diverged_models(diverged_run, tmp_path):
+    from jaxmech.reports.mechanism import analyse_run
+
+    lines = []
+    res = analyse_run(diverged_run, ABLATIONS, log=lines.append)
+    named = [ln for ln in lines if ln.startswith("excluded:")]
+    assert len(named) == 2 and lines[:2] == named
+    assert re.fullmatch(r"excluded: model 0 \(.*lr=10\.0, weight_decay=100\.0, seed=0\): diverged at step \d+", named[0])  # fmt: skip
+    assert named[1].startswith("excluded: model 1 (") and "seed=1)" in named[1]
+    assert res["summary"]["models"] == 2 and res["summary"]["excluded"] == named
+    # per-model rows and lines keep the run's model index
+    out = os.path.join(diverged_run, "mechanism")
+    for name in ("ablations.csv", "heads.csv", "shares.csv"):
+        assert {r["model"] for r in _read(os.path.join(out, name))} == {"2", "3"}, name
+    assert any(ln.lstrip().startswith("model   2 unseen") for ln in lines)
+    # every number is the report of the finite models alone
+    alone = analyse_run(_finite_only(diverged_run, str(tmp_path / "alone")), ABLATIONS, log=lambda line: None)  # fmt: skip
+    assert res["summary"]["ablations"] == alone["summary"]["ablations"]
+    assert res["summary"]["mean_shares"] == alone["summary"]["mean_shares"]
+    np.testing.assert_array_equal(res["strong"]["ep_slope"], alone["strong"]["ep_slope"])
+    heads = _read(os.path.join(out, "heads.csv"))
+    heads_alone = _read(str(tmp_path / "alone" / "mechanism" / "heads.csv"))
+    assert [{**r, "model": int(r["model"]) - 2} for r in heads] == [{**r, "model": int(r["model"])} for r in heads_alone]  # fmt: skip
+
+
+def test_protocol_analysis_and_report_leave_out_and_name_diverged_models(diverged_run, tmp_path):
+    from jaxmech.presets import Protocol
+    from jaxmech.reports import protocol
+
+    rows = results.load_run(diverged_run).results
+    mech = protocol.protocol_mechanism(diverged_run, rows)
+    assert sorted(mech) == [2, 3]  # the finite models, by their index in the run
+    merged = protocol.merge_mechanism(rows, mech)
+    assert all(np.isnan(merged[i]["unseen_ep"]) for i in (0, 1))
+    assert merged[2]["unseen_ep"] == mech[2]["unseen_ep"]
+    study = str(tmp_path)
+    os.makedirs(os.path.join(study, "x"))
+    prot = Protocol("x", "weight_decay", "weight decay 100", {})
+    cells = ((5, 5),)
+    path = protocol.write_report(study, [prot], {"x": merged}, cells, 2, None)
+    text = open(path).read()
+    assert "| x | 5 | 5 | 2 |" in text  # the cell counts its two finite models
+    assert re.search(r"- x: excluded: model 0 \(.*seed=0\): diverged at step \d+", text)
+    assert "- x: excluded: model 1 (" in text
+    # a broken record of the study names its file
+    with open(os.path.join(study, "x", "protocol_time.json"), "w") as f:
+        f.write("{")
+    with pytest.raises(ValueError, match=re.escape(os.path.join(study, "x", "protocol_time.json"))):  # fmt: skip
+        protocol.write_report(study, [prot], {"x": merged}, cells, 2, None)
+
+
+RESULTS_CSV = "model,seed,diverged_step\n0,0,-1\n"
+
+
+def _fake_run(path, config=None, results_csv=RESULTS_CSV):
+    """A folder with the files `results.load_config` checks for (no real params)."""
+    os.makedirs(os.path.join(path, "params"))
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write((config or tiny_config()).to_json())
+    open(os.path.join(path, "curves.csv"), "w").close()
+    if results_csv is not None:
+        with open(os.path.join(path, "results.csv"), "w") as f:
+            f.write(results_csv)
+    return str(path)
+
+
+def _usage_error(entry, *argv) -> str:
+    """The UsageError message of an entry point's main for these flags (in-process)."""
+    from absl import app
+
+    try:
+        entry.FLAGS([entry.__file__, *argv])
+        with pytest.raises(app.UsageError) as e:
+            entry.main([])
+    finally:
+        entry.FLAGS.unparse_flags()
+    return str(e.value)
+
+
+def test_mechanism_entry_point_refuses_bad_runs_before_any_compute(tmp_path):
+    from experiments import mechanism as entry
+    from jaxmech.reports.relations import relations_refusal
+    from jaxmech.reports.rope import rope_refusal
+    from jaxmech.reports.text import text_refusal
+
+    for text in ("", ",", " , ,"):
+        assert "--run" in _usage_error(entry, f"--run={text}")
+    for kind in ("2d", "three"):
+        run = _fake_run(tmp_path / kind, Config().replace(task_kind=kind))
+        msg = _usage_error(entry, f"--run={run}")
+        assert f"task_kind = {kind!r}" in msg and f"experiments.relations --run={run}" in msg
+    assert "1D task" in rope_refusal("rope", "r", "2d")
+    bad = {
+        "broken": ("{", RESULTS_CSV, "has a broken config.json"),
+        "missing": (None, None, "has no results.csv"),
+        "header_only": (None, "model,seed,diverged_step\n", "holds no model rows"),
+        "not_results": (None, "a,b\n1,2\n", "is not a results table"),
+        "all_diverged": (None, "model,diverged_step\n0,3\n1,5\n", "every model of this run"),
+    }
+    for name, (config_text, results_csv, message) in bad.items():
+        run = _fake_run(tmp_path / name, results_csv=results_csv)
+        if config_text is not None:
+            with open(os.path.join(run, "config.json"), "w") as f:
+                f.write(config_text)
+        msg = _usage_error(entry, f"--run={run}")
+        assert run in msg and message in msg, (name, msg)
+        # every report's entry point checks the same way (`common.check_runs`)
+        for refusal in (relations_refusal, text_refusal):
+            with pytest.raises(ValueError, match=re.escape(message)):
+                common.check_runs(run, refusal)
+    with pytest.raises(ValueError, match="--run"):
+        common.check_runs(",", text_refusal)

@@ -5,8 +5,9 @@ import shutil
 
 import numpy as np
 import pytest
+from conftest import flip_middle_byte
 
-from jaxmech import results
+from jaxmech import checkpoint, results
 from jaxmech.config import Config
 from jaxmech.evaluate import METRICS
 from jaxmech.train import stack_settings
@@ -105,3 +106,37 @@ def test_write_csv_writes_header_and_rows_and_refuses_no_rows(tmp_path):
     with pytest.raises(ValueError, match="no rows"):
         results.write_csv(str(tmp_path / "empty.csv"), [])
     assert os.listdir(tmp_path) == ["t.csv"]
+
+
+def test_a_flipped_byte_in_params_is_an_error_naming_the_file(folder, tmp_path):
+    """Every data file of params/ is checksummed: one changed byte is not loaded silently."""
+    path = _copy(folder, tmp_path)
+    files = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(os.path.join(path, "params"))
+        for f in fs
+        if os.path.getsize(os.path.join(d, f)) > 0 and f != checkpoint.MANIFEST
+    ]
+    target = max(files, key=os.path.getsize)  # the largest: the parameter values
+    flip_middle_byte(target)
+    with pytest.raises(ValueError, match="has unreadable params") as e:
+        results.load_run(path)
+    assert os.path.relpath(target, path) in str(e.value) or target in str(e.value)
+
+
+def test_diverged_models_have_nan_metrics_and_loss_in_results_csv(tmp_path):
+    """A diverged model's last-finite params are not a trained model: NaN, not 0.0."""
+    config = Config()
+    settings = stack_settings([config.replace(seed=s).settings() for s in (0, 1)])
+    curves = {"step": np.asarray([[10], [10]]), "loss": np.asarray([[0.5], [np.nan]])}
+    curves.update({m: np.asarray([[0.75], [0.0]]) for m in METRICS})
+    out = str(tmp_path / "run")
+    params = {"vision": {"W": np.zeros((2, 3), np.float32)}}
+    results.write_files(out, config, settings, params, curves, np.asarray([-1, 7]))
+    finite, diverged = results.load_run(out).results
+    assert finite["unseen_acc"] == 0.75 and finite["diverged_step"] == -1
+    assert diverged["diverged_step"] == 7
+    for m in (*METRICS, "final_loss"):
+        assert np.isnan(diverged[m]), m
+    table = results.summary_table([finite, diverged], (), METRICS)
+    assert "1 diverged model(s) excluded" in table and "nan" not in table.split("DIVERGED")[1]

@@ -8,9 +8,10 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
-from conftest import TINY, Interrupted, stop_after, tiny_config
+from conftest import TINY, Interrupted, file_bytes, flip_middle_byte, quiet, stop_after, tiny_config
 
 from jaxmech import checkpoint, results
 from jaxmech.config import Config
@@ -27,8 +28,6 @@ def _grid(steps=40, eval_every=10, n_pair="3,5", seeds=2):
 
 def _params_equal(a_dir, b_dir, rtol=1e-5, atol=1e-6, exact=True):
     a, b = results.load_run(a_dir), results.load_run(b_dir)
-    import jax
-
     flat_a = jax.tree_util.tree_flatten_with_path(a.params)[0]
     for (path, x), y in zip(flat_a, jax.tree_util.tree_leaves(b.params)):
         name = jax.tree_util.keystr(path)
@@ -52,28 +51,29 @@ def test_interrupted_sweep_resumes_to_the_same_result(tmp_path):
     # 4 models: chunk 0 (2 models) done, chunk 1 (2 models) at step 10 of 40
     assert resumed["trained_steps"] == 2 * 30
     _params_equal(full, part)
+    for name in ("results.csv", "curves.csv"):  # same bytes: same columns in the same order
+        assert file_bytes(os.path.join(part, name)) == file_bytes(os.path.join(full, name)), name
     assert not os.path.exists(os.path.join(part, "checkpoints"))  # cleaned when finished
 
 
-def test_damaged_checkpoint_is_reported_not_restarted(tmp_path):
-    grid = _grid()
+def test_a_damaged_checkpoint_falls_back_to_the_last_intact_step(tmp_path):
+    grid = _grid()  # 4 models: one chunk, checkpoints at steps 10, 20, 30 (two kept)
+    full = str(tmp_path / "full")
+    run_grid(grid, full, log=quiet)
     out = str(tmp_path / "run")
     with pytest.raises(Interrupted):
-        run_grid(grid, out, chunk_size=4, log=stop_after(2))
-    files = [
-        f
-        for f in glob.glob(
-            os.path.join(out, "checkpoints", "chunk_0000", "*", "state", "**"), recursive=True
-        )
-        if os.path.isfile(f) and os.path.getsize(f) > 0
-    ]
-    assert files
-    for f in files:
-        with open(f, "wb") as fh:
-            fh.write(b"not a checkpoint")
-    with pytest.raises(checkpoint.CheckpointError, match="damaged"):
-        run_grid(grid, out, chunk_size=4, log=lambda *_: None)
-    assert not os.path.exists(os.path.join(out, "results.csv"))
+        run_grid(grid, out, log=stop_after(3))
+    newest = os.path.join(out, "checkpoints", "chunk_0000", "30")
+    data = [f for f in glob.glob(os.path.join(newest, "state", "**"), recursive=True)]
+    target = max((f for f in data if os.path.isfile(f)), key=os.path.getsize)
+    flip_middle_byte(target)  # the parameter values: Orbax alone would load it silently
+    lines = []
+    resumed = run_grid(grid, out, log=lines.append)
+    warned = [line for line in lines if os.path.basename(target) in line]
+    assert warned, lines  # the warning names the damaged file
+    assert resumed["trained_steps"] == 4 * 20  # from step 20: not from 30, not from 0
+    for name in ("results.csv", "curves.csv"):  # byte-identical to the uninterrupted run
+        assert file_bytes(os.path.join(out, name)) == file_bytes(os.path.join(full, name)), name
 
 
 def test_mismatched_sweep_is_refused_before_compute(tmp_path):
@@ -162,6 +162,9 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         ("--preset=nope", "--preset='nope' is unknown"),
         ("--epochs=0,5", "mixes 0"),
         ("--model_kind=nope", "model_kind = 'nope' is invalid"),
+        ("--chunk_size=0", "--chunk_size=0: allowed an integer >= 1"),
+        ("--checkpoint_every=0", "--checkpoint_every=0"),
+        ("--n_pair=5,5", "5 is given twice"),
     ],
 )
 def test_bad_cli_specs_fail_with_clear_errors(tmp_path, flag, message):
@@ -221,14 +224,32 @@ def test_preset_is_the_protocol_config_and_flags_override_it():
     assert grid.config.task.caption_mode == "left_right" and grid.config.model.text_layers == 1
 
 
-def test_default_chunks_are_balanced_and_small_on_cpu():
-    import jax
+def test_a_model_gives_the_same_numbers_in_sweeps_of_different_sizes(tmp_path):
+    """Chunks have a fixed size per backend, so a model's numbers do not depend on how
+    many models share its sweep or which ones are its neighbours."""
+    import json
 
     from jaxmech.sweep import default_chunk_size
 
-    n_dev = jax.device_count()
-    for k in range(1, 70):
-        c = default_chunk_size(k)
-        n = -(-k // c)
-        assert c % n_dev == 0 and c <= 4 * n_dev
-        assert n * c - k < n * n_dev, (k, c)  # less than one padded model per chunk and device
+    alone = str(tmp_path / "alone")
+    run_grid(_grid(steps=20, n_pair="5", seeds=1), alone, log=quiet)  # model (5, seed 0)
+    crowd = str(tmp_path / "crowd")
+    run_grid(_grid(steps=20, n_pair="3,5", seeds=3), crowd, log=quiet)  # (5, 0) is 4th of 6
+    a, b = results.load_run(alone), results.load_run(crowd)
+    (row,) = a.results
+    (same,) = [r for r in b.results if r["n_pair_labels"] == 5 and r["seed"] == 0]
+    assert {k: v for k, v in row.items() if k != "model"} == {
+        k: v for k, v in same.items() if k != "model"
+    }
+    curve = [{k: v for k, v in r.items() if k != "model"} for r in a.curves]
+    assert curve == [
+        {k: v for k, v in r.items() if k != "model"} for r in b.curves if r["model"] == 3
+    ]
+    for x, y in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
+        np.testing.assert_array_equal(x[0], y[3])
+    with open(os.path.join(crowd, "sweep.json")) as f:
+        program = json.load(f)["program"]
+    assert program["chunk_size"] == default_chunk_size() and program["backend"] == "cpu"
+    # resuming with another chunk size would mix programs: refused, naming both
+    with pytest.raises(SweepMismatchError, match=r"chunks of 4 .*not chunks of 2"):
+        run_grid(_grid(steps=20, n_pair="3,5", seeds=3), crowd, chunk_size=2, log=quiet)

@@ -129,7 +129,7 @@ def test_nonfinite_model_is_frozen_and_reported():
     for a, b in zip(jax.tree_util.tree_leaves(new.params), jax.tree_util.tree_leaves(bad.params)):
         np.testing.assert_array_equal(a, b)
     assert int(new.step[0]) == 20
-    lines = diverged_models(new, s1)
+    lines = diverged_models(new.diverged_step, s1)
     assert len(lines) == 1 and "model 0" in lines[0] and "n_pair_labels=5" in lines[0]
 
 
@@ -177,7 +177,7 @@ def test_results_folder_round_trip_rerun_and_no_overwrite(tmp_path):
     assert loaded.results[2]["unseen_acc"] == pytest.approx(run["rows"][2]["unseen_acc"])
     before = open(os.path.join(out, "results.csv")).read()
     # the same sweep again: nothing to train
-    again = run_grid(grid, out, log=lambda *_: None)
+    again = run_grid(grid, out, chunk_size=2, log=lambda *_: None)
     assert again["trained_steps"] == 0
     # another sweep into the same folder: refused, folder untouched
     other = expand(SMALL, {"n_pair": "3,4"}, seeds=2)
@@ -200,6 +200,8 @@ def test_results_folder_round_trip_rerun_and_no_overwrite(tmp_path):
         ({"d_model": "64,128"}, "not sweepable"),
         ({"lr": "a"}, "lr"),
         ({"n_pair": "5:10:0"}, "step must be positive"),
+        ({"n_pair": "5,5"}, "5 is given twice"),
+        ({"lr": "1e-3,3e-4,0.001"}, "0.001 is given twice"),
     ],
 )
 def test_bad_sweep_specs_fail_clearly(specs, match):

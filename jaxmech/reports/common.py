@@ -1,7 +1,13 @@
 """What every report shares: a loaded run, CSV / JSON files, seed summaries, ablation tables.
 
 * `open_run(path)`: a finished results folder as device arrays (stacked params [K, ...],
-  settings [K]) plus the task's data, the prologue of every report;
+  settings [K]) plus the task's data, the prologue of every report. Diverged models
+  (results.csv `diverged_step >= 0`: their params are the last finite ones, not a
+  trained model) are left out and named, one `excluded: ...` line each, so no report
+  averages them in; the kept models keep their index in the run (`LoadedRun.models`);
+* `check_run(path)`: the cheap check an entry point runs on every folder before any
+  compute (config.json, results.csv, at least one finite model); `check_runs(text,
+  refusal)` does it for every folder of a `--run` flag;
 * `write_csv` (the one CSV writer, from `jaxmech.results`) and `write_json`;
 * `spread` / `fmt_spread` / `fmt_ci`: mean, std, min, max over models (finite values),
   and mean +- std with a 95% t-interval (`jaxmech.stats.mean_ci`);
@@ -12,14 +18,16 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import os
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.config import Config, Settings
+from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.results import load_config, load_run, write_csv
 from jaxmech.stats import mean_ci
 from jaxmech.train import build_data
@@ -31,8 +39,12 @@ __all__ = [
     "TableStyle",
     "ablation_rows",
     "ablation_summary",
+    "check_run",
+    "check_runs",
+    "excluded_lines",
     "fmt_ci",
     "fmt_spread",
+    "is_diverged",
     "load_config",
     "open_run",
     "print_ablation_summary",
@@ -43,14 +55,16 @@ __all__ = [
 
 
 class LoadedRun(NamedTuple):
-    """A finished results folder, ready for analysis."""
+    """A finished results folder, ready for analysis: its finite models only."""
 
     path: str
     config: Config
     params: Any  # stacked [K, ...], device arrays
     settings: Settings  # device arrays [K]
     data: Any  # the task's tables and eval sets (`train.build_data`); None if not asked
-    results: list[dict]  # results.csv rows, one per model
+    results: list[dict]  # results.csv rows, one per kept model
+    models: tuple[int, ...]  # [K] each model's index in the run (results.csv `model`)
+    excluded: tuple[str, ...]  # one line per diverged model left out (`excluded_lines`)
 
     @property
     def k(self) -> int:
@@ -61,16 +75,140 @@ class LoadedRun(NamedTuple):
         return np.asarray([r.get("unseen_acc", np.nan) for r in self.results], float)
 
 
-def open_run(path: str, *, with_data: bool = True) -> LoadedRun:
-    """Loads results folder `path` (strict: see `results.load_config`) for a report."""
+def is_diverged(row: dict) -> bool:
+    """Whether a results.csv row is a model whose loss or gradient went non-finite."""
+    return row["diverged_step"] >= 0
+
+
+def _setting_text(value) -> str:
+    # settings are stored as float32: print the shortest text that reads back the same
+    return str(np.float32(value)) if isinstance(value, float) else str(value)
+
+
+def excluded_lines(rows: list[dict]) -> list[str]:
+    """One line per diverged model of results.csv `rows`, naming it for the reader.
+
+    A model is named by its index in the run and the settings that tell it apart: the
+    sweepable fields that vary over the run or differ from the defaults, then its seed.
+    """
+    if not rows:
+        return []
+    defaults = Config().flat()
+    names = [
+        n
+        for n in SWEEPABLE
+        if n != "seed"
+        and n in rows[0]
+        and (
+            len({r[n] for r in rows}) > 1
+            or not np.isclose(float(rows[0][n]), float(defaults[n]), rtol=1e-6)
+        )
+    ]
+    lines = []
+    for r in rows:
+        if is_diverged(r):
+            fields = ", ".join(f"{n}={_setting_text(r[n])}" for n in (*names, "seed") if n in r)
+            lines.append(
+                f"excluded: model {r['model']} ({fields}): diverged at step {r['diverged_step']}"
+            )
+    return lines
+
+
+def _results_rows(path: str) -> list[dict]:
+    """results.csv of folder `path` as rows with int `model` and `diverged_step`; a
+    ValueError naming the file when it has no rows or lacks those columns."""
+    file = os.path.join(path, "results.csv")
+    with open(file, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise ValueError(f"{file} holds no model rows; train the run again (or --overwrite it)")
+    try:
+        for r in rows:
+            r["model"], r["diverged_step"] = int(r["model"]), int(r["diverged_step"])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{file} is not a results table (each row needs integer `model` and "
+            "`diverged_step` columns); train the run again (or --overwrite it)"
+        ) from None
+    return rows
+
+
+def _refuse_all_diverged(path: str, rows: list[dict]) -> None:
+    if all(is_diverged(r) for r in rows):
+        raise ValueError(
+            f"{path}: every model of this run diverged ({len(rows)} model(s)), so there is "
+            "nothing to analyse; train it again with a smaller lr or weight_decay"
+        )
+
+
+def check_run(path: str) -> Config:
+    """The Config of a finished results folder, after the checks a report needs.
+
+    Cheap (reads config.json and results.csv), so entry points refuse a bad folder
+    before any compute. Raises ValueError naming the folder or file: not a finished
+    results folder (`results.load_config`), a results.csv without model rows, or a run
+    whose every model diverged.
+    """
+    config = load_config(path)
+    _refuse_all_diverged(path, _results_rows(path))
+    return config
+
+
+def check_runs(text: str, refusal) -> list[str]:
+    """The results folders named by a `--run` flag (comma-separated), each checked
+    (`check_run`, then `refusal(config, path)`: why the report does not apply, or
+    None) before any compute. Raises ValueError starting "--run" for no folder, a bad
+    folder or a refused one."""
+    runs = [r.strip() for r in (text or "").split(",") if r.strip()]
+    if not runs:
+        raise ValueError(f"--run = {text!r}: give at least one results folder (comma-separated)")
+    for r in runs:
+        try:
+            why = refusal(check_run(r), r)
+        except ValueError as e:
+            raise ValueError(f"--run: {e}") from None
+        if why:
+            raise ValueError(f"--run: {why}")
+    return runs
+
+
+def _take(tree, index: np.ndarray):
+    """`tree` with only the models at `index` along every leaf's leading axis."""
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[index], tree)
+
+
+def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
+    """Loads results folder `path` (strict: see `results.load_config`) for a report.
+
+    Only the finite models are kept: a diverged model's params are the last finite ones,
+    not a trained model, and its numbers would be averaged into every statistic. Each
+    left-out model is logged (`excluded_lines`) and listed in `LoadedRun.excluded`;
+    `LoadedRun.models` keeps the kept models' indices in the run, for per-model rows.
+    Raises ValueError naming `path` when results.csv does not match params/ or every
+    model diverged.
+    """
     run = load_run(path)
+    k = len(np.asarray(run.settings.seed))
+    _results_rows(path)  # results.csv has the columns read below (else a clear error)
+    if len(run.results) != k:
+        raise ValueError(
+            f"{os.path.join(path, 'results.csv')} has {len(run.results)} row(s) but params/ "
+            f"holds {k} model(s); the folder is damaged: train the run again"
+        )
+    _refuse_all_diverged(path, run.results)
+    excluded = excluded_lines(run.results)
+    for line in excluded:
+        log(line)
+    keep = np.asarray([i for i, r in enumerate(run.results) if not is_diverged(r)])
     return LoadedRun(
         path,
         run.config,
-        jax.tree_util.tree_map(jnp.asarray, run.params),
-        jax.tree_util.tree_map(jnp.asarray, run.settings),
+        _take(run.params, keep),
+        _take(run.settings, keep),
         build_data(run.config) if with_data else None,
-        run.results,
+        [run.results[i] for i in keep],
+        tuple(int(run.results[i]["model"]) for i in keep),
+        tuple(excluded),
     )
 
 
@@ -100,7 +238,7 @@ def fmt_ci(values, lo: float | None = -1.0, hi: float | None = 1.0) -> str:
     return f"{m:+.3f} +-{sd:.3f} [{a:+.3f},{b:+.3f}]"
 
 
-def ablation_rows(table: dict, columns: list[dict], metrics) -> list[dict]:
+def ablation_rows(table: dict, columns: list[dict], metrics, models=None) -> list[dict]:
     """CSV rows of a models x ablations table, model-major.
 
     Args:
@@ -108,10 +246,13 @@ def ablation_rows(table: dict, columns: list[dict], metrics) -> list[dict]:
       columns: A dicts, the labels of each column (e.g. {"ablation": "ep"}); they go
         between `model` and the metrics.
       metrics: which metrics of `table`, in CSV order.
+      models: [K] the `model` of each row (`LoadedRun.models`: the index in the run);
+        default 0..K-1.
     """
     k = np.shape(table[metrics[0]])[0]
+    models = range(k) if models is None else models
     return [
-        {"model": i, **col, **{m: float(table[m][i, j]) for m in metrics}}
+        {"model": models[i], **col, **{m: float(table[m][i, j]) for m in metrics}}
         for i in range(k)
         for j, col in enumerate(columns)
     ]

@@ -6,11 +6,14 @@ Writes into `RUN/mechanism/`:
                  CLS-row EP over key positions), ep_slope (logit / pixel), ep_range,
                  qp_gradient, qp_slope
   shares.csv     model, head, term, share of the CLS-row logit variance (unseen pairs)
-  summary.json   per-ablation means and the ablation table's wall time
+  summary.json   per-ablation means, the ablation table's wall time, the excluded
+                 (diverged) models
   figures: terms.png, cls_profiles.png, ablations.png, ep_gradient.png
 
-The E/P report needs a vision tower with a learned `P`; a rotary vision tower
-(`vision_pos = "rope"`) has its own report, `jaxmech.reports.rope`.
+The E/P report needs the 1D task and a vision tower with a learned `P`; a rotary
+vision tower (`vision_pos = "rope"`) has its own report, `jaxmech.reports.rope`, and
+so do 2D and three-object runs, `jaxmech.reports.relations`. Diverged models are left
+out of every table, statistic and figure, and named (`reports.common.open_run`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
     ablation_summary,
-    load_config,
+    check_run,
     open_run,
     print_ablation_summary,
     write_csv,
@@ -44,6 +47,14 @@ SHARE_TERMS = ("EE", "EP", "PE", "PP", "BE", "BP", "XX", "BX", "QP")
 
 def ep_report_refusal(config: Config, path: str) -> str | None:
     """Why the E/P mechanism report does not apply to a run (None when it does)."""
+    kind = config.task.task_kind
+    if kind != "1d":
+        # its EP slope and Spearman are over a line of pixels: on a 2D grid they would
+        # be read over the flattened cells, and a third object changes the task
+        return (
+            f"{path}: task_kind = {kind!r}: this report is for the 1D task; use "
+            f"python -m experiments.relations --run={path}"
+        )
     if config.model.vision_pos != "learned":
         return (
             f"{path}: vision_pos = {config.model.vision_pos!r}: the vision tower has no "
@@ -98,12 +109,13 @@ def compute_mechanism(run: LoadedRun, ablations, heads=None) -> dict:
     return {"table": table, "wall_s": wall, "heads": ht, "shares": shares}
 
 
-def head_rows(ht: dict) -> list[dict]:
-    """heads.csv rows from a `head_table` ({name: [K, H]}), model-major."""
+def head_rows(ht: dict, models) -> list[dict]:
+    """heads.csv rows from a `head_table` ({name: [K, H]}), model-major; `models` [K]
+    is each model's index in the run."""
     k, n_heads = ht["delta_pe"].shape
     return [
         {
-            "model": i,
+            "model": models[i],
             "head": h,
             "role": "relational" if ht["relational"][i, h] else "label-specific",
             "delta_label": float(ht["delta_label"][i, h]),
@@ -119,19 +131,21 @@ def head_rows(ht: dict) -> list[dict]:
     ]
 
 
-def share_rows(shares: dict) -> list[dict]:
-    """shares.csv rows from {term: [K, H]}, model-major then head then term."""
+def share_rows(shares: dict, models) -> list[dict]:
+    """shares.csv rows from {term: [K, H]}, model-major then head then term; `models`
+    [K] is each model's index in the run."""
     k, n_heads = shares[SHARE_TERMS[0]].shape
     return [
-        {"model": i, "head": h, "term": t, "share": float(shares[t][i, h])}
+        {"model": models[i], "head": h, "term": t, "share": float(shares[t][i, h])}
         for i in range(k)
         for h in range(n_heads)
         for t in SHARE_TERMS
     ]
 
 
-def print_mechanism(res: dict, summary: dict, unseen, log) -> None:
-    """Logs the ablation table, each model's head roles and strongest head, mean shares."""
+def print_mechanism(res: dict, summary: dict, unseen, models, log) -> None:
+    """Logs the ablation table, each model's head roles and strongest head (`models`
+    [K]: its index in the run), mean shares."""
     k, n_ablations = np.shape(res["table"][METRICS[0]])
     log(
         f"ablation table: {k} model(s) x {n_ablations} ablations x 4 sets, one compiled "
@@ -144,7 +158,7 @@ def print_mechanism(res: dict, summary: dict, unseen, log) -> None:
     for i in range(k):
         roles = "".join("R" if ht["relational"][i, h] else "l" for h in range(n_heads))
         log(
-            f"  model {i:3d} unseen {unseen[i]:.3f}  roles {roles}  strongest head "
+            f"  model {models[i]:3d} unseen {unseen[i]:.3f}  roles {roles}  strongest head "
             f"{strong['head'][i]}: EP slope {strong['ep_slope'][i]:+.3f}/px, "
             f"Spearman {strong['ep_gradient'][i]:+.2f}"
         )
@@ -167,13 +181,13 @@ def plot_mechanism(run: LoadedRun, res: dict, abl_rows, ablations, out, unseen, 
         plots.term_heatmaps(
             {n: terms[n][0, h0] for n in ("EE", "EP", "PE", "PP", "BP")},
             os.path.join(out, "terms.png"),
-            f"model {i0}, head {h0}: logit terms on an unseen-pair image",
+            f"model {run.models[i0]}, head {h0}: logit terms on an unseen-pair image",
             labels,
         ),
         plots.head_profiles(
             {"EP": ht["ep_profile"][i0], "BP": ht["bp_profile"][i0], "QP": ht["qp_profile"][i0]},
             os.path.join(out, "cls_profiles.png"),
-            f"model {i0}: CLS-row terms per head",
+            f"model {run.models[i0]}: CLS-row terms per head",
         ),
         plots.ablation_bars(
             abl_rows,
@@ -199,7 +213,8 @@ def analyse_run(
     """Computes, writes, prints and plots the mechanism report of one results folder.
 
     Args:
-      path: a finished results folder with a learned-P vision tower (else ValueError).
+      path: a finished 1D results folder with a learned-P vision tower (else ValueError),
+        with at least one finite model; diverged models are left out and logged.
       ablations: names (`analysis.ablate.parse_ablation`), "none" first by convention.
       heads: vision heads to ablate in (default all).
       threshold: unseen-pair accuracy that counts as generalising (figure groups).
@@ -207,27 +222,30 @@ def analyse_run(
 
     Returns:
       {"summary": summary.json's dict, "strong": `strongest_heads` ({name: [K]}),
-      "unseen": [K] unseen-pair accuracies, "ablation_rows": ablations.csv's rows}.
+      "unseen": [K] unseen-pair accuracies, "ablation_rows": ablations.csv's rows,
+      "models": [K] each model's index in the run}, over the K finite models.
     """
-    refusal = ep_report_refusal(load_config(path), path)
+    refusal = ep_report_refusal(check_run(path), path)
     if refusal:
         raise ValueError(refusal)
     out = plots.ensure_dir(os.path.join(path, "mechanism"))
-    run = open_run(path)
+    run = open_run(path, log=log)
     res = compute_mechanism(run, ablations, heads)
     res["strong"] = strongest_heads(res["heads"])
-    abl_rows = ablation_rows(res["table"], [{"ablation": a} for a in ablations], METRICS)
+    columns = [{"ablation": a} for a in ablations]
+    abl_rows = ablation_rows(res["table"], columns, METRICS, run.models)
     write_csv(os.path.join(out, "ablations.csv"), abl_rows)
-    write_csv(os.path.join(out, "heads.csv"), head_rows(res["heads"]))
-    write_csv(os.path.join(out, "shares.csv"), share_rows(res["shares"]))
+    write_csv(os.path.join(out, "heads.csv"), head_rows(res["heads"], run.models))
+    write_csv(os.path.join(out, "shares.csv"), share_rows(res["shares"], run.models))
     summary = {
         "ablation_wall_s": res["wall_s"],
         "models": run.k,
+        "excluded": list(run.excluded),
         "ablations": ablation_summary(res["table"], ablations, METRICS),
         "mean_shares": {t: float(np.mean(res["shares"][t])) for t in SHARE_TERMS},
     }
     unseen = run.unseen_acc()
-    print_mechanism(res, summary, unseen, log)
+    print_mechanism(res, summary, unseen, run.models, log)
     write_json(os.path.join(out, "summary.json"), summary)
     figs = plot_mechanism(run, res, abl_rows, ablations, out, unseen, threshold)
     csvs = ("ablations.csv", "heads.csv", "shares.csv")
@@ -238,6 +256,7 @@ def analyse_run(
         "strong": res["strong"],
         "unseen": unseen,
         "ablation_rows": abl_rows,
+        "models": run.models,
     }
 
 

@@ -14,6 +14,10 @@ x seeds) are the sweepable values. The same study runs on a GPU/TPU with more se
 
 Cells: the N_pair axis at the first n_2 value, and the n_2 axis at the first N_pair
 value (default (5, 15), (15, 15), (5, 45): does full layout diversity rescue few labels?).
+
+Diverged models (results.csv `diverged_step >= 0`) are analysed by no statistic, table,
+figure or verdict: their mechanism columns are NaN, the cell statistics skip them, and
+the log and report.md name each one (`reports.common.excluded_lines`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from jaxmech.analysis.ablate import ablation_table
 from jaxmech.analysis.heads import head_table
 from jaxmech.config import Config, ConfigError
 from jaxmech.presets import BASELINE, Protocol
-from jaxmech.reports.common import open_run, write_csv
+from jaxmech.reports.common import excluded_lines, is_diverged, open_run, write_csv
 from jaxmech.reports.mechanism import strongest_heads
 from jaxmech.stats import diff_ci, mean_ci
 from jaxmech.sweep import Grid, finite_steps, run_grid
@@ -78,9 +82,16 @@ def protocol_grid(
     return Grid(config, ("n_pair_labels", "layouts_per_pair"), tuple(settings))
 
 
-def mechanism_rows(path: str) -> list[dict]:
-    """Per model of a results folder: ablated accuracies and the strongest EP gradient."""
-    run = open_run(path)
+def mechanism_columns() -> list[str]:
+    """The columns `mechanism_rows` adds to a model's results row."""
+    cols = [f"{s}_{a}" for a in ABLATIONS[1:] for s in ("unseen", "labelset")]
+    return cols + ["ep_slope", "ep_gradient"]
+
+
+def mechanism_rows(path: str, log=print) -> list[dict]:
+    """Per finite model of a results folder (`model`: its index in the run): ablated
+    accuracies and the strongest EP gradient. Diverged models are left out and logged."""
+    run = open_run(path, log=log)
     cfg = run.config
     table = jax.device_get(ablation_table(run.params, run.settings, run.data, ABLATIONS))
     strongest = strongest_heads(
@@ -88,7 +99,7 @@ def mechanism_rows(path: str) -> list[dict]:
     )
     rows = []
     for i in range(run.k):
-        row = {"model": i}
+        row = {"model": run.models[i]}
         for j, a in enumerate(ABLATIONS[1:], start=1):
             row[f"unseen_{a}"] = float(table["unseen_acc"][i, j])
             row[f"labelset_{a}"] = float(table["labelset_acc"][i, j])
@@ -98,9 +109,41 @@ def mechanism_rows(path: str) -> list[dict]:
     return rows
 
 
-def _read_csv(path: str) -> list[dict]:
-    with open(path) as f:
-        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+def _read_mechanism(path: str) -> dict[int, dict]:
+    """{model: its `mechanism_columns`} of a protocol_mechanism.csv; a ValueError naming
+    the file when it is not one."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        return {int(float(r["model"])): {c: float(r[c]) for c in mechanism_columns()} for r in rows}
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not a table of per-model mechanism numbers ({type(e).__name__}: "
+            f"{e}); delete it and the study recomputes it"
+        ) from None
+
+
+def protocol_mechanism(path: str, rows: list[dict]) -> dict[int, dict]:
+    """{model: mechanism columns} of the finite models among results `rows` of protocol
+    folder `path`, cached in path/protocol_mechanism.csv (recomputed when the cache
+    lacks one of them)."""
+    finite = {int(r["model"]) for r in rows if not is_diverged(r)}
+    if not finite:
+        return {}
+    cache = os.path.join(path, "protocol_mechanism.csv")
+    by_model = _read_mechanism(cache) if os.path.isfile(cache) else {}
+    if not finite <= set(by_model):
+        # run_study logs the excluded models itself, cached or not
+        write_csv(cache, mechanism_rows(path, log=lambda line: None))
+        by_model = _read_mechanism(cache)
+    return by_model
+
+
+def merge_mechanism(rows: list[dict], by_model: dict[int, dict]) -> list[dict]:
+    """Each results row with its model's mechanism columns; NaN for a diverged model
+    (its last finite params are not a trained model)."""
+    missing = dict.fromkeys(mechanism_columns(), np.nan)
+    return [{**r, **(missing if is_diverged(r) else by_model[int(r["model"])])} for r in rows]
 
 
 def run_study(
@@ -118,7 +161,8 @@ def run_study(
     """Trains (resumably) and analyses every protocol; returns {name: merged rows}.
 
     `base` is the config the protocols' overrides apply to (default: SPEC defaults).
-    Every grid is built, and so validated, before anything trains.
+    Every grid is built, and so validated, before anything trains. Diverged models are
+    logged, one line each, and get NaN mechanism columns (`merge_mechanism`).
     """
     grids = {p.name: protocol_grid(p, cells, seeds, first_seed, base) for p in protocols}
     merged = {}
@@ -130,11 +174,10 @@ def run_study(
         log(f"\n=== protocol {p.name} ({p.label}): {k} models, {int(budget.sum())} model-steps")
         t0 = time.perf_counter()
         res = run_grid(grid, path, overwrite=overwrite, chunk_size=chunk_size, log=log)
-        mech_path = os.path.join(path, "protocol_mechanism.csv")
-        if not os.path.isfile(mech_path):
-            write_csv(mech_path, mechanism_rows(path))
-        mech = _read_csv(mech_path)
-        merged[p.name] = [{**r, **m} for r, m in zip(res["rows"], mech)]
+        for line in excluded_lines(res["rows"]):
+            log(f"    {p.name}: {line}")
+        mech = protocol_mechanism(path, res["rows"])
+        merged[p.name] = merge_mechanism(res["rows"], mech)
         took = time.perf_counter() - t0
         time_path = os.path.join(path, "protocol_time.json")
         if res["wall_s"] > 0 or not os.path.isfile(time_path):
@@ -154,7 +197,7 @@ def _cell(rows, p, q):
     return [
         r
         for r in rows
-        if r["n_pair_labels"] == p and r["layouts_per_pair"] == q and r["diverged_step"] < 0
+        if r["n_pair_labels"] == p and r["layouts_per_pair"] == q and not is_diverged(r)
     ]
 
 
@@ -304,6 +347,32 @@ def factor_figure(factor: str, protocols, merged, cells, path: str) -> str:
     return path
 
 
+def _total_s(out: str, name: str) -> float | None:
+    """Seconds protocol `name` took to train and analyse (its protocol_time.json), None
+    when it has no record; a ValueError naming the file when the record is broken."""
+    path = os.path.join(out, name, "protocol_time.json")
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            return float(json.load(f)["total_s"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ValueError(
+            f"{path} is not a protocol time record ({type(e).__name__}: {e}); delete it "
+            "(the next run of the study writes it again)"
+        ) from None
+
+
+def excluded_section(protocols, merged) -> list[str]:
+    """Markdown lines naming each diverged model per protocol (none: no section)."""
+    lines = []
+    for p in protocols:
+        lines += [f"- {p.name}: {line}" for line in excluded_lines(merged.get(p.name, []))]
+    if not lines:
+        return []
+    return ["", "## Excluded models", "", "Diverged; in no statistic, table or figure.", ""] + lines
+
+
 def write_report(out: str, protocols, merged, cells, seeds: int, wall_s: float | None) -> str:
     """OUT/report.md: setup, per-factor figure and verdict, the full cell table."""
     figdir = plots.ensure_dir(os.path.join(out, "figures"))
@@ -317,12 +386,7 @@ def write_report(out: str, protocols, merged, cells, seeds: int, wall_s: float |
         "95% t-intervals over seeds (Welch for differences). `steps` = optimiser steps "
         "a model took (finite sets: epochs x set size / pair samples per batch).",
     ]
-    times = {}
-    for p in protocols:
-        tp = os.path.join(out, p.name, "protocol_time.json")
-        if os.path.isfile(tp):
-            with open(tp) as f:
-                times[p.name] = json.load(f)["total_s"]
+    times = {p.name: t for p in protocols if (t := _total_s(out, p.name)) is not None}
     if times:
         lines.append(
             f"Wall time to train and analyse these protocols: {sum(times.values()) / 60:.1f} "
@@ -351,6 +415,7 @@ def write_report(out: str, protocols, merged, cells, seeds: int, wall_s: float |
             if p.name in verdicts:
                 lines.append(f"- {p.label}: {verdicts[p.name]}")
     lines += ["", "## All cells", ""] + cell_table(protocols, merged, cells)
+    lines += excluded_section(protocols, merged)
     path = os.path.join(out, "report.md")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

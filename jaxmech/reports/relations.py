@@ -8,13 +8,15 @@
                  row (`ep_row_slope`, + = rises downwards), share of its variance the
                  plane a + b c + d r explains (`ep_plane_r2`), range; three objects:
                  slope and Spearman over pixels as in `jaxmech.reports.mechanism`
-  summary.json   mean / std / min / max of every metric per ablation
+  summary.json   mean / std / min / max of every metric per ablation, the excluded
+                 (diverged) models
   figures: ep_grid.png (2D: the CLS-row EP over the H x W keys, models x heads),
   cls_profiles.png (three objects: CLS-row EP / BP per head)
 
 Ablations remove logit terms in all vision heads (`analysis.ablate`); with
 `per_head` also in one head at a time, which says whether left/right and above/below
-live in the same heads.
+live in the same heads. Diverged models are left out and named
+(`reports.common.open_run`); `model` is a model's index in the run.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
     ablation_summary,
-    load_config,
+    check_run,
     open_run,
     print_ablation_summary,
     write_csv,
@@ -101,8 +103,9 @@ def relations_refusal(config, path: str) -> str | None:
 def compute_ablations(run: LoadedRun, ablations, per_head) -> dict:
     """Accuracies under ablations in all vision heads and, for `per_head`, in each head.
 
-    Returns {"all": {metric: [K, A]}, "per_head": {name: {metric: [K, H]}}, "wall_s"}
-    (wall time of the all-heads table, compile included).
+    Returns {"all": {metric: [K, A]}, "per_head": {name: {metric: [K, H]}}, "wall_s"
+    (wall time of the all-heads table, compile included), "models" ([K] each model's
+    index in the run)}.
     """
     n_heads = run.params["vision"]["block_0"]["W_Q"].shape[1]
     t0 = time.perf_counter()
@@ -118,17 +121,18 @@ def compute_ablations(run: LoadedRun, ablations, per_head) -> dict:
             for m in table:
                 cols[m].append(np.asarray(t[m])[:, 0])
         per[name] = {m: np.stack(v, 1) for m, v in cols.items()}
-    return {"all": table, "per_head": per, "wall_s": wall}
+    return {"all": table, "per_head": per, "wall_s": wall, "models": run.models}
 
 
 def ablation_csv_rows(abl: dict, ablations) -> list[dict]:
     """ablations.csv rows: the all-heads table, then each per-head table."""
-    metrics = list(abl["all"])
-    rows = ablation_rows(abl["all"], [{"ablation": a, "heads": "all"} for a in ablations], metrics)
+    metrics, models = list(abl["all"]), abl["models"]
+    cols = [{"ablation": a, "heads": "all"} for a in ablations]
+    rows = ablation_rows(abl["all"], cols, metrics, models)
     for name, tab in abl["per_head"].items():
         n_heads = np.shape(tab[metrics[0]])[1]
         cols = [{"ablation": name, "heads": str(h)} for h in range(n_heads)]
-        rows += ablation_rows(tab, cols, metrics)
+        rows += ablation_rows(tab, cols, metrics, models)
     return rows
 
 
@@ -151,7 +155,7 @@ def print_ablations(run: LoadedRun, abl: dict, summary: dict, log) -> None:
                     f"@{h}: h {tab['unseen_h_acc'][i, h]:.2f} v {tab['unseen_v_acc'][i, h]:.2f}"
                     for h in range(n_heads)
                 )
-                log(f"    model {i}: {cells}")
+                log(f"    model {run.models[i]}: {cells}")
 
 
 def row_profiles(run: LoadedRun) -> dict:
@@ -180,7 +184,7 @@ def grid_heads(run: LoadedRun, ep, out: str, log) -> tuple[list[dict], dict, str
             ]
         )
         log(
-            f"  model {i} (unseen {run.results[i].get('unseen_acc', np.nan):.3f}): "
+            f"  model {run.models[i]} (unseen {run.results[i].get('unseen_acc', np.nan):.3f}): "
             + "  ".join(
                 f"head {h}: col {f['col_slope'][h]:+.2f} row {f['row_slope'][h]:+.2f} "
                 f"R2 {f['r2'][h]:.2f}"
@@ -190,7 +194,7 @@ def grid_heads(run: LoadedRun, ep, out: str, log) -> tuple[list[dict], dict, str
         for h in range(n_heads):
             rows.append(
                 {
-                    "model": i,
+                    "model": run.models[i],
                     "head": h,
                     "ep_col_slope": float(f["col_slope"][h]),
                     "ep_row_slope": float(f["row_slope"][h]),
@@ -207,15 +211,15 @@ def grid_heads(run: LoadedRun, ep, out: str, log) -> tuple[list[dict], dict, str
         grids,
         os.path.join(out, "ep_grid.png"),
         f"CLS-row EP over the {H_g}x{W_g} keys (rows: models, columns: heads)",
-        row_labels=[f"model {i}" for i in range(k)],
+        row_labels=[f"model {m}" for m in run.models],
         panel_titles=titles,
     )
     return rows, {"same_head_h_v": same}, fig
 
 
-def line_heads(prof: dict, out: str, log) -> tuple[list[dict], dict, str]:
-    """Three objects: slope and Spearman of each head's EP over pixels; logs them,
-    returns (rows, summary, figure)."""
+def line_heads(prof: dict, models, out: str, log) -> tuple[list[dict], dict, str]:
+    """Three objects: slope and Spearman of each head's EP over pixels (`models` [K]:
+    each model's index in the run); logs them, returns (rows, summary, figure)."""
     ep = np.asarray(prof["EP"])
     k, n_heads = ep.shape[:2]
     g = {n: np.stack([gradient_stats(ep[i])[n] for i in range(k)]) for n in ("slope", "spearman")}
@@ -223,7 +227,7 @@ def line_heads(prof: dict, out: str, log) -> tuple[list[dict], dict, str]:
     rows = []
     for i in range(k):
         log(
-            f"  model {i}: "
+            f"  model {models[i]}: "
             + "  ".join(
                 f"head {h}: {g['slope'][i, h]:+.2f} ({g['spearman'][i, h]:+.2f})"
                 for h in range(n_heads)
@@ -232,7 +236,7 @@ def line_heads(prof: dict, out: str, log) -> tuple[list[dict], dict, str]:
         for h in range(n_heads):
             rows.append(
                 {
-                    "model": i,
+                    "model": models[i],
                     "head": h,
                     "ep_slope": float(g["slope"][i, h]),
                     "ep_spearman": float(g["spearman"][i, h]),
@@ -242,7 +246,7 @@ def line_heads(prof: dict, out: str, log) -> tuple[list[dict], dict, str]:
     fig = plots.head_profiles(
         {"EP": ep[0], "BP": np.asarray(prof["BP"])[0]},
         os.path.join(out, "cls_profiles.png"),
-        "model 0: CLS-row terms per head (three objects)",
+        f"model {models[0]}: CLS-row terms per head (three objects)",
     )
     return rows, {}, fig
 
@@ -252,19 +256,22 @@ def analyse_relations_run(
 ) -> dict:
     """Computes, writes, prints and plots the report of a 2D or three-object results folder.
 
-    Raises ValueError for another task kind or a vision tower without a learned P.
-    Returns {"summary": summary.json's dict, "table": {metric: [K, A]}, "heads": rows}.
+    Raises ValueError for another task kind, a vision tower without a learned P or a run
+    whose every model diverged; diverged models are left out and logged.
+    Returns {"summary": summary.json's dict, "table": {metric: [K, A]}, "heads": rows}
+    over the K finite models.
     """
-    refusal = relations_refusal(load_config(path), path)
+    refusal = relations_refusal(check_run(path), path)
     if refusal:
         raise ValueError(refusal)
     out = plots.ensure_dir(os.path.join(path, "relations"))
-    run = open_run(path)
+    run = open_run(path, log=log)
     kind, columns = run.config.task.task_kind, COLUMNS[run.config.task.task_kind]
     abl = compute_ablations(run, ablations, per_head)
     summary = {
         "kind": kind,
         "models": run.k,
+        "excluded": list(run.excluded),
         "ablations": ablation_summary(abl["all"], ablations, columns),
         "per_head": {
             name: ablation_summary(
@@ -279,7 +286,7 @@ def analyse_relations_run(
     if kind == "2d":
         head_rows, extra, fig = grid_heads(run, np.asarray(prof["EP"]), out, log)
     else:
-        head_rows, extra, fig = line_heads(prof, out, log)
+        head_rows, extra, fig = line_heads(prof, run.models, out, log)
     summary.update(extra)
     write_csv(os.path.join(out, "heads.csv"), head_rows)
     write_json(os.path.join(out, "summary.json"), summary)

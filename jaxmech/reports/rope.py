@@ -5,7 +5,11 @@ Writes into `RUN/rope/`:
                  single_acc, seen_acc, unseen_acc, labelset_acc
   heads.csv      model, head, slope, spearman, sign_agree, delta_label, delta_pe,
                  content / position shares of the CLS-row logit variance, profile_0..L-1
-  summary.json   per-ablation means; figures profiles.png, ablations.png
+  summary.json   per-ablation means, the excluded (diverged) models; figures
+                 profiles.png, ablations.png
+
+Diverged models are left out and named (`reports.common.open_run`); `model` is a
+model's index in the run.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
     ablation_summary,
+    check_run,
     fmt_spread,
-    load_config,
     open_run,
     print_ablation_summary,
     write_csv,
@@ -41,8 +45,11 @@ from jaxmech.reports.common import (
 ROPE_SHARES = ("content", "position", "content_E", "position_E", "position_B")
 
 
-def rope_refusal(vision_pos: str, path: str) -> str | None:
+def rope_refusal(vision_pos: str, path: str, task_kind: str = "1d") -> str | None:
     """Why the rotary report does not apply to a run (None when it does)."""
+    if task_kind != "1d":
+        # its profiles move one object along a line of pixels: the 1D task's image
+        return f"{path}: task_kind = {task_kind!r}: the rope report is for the 1D task"
     if vision_pos != "rope":
         return (
             f"{path}: vision_pos = {vision_pos!r}: the rope report needs "
@@ -76,8 +83,9 @@ def compute_rope(run: LoadedRun) -> dict:
     return {"profiles": prof, "shares": shares, "names": names, "table": table, "wall_s": wall}
 
 
-def head_rows(prof: dict, shares: dict) -> list[dict]:
-    """heads.csv rows, model-major: profile statistics, variance shares, the profile."""
+def head_rows(prof: dict, shares: dict, models) -> list[dict]:
+    """heads.csv rows, model-major: profile statistics, variance shares, the profile;
+    `models` [K] is each model's index in the run."""
     k, n_heads = prof["slope"].shape
     rows = []
     for i in range(k):
@@ -85,7 +93,7 @@ def head_rows(prof: dict, shares: dict) -> list[dict]:
             p = prof["profile"][i, h]
             rows.append(
                 {
-                    "model": i,
+                    "model": models[i],
                     "head": h,
                     "slope": float(prof["slope"][i, h]),
                     "spearman": float(prof["spearman"][i, h]),
@@ -113,7 +121,7 @@ def print_heads(run: LoadedRun, prof: dict, rows: list[dict], log) -> None:
         "mean's sign; shares of the CLS-row logit variance (unseen-pair images)"
     )
     for i in range(run.k):
-        log(f"  model {i} (unseen {run.results[i]['unseen_acc']:.3f})")
+        log(f"  model {run.models[i]} (unseen {run.results[i]['unseen_acc']:.3f})")
         for h in range(n_heads):
             row, p = rows[i * n_heads + h], prof["profile"][i, h]
             log(
@@ -125,11 +133,13 @@ def print_heads(run: LoadedRun, prof: dict, rows: list[dict], log) -> None:
             )
 
 
-def plot_rope(res: dict, abl_rows, out: str, k: int) -> list[str]:
-    """profiles.png (every model's CLS-row profile per head) and ablations.png."""
+def plot_rope(res: dict, abl_rows, out: str, models) -> list[str]:
+    """profiles.png (every model's CLS-row profile per head; `models` [K]: the index in
+    the run) and ablations.png."""
+    k = len(models)
     return [
         plots.head_profiles(
-            {f"model {i}": res["profiles"]["profile"][i] for i in range(k)},
+            {f"model {m}": res["profiles"]["profile"][i] for i, m in enumerate(models)},
             os.path.join(out, "profiles.png"),
             "CLS-row logit to a lone object vs its pixel (mean over labels, centred)",
         ),
@@ -145,31 +155,33 @@ def plot_rope(res: dict, abl_rows, out: str, k: int) -> list[str]:
 def analyse_rope_run(path: str, log=print) -> dict:
     """Computes, writes, prints and plots the rotary report of one results folder.
 
-    Raises ValueError for a folder whose vision tower is not rotary.
-    Returns {"summary", "profiles", "shares", "ablation_rows"}.
+    Raises ValueError for a folder whose vision tower is not rotary, of another task
+    than 1D, or whose every model diverged; diverged models are left out and logged.
+    Returns {"summary", "profiles", "shares", "ablation_rows"} over the finite models.
     """
-    refusal = rope_refusal(load_config(path).model.vision_pos, path)
+    config = check_run(path)
+    refusal = rope_refusal(config.model.vision_pos, path, config.task.task_kind)
     if refusal:
         raise ValueError(refusal)
     out = plots.ensure_dir(os.path.join(path, "rope"))
-    run = open_run(path)
+    run = open_run(path, log=log)
     res = compute_rope(run)
-    rows = head_rows(res["profiles"], res["shares"])
+    rows = head_rows(res["profiles"], res["shares"], run.models)
     print_heads(run, res["profiles"], rows, log)
     write_csv(os.path.join(out, "heads.csv"), rows)
     names, k = res["names"], run.k
-    abl_rows = ablation_rows(res["table"], [{"ablation": a} for a in names], METRICS)
+    abl_rows = ablation_rows(res["table"], [{"ablation": a} for a in names], METRICS, run.models)
     write_csv(os.path.join(out, "ablations.csv"), abl_rows)
     log(
         f"\nrotation ablations ({k} models x {len(names)} masks, one compiled call, "
         f"{res['wall_s']:.1f} s): 'head h' = rotation off in head h, 'only h' = kept in head h only"
     )
-    summary = {"ablation_wall_s": res["wall_s"], "models": k}
+    summary = {"ablation_wall_s": res["wall_s"], "models": k, "excluded": list(run.excluded)}
     summary["ablations"] = ablation_summary(res["table"], names, METRICS)
     print_ablation_summary(summary["ablations"], METRICS, log, "rotation off")
     summary["mean_shares"] = {n: float(np.mean(res["shares"][n])) for n in ROPE_SHARES}
     write_json(os.path.join(out, "summary.json"), summary)
-    figs = plot_rope(res, abl_rows, out, k)
+    figs = plot_rope(res, abl_rows, out, run.models)
     log(
         "rope results: "
         + os.path.join(out, "ablations.csv")

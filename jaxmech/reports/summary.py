@@ -12,6 +12,7 @@ import os
 from jaxmech import plots
 from jaxmech.config import Config
 from jaxmech.families import family_for
+from jaxmech.reports.common import excluded_lines
 from jaxmech.results import summary_table
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid
@@ -61,8 +62,16 @@ def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str
             f"Training wall time {run['wall_s']:.0f} s "
             f"({len(rows) * 3600 / run['wall_s']:.0f} models/hour, compile and evaluation included)."
         )
-    if run["diverged"]:
-        lines.append(f"Diverged (excluded): {len(run['diverged'])} model(s).")
+    if run.get("program"):
+        p = run["program"]
+        lines.append(
+            f"Program: chunks of {p['chunk_size']} models on {p['devices']} {p['backend']} "
+            "device(s) (a model's numbers are bit-identical only in the same program)."
+        )
+    excluded = excluded_lines(rows)
+    if excluded:
+        lines.append(f"Diverged, excluded from every statistic: {len(excluded)} model(s):")
+        lines += [f"- {line.removeprefix('excluded: ')}" for line in excluded]
     fields = list(grid.swept) or ["seed"]
     for field in fields:
         lines += ["", f"## By `{field}`", ""]
@@ -90,6 +99,8 @@ def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
     rows = run["rows"]
     metrics = family_for(grid.config).metrics(grid.config)
     log(summary_table(rows, grid.swept, metrics))
+    for line in excluded_lines(rows):
+        log(line)
     figdir = plots.ensure_dir(os.path.join(out, "figures"))
     curves_png = os.path.join(figdir, "curves.png")
     paths = [plots.training_curves(run["curves"], curves_png, metrics=metrics)]

@@ -17,8 +17,12 @@ Prints the tables (mean +- std and 95% CI over models) and writes into `RUN/text
 (the folder keeps the report's old name, so existing runs keep their outputs):
   text_heads.csv  params (trained / init), model, layer, head, role, group, n, STAT_KEYS
   align.csv       params, model, kind, ALIGN_COLS
-  summary.json    head counts and strongest heads per model; alignment means
+  summary.json    head counts and strongest heads per model; alignment means; the
+                  excluded (diverged) models
   figures: text_heads.png, align.png
+
+Diverged models are left out and named (`reports.common.open_run`); `model` is a
+model's index in the run.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import numpy as np
 from jaxmech import plots  # selects the Agg backend before any figure is made
 from jaxmech.analysis.align import KINDS, alignment_study, control_maps
 from jaxmech.analysis.text_heads import GROUPS, ROLES, pair_captions, text_head_table
-from jaxmech.reports.common import LoadedRun, fmt_ci, load_config, open_run, write_csv, write_json
+from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
 from jaxmech.train import init_program
 
 STAT_KEYS = ("mean_pref", "std_pref", "frac_first", "mean_first", "mean_second", "key_P")
@@ -56,8 +60,9 @@ ALIGN_COLS = (
 )
 
 
-def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
-    """Per-head EOT statistics of stacked models, and their CSV rows."""
+def _text_heads(params, cfg, n_pair, label, min_pref, min_frac, models):
+    """Per-head EOT statistics of stacked models, and their CSV rows (`models` [K]:
+    each model's index in the run)."""
     caps = pair_captions(cfg.task.n_labels, cfg.task.caption_mode)
     first_val = cfg.task.n_labels - cfg.task.n_val_labels + 1
     fn = jax.jit(
@@ -82,7 +87,7 @@ def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
                     rows.append(
                         {
                             "params": label,
-                            "model": k,
+                            "model": models[k],
                             "layer": y,
                             "head": h,
                             "role": ROLES[int(out["role"][k, y, h])],
@@ -94,8 +99,9 @@ def _text_heads(params, cfg, n_pair, label, min_pref, min_frac):
     return out, rows
 
 
-def _alignment(params, cfg, label, n_random, n_shuffled, seed):
-    """Procrustes alignment study of stacked models per embedding kind, and its CSV rows."""
+def _alignment(params, cfg, label, n_random, n_shuffled, seed, models):
+    """Procrustes alignment study of stacked models per embedding kind, and its CSV rows
+    (`models` [K]: each model's index in the run)."""
     t = cfg.task
     n_fit = t.n_labels - t.n_val_labels
     fit, test = jnp.arange(1, n_fit + 1), jnp.arange(n_fit + 1, t.n_labels + 1)
@@ -129,14 +135,15 @@ def _alignment(params, cfg, label, n_random, n_shuffled, seed):
         out[kind] = r
         for k in range(len(r["cos_after"])):
             rows.append(
-                {"params": label, "model": k, "kind": kind}
+                {"params": label, "model": models[k], "kind": kind}
                 | {c: float(r[c][k]) for c in ALIGN_COLS}
             )
     return out, rows
 
 
-def _print_heads(out, unseen_acc, log):
-    """Logs the per-model, per-head table of the trained models."""
+def _print_heads(out, unseen_acc, models, log):
+    """Logs the per-model, per-head table of the trained models (`models` [K]: each
+    model's index in the run)."""
     K, G, Y, H = out["mean_pref"].shape
     gi = {g: GROUPS.index(g) for g in GROUPS}
     present = [g for g in GROUPS if g != "all" and out["n"][0, gi[g]] > 0]
@@ -151,7 +158,7 @@ def _print_heads(out, unseen_acc, log):
             for h in range(H):
                 s = lambda n, g="all": out[n][k, gi[g], y, h]  # noqa: E731
                 log(
-                    f"{k:>5} {unseen_acc[k]:>6.3f} {y:>1} {h:>4} "
+                    f"{models[k]:>5} {unseen_acc[k]:>6.3f} {y:>1} {h:>4} "
                     f"{ROLES[int(out['role'][k, y, h])]:>6} {s('mean_pref'):>+9.3f} "
                     f"{s('std_pref'):>5.3f} "
                     + " ".join(f"{s('frac_first', g):>12.2f}" for g in present)
@@ -201,8 +208,9 @@ def _print_align(res, log, label):
         log(f"{label + ' ' + c:>30} " + " ".join(f"{fmt_ci(res[k][c], lo):>36}" for k in KINDS))
 
 
-def _fig_heads(out, path, title):
-    """Bars of each head's first-minus-second EOT mass per label-pair group."""
+def _fig_heads(out, path, title, models):
+    """Bars of each head's first-minus-second EOT mass per label-pair group, a panel
+    per model (`models` [K]: each model's index in the run)."""
     K, G, Y, H = out["mean_pref"].shape
     groups = [g for g in ("seen", "mixed", "unseen") if out["n"][0, GROUPS.index(g)] > 0]
     cols = min(K, 4)
@@ -225,7 +233,7 @@ def _fig_heads(out, path, title):
         ax.set_xticks(range(Y * H), names, fontsize=7)
         ax.axhline(0, color="gray", lw=0.8)
         ax.set_ylim(-1, 1)
-        ax.set_title(f"model {k}", fontsize=9)
+        ax.set_title(f"model {models[k]}", fontsize=9)
     for ax in axes.flat[K:]:
         ax.axis("off")
     axes[0, 0].set_ylabel("EOT mass: first - second label")
@@ -298,10 +306,10 @@ def compute_text(run: LoadedRun, n_random, n_shuffled, seed, min_pref, min_frac)
     n_pair = run.settings.n_pair_labels
     res = {}
     for label, params, suffix in (("trained", run.params, ""), ("init", init, "0")):
-        heads, rows = _text_heads(params, cfg, n_pair, label, min_pref, min_frac)
+        heads, rows = _text_heads(params, cfg, n_pair, label, min_pref, min_frac, run.models)
         res["heads" + suffix], res["head_rows" + suffix] = heads, rows
     for label, params, suffix in (("trained", run.params, ""), ("init", init, "0")):
-        align, rows = _alignment(params, cfg, label, n_random, n_shuffled, seed)
+        align, rows = _alignment(params, cfg, label, n_random, n_shuffled, seed, run.models)
         for kind in KINDS:
             align[kind]["n_test"] = cfg.task.n_val_labels
         res["align" + suffix], res["align_rows" + suffix] = align, rows
@@ -317,7 +325,7 @@ def _print_text(run: LoadedRun, res: dict, n_random: int, n_shuffled: int, log) 
         "with a_first > a_second; key_P = logit difference from the keys' position rows "
         "(label-independent), sd key_E = its spread from the keys' token rows"
     )
-    _print_heads(res["heads"], run.unseen_acc(), log)
+    _print_heads(res["heads"], run.unseen_acc(), run.models, log)
     summary = {"text_heads": {"trained": _head_summary(res["heads"], log, "trained")}}
     summary["text_heads"]["init"] = _head_summary(res["heads0"], log, "init")
     log(
@@ -349,7 +357,8 @@ def analyse_text_run(
     """Computes, prints, writes and plots the text-side report of one results folder.
 
     Args:
-      path: a finished results folder of the 1D task (config.json, results.csv, params).
+      path: a finished results folder of the 1D task (config.json, results.csv, params)
+        with at least one finite model; diverged models are left out and logged.
       n_random: random orthogonal (Haar) maps of the alignment control.
       n_shuffled: shuffled-correspondence Procrustes fits of the alignment control.
       seed: key of the random controls.
@@ -359,12 +368,13 @@ def analyse_text_run(
 
     Returns:
       The summary written to summary.json: {"text_heads": {"trained", "init"},
-      "align": {"trained", "init"}}.
+      "align": {"trained", "init"}, "excluded": the diverged models' lines}, over the
+      finite models.
     """
-    refusal = text_refusal(load_config(path), path)
+    refusal = text_refusal(check_run(path), path)
     if refusal:
         raise ValueError(refusal)
-    run = open_run(path, with_data=False)
+    run = open_run(path, with_data=False, log=log)
     cfg, t = run.config, run.config.task
     out_dir = plots.ensure_dir(os.path.join(path, "text_align"))
     log(
@@ -376,10 +386,12 @@ def analyse_text_run(
     write_csv(os.path.join(out_dir, "text_heads.csv"), res["head_rows"] + res["head_rows0"])
     write_csv(os.path.join(out_dir, "align.csv"), res["align_rows"] + res["align_rows0"])
     summary = _print_text(run, res, n_random, n_shuffled, log)
+    summary["excluded"] = list(run.excluded)
     write_json(os.path.join(out_dir, "summary.json"), summary)
     name = os.path.basename(path.rstrip("/"))
     figs = [
-        _fig_heads(res["heads"], os.path.join(out_dir, "text_heads.png"), f"{name}: text EOT heads"),
+        _fig_heads(res["heads"], os.path.join(out_dir, "text_heads.png"),
+                   f"{name}: text EOT heads", run.models),
         _fig_align(
             res["align"], res["align0"], os.path.join(out_dir, "align.png"),
             f"{name}: image-text label alignment up to a rotation",
