@@ -20,7 +20,8 @@ from jaxmech.cli import run_main, setup_runtime
 from jaxmech.reports.common import check_runs
 from jaxmech.reports.mechanism import analyse_run, compare_runs, ep_report_refusal
 
-flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations (e.g. ep,ep+bp,vp)")
 flags.DEFINE_string("heads", None, "heads to ablate in (comma list; default all)")
 flags.DEFINE_float("threshold", 0.9, "unseen-pair accuracy that counts as generalising")

@@ -19,7 +19,8 @@ from jaxmech.cli import run_main, setup_runtime
 from jaxmech.reports.common import check_runs
 from jaxmech.reports.relations import DEFAULT_ABLATIONS, analyse_relations_run, relations_refusal
 
-flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 flags.DEFINE_string("ablations", ",".join(DEFAULT_ABLATIONS), "ablations in all heads")
 flags.DEFINE_string("per_head", "ep+bp", "ablations also run in one head at a time ('' none)")
 FLAGS = flags.FLAGS

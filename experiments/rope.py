@@ -17,7 +17,8 @@ from jaxmech.cli import run_main, setup_runtime
 from jaxmech.reports.common import check_runs
 from jaxmech.reports.rope import analyse_rope_run, rope_refusal
 
-flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 FLAGS = flags.FLAGS
 
 

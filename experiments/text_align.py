@@ -28,7 +28,8 @@ from jaxmech.cli import run_main, setup_runtime
 from jaxmech.reports.common import check_runs
 from jaxmech.reports.text import analyse_text_run, text_refusal
 
-flags.DEFINE_string("run", None, "results folder(s), comma-separated", required=True)
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 flags.DEFINE_integer("n_random", 100, "random orthogonal maps (alignment control)")
 flags.DEFINE_integer("n_shuffled", 20, "shuffled-correspondence fits (alignment control)")
 flags.DEFINE_integer("seed", 0, "key of the random controls")
