@@ -56,7 +56,12 @@ MAX_FINITE_ITEMS = 1 << 16
 SINGLE_CAPTIONS = ("side", "label", "side_pair")
 CAPTION_MODES = ("left", "left_right")
 VISION_POS = ("learned", "rope")
-TASK_KINDS = ("1d", "2d", "three")
+VIT_POS = ("learned2d", "sincos2d", "rope2d")
+PROJECTORS = ("linear", "mlp")
+LM_POS_IDS = ("sequential", "mrope")
+TASK_KINDS = ("1d", "2d", "three", "scenes")
+# task kinds on an H x W grid: image_len is derived, grid_h * grid_w
+GRID_KINDS = ("2d", "scenes")
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -104,11 +109,12 @@ class TaskConfig:
 
     `task_kind` selects the generator (`train.build_data`): `"1d"` (SPEC.md,
     `data.relations1d`), `"2d"` (objects on a `grid_h x grid_w` grid flattened row-major
-    into the image sequence; left/right and above/below; `data.relations2d`) or
-    `"three"` (1D images with a third, distractor object; `data.relations3`). With
-    `"2d"`, `image_len` is derived: it is always set to `grid_h * grid_w` (a given value
-    is replaced), so everything sized by the image length (P, layouts, holdouts) follows
-    the grid. `grid_h` and `grid_w` must stay at their defaults for the other kinds.
+    into the image sequence; left/right and above/below; `data.relations2d`),
+    `"three"` (1D images with a third, distractor object; `data.relations3`) or
+    `"scenes"` (grid scenes with questions for an autoregressive VLM; `data.scenes`).
+    With `"2d"` and `"scenes"` (`GRID_KINDS`), `image_len` is derived: it is always set
+    to `grid_h * grid_w` (a given value is replaced), so everything sized by the image
+    length (P, layouts, holdouts) follows the grid. `grid_h` and `grid_w` must stay at their defaults for the other kinds.
     """
 
     image_len: int = 10
@@ -124,6 +130,9 @@ class TaskConfig:
     task_kind: str = "1d"
     grid_h: int = 4
     grid_w: int = 4
+    n_colours: int = 4
+    third_frac: float = 0.0
+    eval_size: int = 512
 
     @property
     def n_layouts(self) -> int:
@@ -138,14 +147,18 @@ class TaskConfig:
     def __post_init__(self):
         _normalise(self)
         _choice("task_kind", self.task_kind, TASK_KINDS)
-        if self.task_kind == "2d":
-            _int_in("grid_h", self.grid_h, 2, 64, " (2d: above/below needs 2+ rows)")
-            _int_in("grid_w", self.grid_w, 2, 64, " (2d: left/right needs 2+ columns)")
+        if self.task_kind in GRID_KINDS:
+            _int_in("grid_h", self.grid_h, 2, 64, " (2d / scenes: above/below needs 2+ rows)")
+            _int_in("grid_w", self.grid_w, 2, 64, " (2d / scenes: left/right needs 2+ columns)")
             object.__setattr__(self, "image_len", self.grid_h * self.grid_w)
         else:
             for name in ("grid_h", "grid_w"):
                 if getattr(self, name) != 4:
-                    _fail(name, getattr(self, name), "4 (the default) unless task_kind = '2d'")
+                    _fail(
+                        name,
+                        getattr(self, name),
+                        "4 (the default) unless task_kind is one of " + ", ".join(GRID_KINDS),
+                    )
         _int_in("image_len", self.image_len, 3 if self.task_kind == "three" else 2, 4096)
         _int_in("n_labels", self.n_labels, 4, 100_000)
         _int_in(
@@ -180,6 +193,10 @@ class TaskConfig:
         _choice("caption_mode", self.caption_mode, CAPTION_MODES)
         _float_in("single_frac", self.single_frac, 0.0, 1.0)
         _int_in("data_seed", self.data_seed, 0, 2**31 - 1)
+        # scene fields (task_kind "scenes", `data.scenes`); other kinds ignore them
+        _int_in("n_colours", self.n_colours, 2, 1024, " (the recolour twin needs 2+)")
+        _float_in("third_frac", self.third_frac, 0.0, 1.0)
+        _int_in("eval_size", self.eval_size, 8, 1 << 20)
         if self.task_kind == "three":
             # a distractor needs a third label of the same kind
             _int_in("n_pair_labels", self.n_pair_labels, 3, self.max_pair_labels, " (three: 3+)")
@@ -219,10 +236,27 @@ class ModelConfig:
     vision_pos: str = "learned"
     rope_base: float = 10000.0
     model_kind: str = "dual_encoder"
+    lm_n_layers: int = 2
+    vit_pos: str = "learned2d"
+    vit_window: int = 0
+    vit_global_blocks: str = ""
+    projector: str = "linear"
+    lm_pos_ids: str = "sequential"
+    tie_labels: bool = False
 
     @property
     def text_layers(self) -> int:
         return self.n_layers if self.text_n_layers is None else self.text_n_layers
+
+    @property
+    def global_blocks(self) -> tuple[int, ...]:
+        """`vit_global_blocks` ("1,3") as block indices: with `vit_window` > 0 these ViT
+        blocks attend globally and the others inside their window."""
+        text = self.vit_global_blocks.strip()
+        try:
+            return tuple(int(b) for b in text.split(",")) if text else ()
+        except ValueError:
+            _fail("vit_global_blocks", self.vit_global_blocks, "a comma list of block indices")
 
     def __post_init__(self):
         _normalise(self)
@@ -243,7 +277,7 @@ class ModelConfig:
         _int_in("d_head", self.d_head, 1, 65536)
         _int_in("d_embed", self.d_embed, 1, 65536)
         _int_in("d_mlp", self.d_mlp, 1, 1 << 20)
-        for name in ("layernorm", "mlp", "causal_text", "cls_position"):
+        for name in ("layernorm", "mlp", "causal_text", "cls_position", "tie_labels"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "True or False")
         _float_in("init_E", self.init_E, 0.0, 100.0, lo_open=True)
@@ -251,6 +285,14 @@ class ModelConfig:
         _float_in("logit_scale_init", self.logit_scale_init, -20.0, 20.0)
         _float_in("logit_scale_max", self.logit_scale_max, self.logit_scale_init, 20.0)
         _choice("vision_pos", self.vision_pos, VISION_POS)
+        # autoregressive VLM fields (model_kind "ar_vlm", `models.ar_vlm`)
+        _int_in("lm_n_layers", self.lm_n_layers, 1, 64)
+        _choice("vit_pos", self.vit_pos, VIT_POS)
+        _int_in("vit_window", self.vit_window, 0, 64, " (0: no window blocks)")
+        _choice("projector", self.projector, PROJECTORS)
+        _choice("lm_pos_ids", self.lm_pos_ids, LM_POS_IDS)
+        for b in self.global_blocks:
+            _int_in("vit_global_blocks", b, 0, self.n_layers - 1, " (ViT block indices)")
         _float_in("rope_base", self.rope_base, 1.0, 1e12)
         if self.vision_pos == "rope":
             if self.d_head % 2:

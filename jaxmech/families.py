@@ -37,10 +37,11 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from jaxmech import evaluate_answers
 from jaxmech.config import Config, ConfigError
 from jaxmech.data.tasks import get_task
 from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.models import contrastive, dual_encoder
+from jaxmech.models import answer, ar_vlm, contrastive, dual_encoder
 from jaxmech.models.dual_encoder import static_params
 
 
@@ -116,5 +117,17 @@ register(
         task_kinds=("1d", "2d", "three"),
         progress_metric="unseen_acc",
         complete_params=_dual_encoder_complete,
+    )
+)
+
+register(
+    Family(
+        name="ar_vlm",
+        init_params=ar_vlm.init_params,
+        loss=answer.answer_loss,
+        evaluate=evaluate_answers.evaluate_scenes,
+        metrics=lambda config: evaluate_answers.metric_names(),
+        task_kinds=("scenes",),
+        progress_metric="unseen_min_acc",
     )
 )

@@ -36,6 +36,39 @@ def tiny_config(**overrides):
     return Config().replace(**{**TINY, "steps": 20, "eval_every": 10, **overrides})
 
 
+# The tiny autoregressive VLM on the scenes task (`model_kind = "ar_vlm"`): small enough
+# to compile and train in seconds. The VLM tests share it (and so its compiled programs
+# and the eager ops of its data: `train.build_data` on this task is built once per shape).
+TINY_VLM = dict(
+    task_kind="scenes",
+    model_kind="ar_vlm",
+    grid_h=3,
+    grid_w=3,
+    n_labels=8,
+    n_val_labels=3,
+    n_pair_labels=5,
+    layouts_per_pair=10,
+    n_colours=2,
+    eval_size=64,
+    d_model=16,
+    d_head=4,
+    n_heads=2,
+    d_mlp=32,
+    n_layers=1,
+    lm_n_layers=1,
+    batch_size=16,
+    steps=20,
+    eval_every=10,
+)
+
+
+def tiny_vlm_config(**overrides):
+    """The TINY_VLM config with flat overrides (20 steps, evaluated every 10)."""
+    from jaxmech.config import Config
+
+    return Config().replace(**{**TINY_VLM, **overrides})
+
+
 class Interrupted(Exception):
     """Raised by `stop_after`'s callback: a sweep stopped as if killed."""
 

@@ -33,7 +33,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from jaxmech.config import TASK_KINDS, ConfigError
-from jaxmech.data import relations1d, relations2d, relations3
+from jaxmech.data import relations1d, relations2d, relations3, scenes
 
 
 class CaptionBatch(NamedTuple):
@@ -95,6 +95,9 @@ TASKS: dict[str, Task] = {
         relations3.build_eval_sets,
         caption_sampler(relations3, relations3.positives),
     ),
+    # questions about grid scenes for the autoregressive VLM: batches are
+    # `scenes.SceneBatch`, eval sets `scenes.SceneEvalSets` (streaming only)
+    "scenes": Task("scenes", scenes.build_tables, scenes.build_eval_sets, scenes.sample_batch),
 }
 assert tuple(TASKS) == TASK_KINDS, "config.TASK_KINDS and the task registry disagree"
 

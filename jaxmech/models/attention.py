@@ -49,6 +49,11 @@ class FirstBlock(NamedTuple):
     instead of projecting B * S rows (the training fast path; needs a block without
     LayerNorm and an unedited input; same values up to float reassociation);
     term_keep [H, 9] / vp_keep [H]: the term edits (`models.edits`), or None.
+    extra_parts / term_names: a first block whose input has more named parts than E and
+    P (the ViT of `models.ar_vlm`: content, row, column) lists them all in
+    `extra_parts` (sum = x) with one-letter `term_names`; term_keep is then
+    [H, (len(names) + 1)^2] in `term_order(term_names)`. None / ("E", "P"): the two
+    parts e_part, p_part.
     """
 
     tokens_BxS: Any
@@ -59,6 +64,21 @@ class FirstBlock(NamedTuple):
     factored: bool = False
     term_keep: Any = None
     vp_keep: Any = None
+    extra_parts: Any = None
+    term_names: tuple = ("E", "P")
+
+    def parts(self):
+        """The named input parts of the block (they sum to its input x)."""
+        if self.extra_parts is not None:
+            return list(self.extra_parts)
+        return [self.e_part, self.p_part]
+
+
+def term_order(names=("E", "P")) -> tuple[str, ...]:
+    """Query part x key part names, row-major over `names + ("B",)`; ("E", "P") gives
+    `models.edits.TERMS`."""
+    full = tuple(names) + ("B",)
+    return tuple(a + b for a in full for b in full)
 
 
 class Rotary(NamedTuple):
@@ -200,8 +220,21 @@ def attention_scores(block, q, k, parts, bias_in, q_rows_BxQ, first):
         # Subtract the removed terms from the logits computed anyway: an all-ones mask
         # subtracts exact zeros, so it gives the plain forward's values.
         parts_q = parts if q_rows_BxQ is None else [select_rows(p, q_rows_BxQ) for p in parts]
-        scores = scores - _removed_logits(block, parts_q, parts, bias_in, first.term_keep)
+        scores = scores - _removed_logits(
+            block, parts_q, parts, bias_in, first.term_keep, first.term_names
+        )
     return scores
+
+
+def window_mask(scores_BxHxQxS, visible):
+    """Logits with the keys `visible` marks False set to -inf (None: unchanged).
+
+    `visible`: bool, broadcastable to [B, H, Q, S] (e.g. [Q, S] for a window block);
+    an all-True mask returns the logits unchanged bit for bit.
+    """
+    if visible is None:
+        return scores_BxHxQxS
+    return jnp.where(visible, scores_BxHxQxS, -jnp.inf)
 
 
 def causal_mask(scores_BxHxQxS, causal, q_rows_BxQ=None):
@@ -242,6 +275,7 @@ def block_forward(
     suffix: str = "",
     first: FirstBlock | None = None,
     rotary: Rotary | None = None,
+    visible=None,
 ):
     """One transformer block.
 
@@ -260,6 +294,9 @@ def block_forward(
       rotary: rotary angles of every sequence position and per-head keep-weights
         (`Rotary`); q (of the computed rows) and k are rotated before the dot product.
         None: no rotation.
+      visible: optional bool mask broadcastable to [B, H, Q, S] (keys each query may
+        see, e.g. a window block's [Q, S]); applied with the causal mask inside the
+        softmax only, like it. None: no extra mask.
 
     Returns:
       (resid_post_BxQxD, intermediates dict keyed `"{prefix}{point}{suffix}"`).
@@ -269,7 +306,7 @@ def block_forward(
     nm = lambda point: f"{prefix}{point}{suffix}"  # noqa: E731
     _check_block_args(block, first, rotary)
     aux = {}
-    parts = None if first is None else [first.e_part, first.p_part]
+    parts = None if first is None else first.parts()
     x_in, parts, bias_in = block_input(block, x_BxSxD, parts)
     q = edits(nm("q"), project(block["W_Q"], x_in, q_rows_BxQ, first) + block["b_Q"])
     k = edits(nm("k"), project(block["W_K"], x_in, None, first) + block["b_K"])
@@ -278,7 +315,7 @@ def block_forward(
     v = edits(nm("v"), values(block, x_in, parts, first))
     scores = attention_scores(block, q, k, parts, bias_in, q_rows_BxQ, first)
     scores = edits(nm("attn_scores"), scores)
-    masked = causal_mask(scores, causal, q_rows_BxQ)
+    masked = window_mask(causal_mask(scores, causal, q_rows_BxQ), visible)
     pattern = edits(nm("pattern"), jax.nn.softmax(masked, axis=-1))
     z = edits(nm("z"), jnp.einsum("bhqs,bshe->bqhe", pattern, v))
     attn_out = edits(nm("attn_out"), jnp.einsum("bqhe,hed->bqd", z, block["W_O"]) + block["b_O"])
@@ -349,8 +386,10 @@ def logit_terms(block, parts_q, parts_k, bias_in, names=("E", "P")):
     return {k: v * scale for k, v in terms.items()}
 
 
-def _removed_logits(block, parts_q, parts_k, bias_in, term_keep_Hx9):
-    """sum_t (1 - keep_t) * term_t over the nine E/P/B terms (scaled); [B, H, Q, S]."""
-    terms = logit_terms(block, parts_q, parts_k, bias_in)
-    drop = 1.0 - term_keep_Hx9
-    return sum(drop[None, :, i, None, None] * terms[t] for i, t in enumerate(TERMS))
+def _removed_logits(block, parts_q, parts_k, bias_in, term_keep_HxT, names=("E", "P")):
+    """sum_t (1 - keep_t) * term_t over the terms of `term_order(names)` (nine E/P/B terms
+    by default; scaled); [B, H, Q, S]."""
+    terms = logit_terms(block, parts_q, parts_k, bias_in, names)
+    drop = 1.0 - term_keep_HxT
+    order = TERMS if tuple(names) == ("E", "P") else term_order(names)
+    return sum(drop[None, :, i, None, None] * terms[t] for i, t in enumerate(order))

@@ -56,6 +56,16 @@ TERMS = ("EE", "EP", "EB", "PE", "PP", "PB", "BE", "BP", "BB")
 TOWERS = ("vision", "text")
 
 
+def apply_named(replace: dict, add: dict, name: str, x):
+    """`x` after the `replace[name] = (where, value)` and `add[name]` edits, if any."""
+    if name in replace:
+        where, value = replace[name]
+        x = jnp.where(where, value, x)
+    if name in add:
+        x = x + add[name]
+    return x
+
+
 @struct.dataclass
 class Edits:
     """Named interventions; see the module docstring."""
@@ -68,12 +78,7 @@ class Edits:
 
     def __call__(self, name: str, x):
         """Applies the replace / add edits registered for intermediate `name`."""
-        if name in self.replace:
-            where, value = self.replace[name]
-            x = jnp.where(where, value, x)
-        if name in self.add:
-            x = x + self.add[name]
-        return x
+        return apply_named(self.replace, self.add, name, x)
 
 
 NO_EDITS = Edits()
@@ -111,3 +116,77 @@ def term_mask(n_heads: int, remove: tuple[str, ...] | list[str] = (), heads=None
     if len(remove):
         keep = keep.at[rows[:, None], cols[None, :]].set(0.0)
     return keep
+
+
+# ---------------------------------------------------------------------------
+# Edits of the autoregressive VLM (`models.ar_vlm`).
+
+# The first ViT block's logit terms: query-side component x key-side component,
+# row-major over content C, row position R, column position K and bias B.
+VIT_TERMS = tuple(a + b for a in "CRKB" for b in "CRKB")
+
+
+@struct.dataclass
+class VLMEdits:
+    """Interventions on `models.ar_vlm.forward`, as data; every field optional.
+
+    A field left at None (or an empty dict) costs nothing. A batch of edits is a vmap
+    over a `VLMEdits` whose array fields are stacked (the None fields stay None).
+
+    * `replace[name]` `(where, value)`: the named intermediate becomes
+      `where(where, value, x)` (e.g. patch `"lm/resid_post.1"` at chosen token rows).
+    * `add[name]` an array added to the named intermediate (steering).
+      Names: `models.ar_vlm.edit_names(params)` (the forward's intermediates).
+    * `vit_term_keep` `[H, 16]` keep-weights on the first ViT block's pre-softmax logit
+      terms in `VIT_TERMS` order (learned2d / sincos2d only). 1 keeps, 0 removes.
+    * `vit_rows`, `vit_cols` float `[L]`: the row / column position of each cell seen by
+      the ViT (default: the cell's own; `W - 1 - col` mirrors; fractional values
+      interpolate a learned table linearly, and are evaluated as they are by sin-cos
+      and rotary codes). Windows stay those of the physical cells.
+    * `lm_pos_ids` `[S]` (one id per LM token, used for every rotary section) or
+      `[3, S]` (time, row, column ids per token): the LM's rotary position ids.
+    * `image_order` int `[L]`: the LM reads image token `image_order[i]` at image slot
+      i (a permutation; position ids stay with the slots).
+
+    No-op values (all-ones keep, zero add, identity positions / order) give the plain
+    forward's output bit for bit when run eagerly (tested).
+    """
+
+    replace: dict[str, Any] = dataclasses.field(default_factory=dict)
+    add: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vit_term_keep: Any = None
+    vit_rows: Any = None
+    vit_cols: Any = None
+    lm_pos_ids: Any = None
+    image_order: Any = None
+
+    def __call__(self, name: str, x):
+        """Applies the replace / add edits registered for intermediate `name`."""
+        return apply_named(self.replace, self.add, name, x)
+
+
+NO_VLM_EDITS = VLMEdits()
+
+
+def vit_term_mask(n_heads: int, remove=(), heads=None) -> jnp.ndarray:
+    """A `[H, 16]` keep-mask removing the named `VIT_TERMS` (in `heads`, default all).
+
+    Arguments as `term_mask`; e.g. `remove=["CK", "RK", "KK", "BK"]` removes every term
+    whose key side is the column position.
+    """
+    if isinstance(remove, str):
+        raise ValueError(f"remove = {remove!r}: expected a list of term names, e.g. [{remove!r}]")
+    unknown = [t for t in remove if t not in VIT_TERMS]
+    if unknown:
+        raise ValueError(f"unknown ViT attention terms {unknown}; known: {', '.join(VIT_TERMS)}")
+    if isinstance(n_heads, bool) or not isinstance(n_heads, (int, np.integer)) or n_heads < 1:
+        raise ValueError(f"n_heads = {n_heads!r}: expected a positive int")
+    rows = np.arange(n_heads) if heads is None else np.asarray(heads)
+    if rows.ndim != 1 or not np.issubdtype(rows.dtype, np.integer):
+        raise ValueError(f"heads = {heads!r}: expected a list of int head indices")
+    if rows.size and (rows.min() < 0 or rows.max() >= n_heads):
+        raise ValueError(f"heads = {rows.tolist()}: expected indices in [0, {n_heads - 1}]")
+    keep = np.ones((n_heads, len(VIT_TERMS)), np.float32)
+    for t in remove:
+        keep[rows, VIT_TERMS.index(t)] = 0.0
+    return jnp.asarray(keep)

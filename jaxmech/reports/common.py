@@ -50,6 +50,7 @@ __all__ = [
     "print_ablation_summary",
     "spread",
     "write_csv",
+    "setting_text",
     "write_json",
 ]
 
@@ -80,7 +81,7 @@ def is_diverged(row: dict) -> bool:
     return row["diverged_step"] >= 0
 
 
-def _setting_text(value) -> str:
+def setting_text(value) -> str:
     # settings are stored as float32: print the shortest text that reads back the same
     return str(np.float32(value)) if isinstance(value, float) else str(value)
 
@@ -107,7 +108,7 @@ def excluded_lines(rows: list[dict]) -> list[str]:
     lines = []
     for r in rows:
         if is_diverged(r):
-            fields = ", ".join(f"{n}={_setting_text(r[n])}" for n in (*names, "seed") if n in r)
+            fields = ", ".join(f"{n}={setting_text(r[n])}" for n in (*names, "seed") if n in r)
             lines.append(
                 f"excluded: model {r['model']} ({fields}): diverged at step {r['diverged_step']}"
             )

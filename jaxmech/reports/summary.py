@@ -12,10 +12,17 @@ import os
 from jaxmech import plots
 from jaxmech.config import Config
 from jaxmech.families import family_for
-from jaxmech.reports.common import excluded_lines
+from jaxmech.reports.common import excluded_lines, setting_text
 from jaxmech.results import summary_table
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid
+
+
+def metric_ci(values, metric: str):
+    """`mean_ci` clipped to [0, 1] for accuracies and probabilities only (a
+    log-probability or a loss is not in [0, 1])."""
+    bounded = metric.endswith("_acc") or metric.endswith("_p")
+    return mean_ci(values, *((0.0, 1.0) if bounded else (None, None)))
 
 
 def _non_default(config: Config, swept=()) -> dict:
@@ -32,7 +39,7 @@ def by_value(rows: list[dict], field: str, metrics: tuple[str, ...]) -> list[dic
         sel = [r for r in rows if r[field] == x and r["diverged_step"] < 0]
         entry = {field: x, "n": len(sel)}
         for m in metrics:
-            entry[m] = mean_ci([r[m] for r in sel])
+            entry[m] = metric_ci([r[m] for r in sel], m)
         out.append(entry)
     return out
 
@@ -80,7 +87,8 @@ def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str
         entries = by_value(rows, field, metrics) if field != "seed" else [_all(rows, metrics)]
         for e in entries:
             cells = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi, _ in (e[k] for k in metrics)]
-            lines.append(f"| {e.get(field, 'all')} | {e['n']} | " + " | ".join(cells) + " |")
+            value = setting_text(e[field]) if field in e else "all"
+            lines.append(f"| {value} | {e['n']} | " + " | ".join(cells) + " |")
     lines += ["", "## Figures", ""]
     lines += [f"![{os.path.basename(p)}]({os.path.relpath(p, out)})" for p in figures]
     return "\n".join(lines) + "\n"
@@ -88,7 +96,7 @@ def markdown_summary(out: str, grid: Grid, run: dict, figures: list[str]) -> str
 
 def _all(rows, metrics):
     sel = [r for r in rows if r["diverged_step"] < 0]
-    return {"n": len(sel), **{m: mean_ci([r[m] for r in sel]) for m in metrics}}
+    return {"n": len(sel), **{m: metric_ci([r[m] for r in sel], m) for m in metrics}}
 
 
 def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
@@ -110,7 +118,7 @@ def report_run(out: str, grid: Grid, run: dict, log=print) -> None:
         log(f"\nmean final accuracy [95% CI] by {field}:")
         for e in by_value(rows, field, metrics):
             log(
-                f"  {field}={e[field]} (n={e['n']}): "
+                f"  {field}={setting_text(e[field])} (n={e['n']}): "
                 + "  ".join(f"{m}={e[m][0]:.3f} [{e[m][1]:.3f},{e[m][2]:.3f}]" for m in metrics)
             )
     with open(os.path.join(out, "summary.md"), "w") as f:

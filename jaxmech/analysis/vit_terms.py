@@ -1,0 +1,56 @@
+"""The first ViT block's attention logits of the VLM, split into 16 terms (App. O).
+
+The ViT's input (`models.vit2d`) is the sum of three parts: the cell content C
+(label + colour + facing rows), the row position code R and the column position code
+K (learned2d or sincos2d; rope2d has no additive position, so no split). With the
+biases B (b_Q on the query side, b_K on the key side), the first block's pre-softmax
+logits are
+
+    QK^T / sqrt(Dh) = sum over a, b in {C, R, K, B} of  ab = (a W_Q)(b W_K)^T / sqrt(Dh)
+
+e.g. `RR` (row code attending to row code: the vertical gradient), `KK` (horizontal),
+`CK` (a content query reading column codes). With LayerNorm the parts are LayerNorm's
+per-token linear split at this input (`models.attention.ln_parts`, as
+`analysis.decompose`): exact sums, first-order ablations. `models.edits.VLMEdits.
+vit_term_keep` removes terms inside the forward in the same `VIT_TERMS` order.
+
+Axis names (`jaxmech.shapes`): B images, H heads, L cells (queries x keys).
+"""
+
+from __future__ import annotations
+
+from jaxmech.models import vit2d
+from jaxmech.models.attention import block_input, logit_terms
+from jaxmech.models.edits import VLMEdits
+from jaxmech.models.vlm_checks import check_cells, check_edits, check_params
+
+
+def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=None, vit_cols=None):
+    """The 16 terms of the first ViT block's scaled logits, and the logits themselves.
+
+    Args:
+      params: one VLM's params (`models.ar_vlm`; vmap over stacked ones).
+      labels_BxL, colours_BxL, facings_BxL: int cells, as `ar_vlm.forward` takes them.
+      vit_rows, vit_cols: optional float [L] position overrides (`VLMEdits`).
+
+    Returns:
+      dict of [B, H, L, L] (rows queries, columns keys): "CC", "CR", ..., "BB"
+      (`models.edits.VIT_TERMS`; they sum to "logits" up to float rounding) and
+      "logits" (the forward's `vit/attn_scores.0`).
+    """
+    check_params(params)
+    check_cells(params, labels_BxL, colours_BxL, facings_BxL)
+    if vit2d.position_kind(params) == "rope2d":
+        raise ValueError(
+            "vit_logit_terms: this ViT uses rope2d (no additive row / column codes), so "
+            "the C / R / K split does not apply"
+        )
+    edits = VLMEdits(vit_rows=vit_rows, vit_cols=vit_cols)
+    check_edits(params, edits, 1)
+    aux = {}
+    parts = vit2d.vit_inputs(params, labels_BxL, colours_BxL, facings_BxL, edits, aux)
+    block = params["vit"]["block_0"]
+    _, parts, bias_in = block_input(block, sum(parts), list(parts))
+    terms = logit_terms(block, parts, parts, bias_in, ("C", "R", "K"))
+    _, aux = vit2d.vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits)
+    return {**terms, "logits": aux["vit/attn_scores.0"]}

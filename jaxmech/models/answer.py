@@ -1,0 +1,62 @@
+"""The autoregressive VLM's objective and beliefs: one answer token after the question.
+
+Training is next-token cross-entropy on the answer token (the LM's logits at the last
+question position, over the whole vocabulary). Evaluation reads two kinds of numbers,
+because seeds 003 / 004 measure beliefs, not only accuracy:
+
+* correct: the answer word's logit beats the other word of its relation (left vs
+  right, above vs below): chance 0.5, the SPEC convention of scoring against the
+  swapped alternative;
+* p, logp: the probability and log-probability of the answer word under the full
+  softmax over the vocabulary.
+
+Axis names (`jaxmech.shapes`): B examples, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.models import ar_vlm
+
+# The other answer word of each relation, by token id (left <-> right, above <-> below).
+_PARTNER = {TOKEN["left"]: TOKEN["right"], TOKEN["above"]: TOKEN["below"]}
+_PARTNER.update({b: a for a, b in list(_PARTNER.items())})
+
+
+def partner(answer_B):
+    """The other answer word of each example's relation (token ids)."""
+    table = jnp.zeros(max(_PARTNER) + 1, jnp.int32)
+    for a, b in _PARTNER.items():
+        table = table.at[a].set(b)
+    return table[answer_B]
+
+
+def logits(params, batch: SceneBatch, edits=None):
+    """[B, V] the LM's logits at the last position for a batch of scenes and questions."""
+    return ar_vlm.forward(
+        params,
+        batch.labels_BxL,
+        batch.colours_BxL,
+        batch.facings_BxL,
+        batch.question_BxQ,
+        edits=edits,
+    )
+
+
+def answer_loss(params, batch: SceneBatch, tables, config) -> jax.Array:
+    """Mean cross-entropy of the answer token (the family's training loss)."""
+    del tables, config
+    logp_BxV = jax.nn.log_softmax(logits(params, batch), axis=-1)
+    return -jnp.take_along_axis(logp_BxV, batch.answer_B[:, None], axis=-1).mean()
+
+
+def beliefs(logits_BxV, answer_B) -> dict:
+    """{correct, p, logp} [B] of the answer word (module docstring)."""
+    logp_BxV = jax.nn.log_softmax(logits_BxV, axis=-1)
+    logp = jnp.take_along_axis(logp_BxV, answer_B[:, None], axis=-1)[:, 0]
+    other = jnp.take_along_axis(logits_BxV, partner(answer_B)[:, None], axis=-1)[:, 0]
+    true = jnp.take_along_axis(logits_BxV, answer_B[:, None], axis=-1)[:, 0]
+    return {"correct": (true > other).astype(jnp.float32), "p": jnp.exp(logp), "logp": logp}
