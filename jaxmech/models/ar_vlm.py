@@ -11,6 +11,7 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
           lm_rope_freqs [R]          the LM's rotary frequencies rope_base^(-2i/Dh)
           lm_mrope []                1: three-part (t, row, col) ids; 0: sequential
           lm_mrope_axis [R]          which id (0 t, 1 row, 2 col) turns pair i
+          tie_labels []              1: a label word is proj(vit/label_E[l]), not lm/E
           sincos_freqs [D/4], sincos_scale []   (sincos2d only)
           vit_rope_freqs, vit_rope_axis [R]     (rope2d only)
           vit_window [], vit_global [n_layers]  (window blocks only)
