@@ -201,12 +201,16 @@ def _single_objects(tables, k_lab, k_pos, k_srel, settings, task, batch_size):
     )
 
 
-def _two_objects(tables, keys, settings, task, batch_size):
-    """Two-object (images_BxL, caption_ids_B): X at the layout's first cell (row-major),
-    Y at its second, captioned along one of the layout's valid relations (a fair coin
-    when both are valid). `keys` = (k_x, k_y, k_lay, k_rel, k_form)."""
-    k_x, k_y, k_lay, k_rel, k_form = keys
-    n, L, B = task.n_labels, task.image_len, batch_size
+def draw_pair_layout(tables, keys, settings: Settings, batch_size: int):
+    """A training pair at one of its training layouts, with a relation valid there.
+
+    `tables` has the 2D layouts (`pair_perm`, `layouts`, `rel_ok`: `GridTables`, and the
+    scenes task's tables). The relation is a fair coin where both are valid. `keys` =
+    (k_x, k_y, k_lay, k_rel). Returns (x_B, y_B, cells_Bx2, rel_B): X at the layout's
+    first cell (row-major), Y at its second; rel 0 horizontal, 1 vertical.
+    """
+    k_x, k_y, k_lay, k_rel = keys
+    B = batch_size
     lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
     x_B, y_B = r1.draw_pair_labels(k_x, k_y, settings, B)
     layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, jax.random.randint(k_lay, (B,), 0, lpp)]
@@ -214,6 +218,16 @@ def _two_objects(tables, keys, settings, task, batch_size):
     ok_Bx2 = jnp.asarray(tables.rel_ok)[layout_B]
     coin = jax.random.bernoulli(k_rel, 0.5, (B,))
     rel_B = jnp.where(ok_Bx2[:, 0] & ok_Bx2[:, 1], coin, ~ok_Bx2[:, 0]).astype(jnp.int32)
+    return x_B, y_B, cells_Bx2, rel_B
+
+
+def _two_objects(tables, keys, settings, task, batch_size):
+    """Two-object (images_BxL, caption_ids_B): X at the layout's first cell (row-major),
+    Y at its second, captioned along one of the layout's valid relations (a fair coin
+    when both are valid). `keys` = (k_x, k_y, k_lay, k_rel, k_form)."""
+    k_x, k_y, k_lay, k_rel, k_form = keys
+    n, L, B = task.n_labels, task.image_len, batch_size
+    x_B, y_B, cells_Bx2, rel_B = draw_pair_layout(tables, (k_x, k_y, k_lay, k_rel), settings, B)
     first_B, second_B = _first_second(task, rel_B, x_B, y_B, cells_Bx2[:, 0], cells_Bx2[:, 1])
     images = r1.pixels(L, cells_Bx2[:, 0], x_B) + r1.pixels(L, cells_Bx2[:, 1], y_B)
     cap_B = pair_first(n, rel_B, first_B, second_B)

@@ -54,6 +54,7 @@ import numpy as np
 
 from jaxmech.config import ConfigError, Settings, TaskConfig
 from jaxmech.data import relations1d as r1
+from jaxmech.data.relations2d import draw_pair_layout
 
 __all__ = [
     "SCENE_WORDS",
@@ -367,13 +368,7 @@ def _pair_objects(tables: SceneTables, key, settings: Settings, task: TaskConfig
     """Two-object scenes: a training pair at a training layout, a valid relation (a fair
     coin when both are), a random naming order, a distractor with prob. third_frac."""
     k_x, k_y, k_lay, k_rel, k_order, k_third, k_attr = jax.random.split(key, 7)
-    lpp = jnp.asarray(settings.layouts_per_pair, jnp.int32)
-    x_B, y_B = r1.draw_pair_labels(k_x, k_y, settings, B)
-    layout_B = jnp.asarray(tables.pair_perm)[x_B, y_B, jax.random.randint(k_lay, (B,), 0, lpp)]
-    cells_Bx2 = jnp.asarray(tables.layouts)[layout_B]
-    ok_Bx2 = jnp.asarray(tables.rel_ok)[layout_B]
-    coin = jax.random.bernoulli(k_rel, 0.5, (B,))
-    rel_B = jnp.where(ok_Bx2[:, 0] & ok_Bx2[:, 1], coin, ~ok_Bx2[:, 0]).astype(jnp.int32)
+    x_B, y_B, cells_Bx2, rel_B = draw_pair_layout(tables, (k_x, k_y, k_lay, k_rel), settings, B)
     z_B, z_cell_B = _distractor(k_third, task, x_B, y_B, cells_Bx2)
     y_first = jax.random.bernoulli(k_order, 0.5, (B,))[:, None]
     named_labels = jnp.where(y_first, jnp.stack([y_B, x_B], 1), jnp.stack([x_B, y_B], 1))
