@@ -17,21 +17,22 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.data.scenes import TOKEN, SceneBatch
 from jaxmech.models import ar_vlm
 
-# The other answer word of each relation, by token id (left <-> right, above <-> below).
-_PARTNER = {TOKEN["left"]: TOKEN["right"], TOKEN["above"]: TOKEN["below"]}
-_PARTNER.update({b: a for a, b in list(_PARTNER.items())})
+# The other answer word of each relation, indexed by token id (left <-> right,
+# above <-> below; other ids map to 0 and are never answers).
+_PAIRS = ((TOKEN["left"], TOKEN["right"]), (TOKEN["above"], TOKEN["below"]))
+_PARTNER = np.zeros(max(max(p) for p in _PAIRS) + 1, np.int32)
+for _a, _b in _PAIRS:
+    _PARTNER[_a], _PARTNER[_b] = _b, _a
 
 
 def partner(answer_B):
     """The other answer word of each example's relation (token ids)."""
-    table = jnp.zeros(max(_PARTNER) + 1, jnp.int32)
-    for a, b in _PARTNER.items():
-        table = table.at[a].set(b)
-    return table[answer_B]
+    return jnp.asarray(_PARTNER)[answer_B]
 
 
 def logits(params, batch: SceneBatch, edits=None):

@@ -116,11 +116,16 @@ def excluded_lines(rows: list[dict]) -> list[str]:
 
 
 def _results_rows(path: str) -> list[dict]:
-    """results.csv of folder `path` as rows with int `model` and `diverged_step`; a
-    ValueError naming the file when it has no rows or lacks those columns."""
+    """results.csv of folder `path` as rows with int `model` and `diverged_step`
+    (`_checked_rows`)."""
     file = os.path.join(path, "results.csv")
     with open(file, newline="") as f:
-        rows = list(csv.DictReader(f))
+        return _checked_rows(file, list(csv.DictReader(f)))
+
+
+def _checked_rows(file: str, rows: list[dict]) -> list[dict]:
+    """`rows` of results table `file` with int `model` and `diverged_step`; a
+    ValueError naming the file when it has no rows or lacks those columns."""
     if not rows:
         raise ValueError(f"{file} holds no model rows; train the run again (or --overwrite it)")
     try:
@@ -190,7 +195,8 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
     """
     run = load_run(path)
     k = len(np.asarray(run.settings.seed))
-    _results_rows(path)  # results.csv has the columns read below (else a clear error)
+    # the rows load_run read have the columns used below (else a clear error)
+    _checked_rows(os.path.join(path, "results.csv"), run.results)
     if len(run.results) != k:
         raise ValueError(
             f"{os.path.join(path, 'results.csv')} has {len(run.results)} row(s) but params/ "
