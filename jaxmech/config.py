@@ -38,6 +38,9 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the range."""
 
 
+# Learning-rate shapes after the warm-up (`train.make_optimizer`).
+LR_DECAYS = ("constant", "cosine")
+
 # Fields that may vary per model inside one compiled program.
 SWEEPABLE = (
     "seed",
@@ -132,6 +135,8 @@ class TaskConfig:
     grid_w: int = 4
     n_colours: int = 4
     third_frac: float = 0.0
+    present_frac: float = 0.0
+    absent_frac: float = 0.0
     eval_size: int = 512
 
     @property
@@ -196,6 +201,8 @@ class TaskConfig:
         # scene fields (task_kind "scenes", `data.scenes`); other kinds ignore them
         _int_in("n_colours", self.n_colours, 2, 1024, " (the recolour twin needs 2+)")
         _float_in("third_frac", self.third_frac, 0.0, 1.0)
+        _float_in("present_frac", self.present_frac, 0.0, 1.0)
+        _float_in("absent_frac", self.absent_frac, 0.0, 1.0)
         _int_in("eval_size", self.eval_size, 8, 1 << 20)
         if self.task_kind == "three":
             # a distractor needs a third label of the same kind
@@ -323,6 +330,7 @@ class TrainConfig:
     eval_every: int = 250
     lr: float = 1e-3
     warmup_steps: int = 100
+    lr_decay: str = "constant"
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
@@ -347,6 +355,7 @@ class TrainConfig:
             )
         _float_in("lr", self.lr, 0.0, 10.0, lo_open=True)
         _int_in("warmup_steps", self.warmup_steps, 0, 10**9)
+        _choice("lr_decay", self.lr_decay, LR_DECAYS)
         _float_in("b1", self.b1, 0.0, 1.0)
         _float_in("b2", self.b2, 0.0, 1.0)
         _float_in("eps", self.eps, 0.0, 1.0, lo_open=True)

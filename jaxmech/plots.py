@@ -132,9 +132,14 @@ def head_profiles(profiles: dict, path: str, title: str = "") -> str:
     return path
 
 
-def ablation_bars(rows: list[dict], ablations: list[str], path: str, title: str = "") -> str:
-    """Mean accuracy per ablation (bars), seeds as dots, for unseen-pair and label-set."""
-    keys = ("unseen_acc", "labelset_acc", "seen_acc", "single_acc")
+def ablation_bars(
+    rows: list[dict],
+    ablations: list[str],
+    path: str,
+    title: str = "",
+    keys=("unseen_acc", "labelset_acc", "seen_acc", "single_acc"),
+) -> str:
+    """Mean accuracy per ablation (bars), seeds as dots, one bar per metric in `keys`."""
     fig, ax = plt.subplots(figsize=(max(7, 0.9 * len(ablations) + 2), 4))
     width = 0.8 / len(keys)
     for j, key in enumerate(keys):
@@ -147,7 +152,7 @@ def ablation_bars(rows: list[dict], ablations: list[str], path: str, title: str 
                 width,
                 color=f"C{j}",
                 alpha=0.7,
-                label=ACC_LABELS[key] if i == 0 else None,
+                label=ACC_LABELS.get(key, key) if i == 0 else None,
             )
             ax.scatter(np.full(len(v), x), v, s=6, color="k", zorder=3)
     ax.axhline(0.5, color="gray", ls=":", lw=1)

@@ -71,16 +71,24 @@ def build_data(config: Config) -> Data:
     return Data(tables, task.build_eval_sets(config.task, tables))
 
 
-def make_optimizer(config: Config, lr, weight_decay) -> optax.GradientTransformation:
-    """AdamW, linear warm-up then constant; decay on matrices and embeddings only.
+def make_optimizer(config: Config, lr, weight_decay, horizon=None) -> optax.GradientTransformation:
+    """AdamW, linear warm-up then constant or cosine to 0 at `horizon` (`lr_decay`);
+    weight decay on matrices and embeddings only.
 
-    `lr` and `weight_decay` may be traced (they are sweepable).
+    `lr`, `weight_decay` and `horizon` (the model's step budget; default `steps`) may be
+    traced: they are sweepable, and a compiled program's own `steps` is canonical
+    (`program_config`), so the budget must come from the caller.
     """
     t = config.train
     warm = max(t.warmup_steps, 1)
 
     def schedule(count):
-        return lr * jnp.minimum(1.0, (count + 1) / warm)
+        rise = jnp.minimum(1.0, (count + 1) / warm)
+        if t.lr_decay == "constant":
+            return lr * rise
+        span = jnp.maximum((t.steps if horizon is None else horizon) - warm, 1)
+        done = jnp.clip((count - warm) / span, 0.0, 1.0)
+        return lr * rise * 0.5 * (1.0 + jnp.cos(jnp.pi * done))
 
     return optax.adamw(
         schedule,
@@ -150,7 +158,7 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
     )
     loss_fn = family_for(config).loss
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, data.tables, config)
-    opt = make_optimizer(config, settings.lr, settings.weight_decay)
+    opt = make_optimizer(config, settings.lr, settings.weight_decay, budget)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     grad_norm = _tree_norm(grads)

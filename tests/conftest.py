@@ -102,3 +102,20 @@ def flip_middle_byte(path):
         b = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([b[0] ^ 0x01]))
+
+
+def kill_after_first_checkpoint(proc, out):
+    """SIGKILLs a sweep subprocess writing `out` once its first chunk's first checkpoint
+    exists (kill -9: no handler runs), and checks it had not finished."""
+    import signal
+    import time
+
+    from jaxmech import checkpoint
+
+    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
+    deadline = time.time() + 300
+    while time.time() < deadline and checkpoint.latest_step(ckpt) is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not os.path.exists(os.path.join(out, "results.csv")), "finished before the kill"

@@ -14,7 +14,7 @@ import pytest
 
 from jaxmech.analysis.vit_terms import vit_logit_terms
 from jaxmech.config import Config
-from jaxmech.data.scenes import label_token
+from jaxmech.data.scenes import SCENE_WORDS, label_token
 from jaxmech.models import ar_vlm
 from jaxmech.models.edits import VIT_TERMS, VLMEdits, vit_term_mask
 from jaxmech.models.vlm_checks import edit_names
@@ -69,7 +69,9 @@ def test_layout_and_vocab():
     p = params(vit_pos="learned2d")
     assert p["vit"]["row_P"].shape == (GH, 16) and p["vit"]["col_P"].shape == (GW, 16)
     assert p["vit"]["label_E"].shape == (7, 16) and p["vit"]["facing_E"].shape == (3, 16)
-    assert p["lm"]["E"].shape == (9 + 6, 16) and p["lm"]["W_U"].shape == (16, 15)
+    V = len(SCENE_WORDS) + 6
+    assert ar_vlm.N_SCENE_WORDS == len(SCENE_WORDS)
+    assert p["lm"]["E"].shape == (V, 16) and p["lm"]["W_U"].shape == (16, V)
     assert set(p["proj"]) == {"W", "b"}
     q = params(vit_pos="rope2d", projector="mlp", vit_window=2, vit_global_blocks="1")
     assert "row_P" not in q["vit"] and set(q["proj"]) == {"W1", "b1", "W2", "b2"}

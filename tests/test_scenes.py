@@ -34,8 +34,8 @@ def _parse(batch, task):
     q = np.asarray(batch.question_BxQ)
     labels = np.asarray(batch.labels_BxL)
     single = q[:, 6] == MID
-    first = _cell_of(labels, q[:, 1] - 8)
-    second = np.where(single, -1, _cell_of(labels, q[:, 6] - 8))
+    first = _cell_of(labels, q[:, 1] - sc.label_token(0))
+    second = np.where(single, -1, _cell_of(labels, q[:, 6] - sc.label_token(0)))
     return (q[:, 2] - sc.TOKEN["left"]) // 2, first, second, single
 
 
@@ -93,6 +93,9 @@ def test_config_grid_and_errors():
         Config().replace(task_kind="scenes", grid_w=1)
     with pytest.raises(ConfigError, match="grid_h"):
         Config().replace(task_kind="1d", grid_h=5)
+    for field, bad in (("present_frac", 1.5), ("absent_frac", -0.1)):
+        with pytest.raises(ConfigError, match=field):
+            Config().replace(task_kind="scenes", **{field: bad})
     with pytest.raises(ConfigError, match="task_kind"):
         sc.build_tables(Config().replace(task_kind="2d").task)
     few = Config().replace(task_kind="scenes", n_labels=6, n_val_labels=4, n_pair_labels=2)
@@ -105,9 +108,10 @@ def test_config_grid_and_errors():
 
 
 def test_vocabulary():
-    assert sc.SCENE_WORDS == ("?", "is", "left", "right", "above", "below", "or", "of", "mid")
-    assert sc.vocab_size(CFG.task) == 29
-    assert sc.label_token(1) == 9 and sc.label_token(20) == 28
+    words = ("?", "is", "left", "right", "above", "below", "yes", "no", "or", "of", "mid")
+    assert sc.SCENE_WORDS == words
+    assert sc.vocab_size(CFG.task) == 31
+    assert sc.label_token(1) == 11 and sc.label_token(20) == 30
 
 
 # ---------------------------------------------------------------------------
@@ -186,6 +190,39 @@ def test_training_batches(cfg):
         if single.any():
             lab = labels[single, a[single]]
             assert (tables.train_pos[lab] == a[single][:, None]).any(1).all()
+
+
+def test_presence_and_absent_label_questions():
+    """present_frac / absent_frac: single-object questions that name a label, shown or
+    not; a question about a label not in the image is answered `no`, presence `yes`
+    when it is; every other row is answered as before."""
+    cfg = ODD.replace(present_frac=0.3, absent_frac=0.5, single_frac=1.0)
+    task = cfg.task
+    tables = sc.build_tables(task)
+    keys = jax.random.split(jax.random.PRNGKey(2), 2)
+    out = _sample_many(tables, keys, stack_settings([cfg.settings()]), task, B)
+    batch = sc.SceneBatch(*(np.asarray(x).reshape(-1, *x.shape[3:]) for x in out))
+    q, labels, ans = batch.question_BxQ, batch.labels_BxL, batch.answer_B
+    rel = np.asarray(batch.relation_B)
+    named = q[:, 1] - sc.label_token(0)
+    shown = (labels == named[:, None]).any(1)
+    assert ((labels > 0).sum(1) == 1).all() and (q[:, 6] == MID).all()
+    presence = rel == sc.PRESENCE
+    assert abs(presence.mean() - 0.3) < 0.04
+    assert (q[presence, 2] == sc.TOKEN["yes"]).all() and (q[presence, 4] == sc.TOKEN["no"]).all()
+    np.testing.assert_array_equal(
+        ans[presence], np.where(shown, sc.TOKEN["yes"], sc.TOKEN["no"])[presence]
+    )
+    assert abs(shown[presence].mean() - 0.5) < 0.06
+    side = ~presence
+    assert abs((~shown[side]).mean() - 0.5) < 0.05
+    assert (ans[side & ~shown] == sc.TOKEN["no"]).all()
+    kept = side & shown
+    sub = sc.SceneBatch(*(np.asarray(x)[kept] for x in batch))
+    np.testing.assert_array_equal(sub.answer_B, _expected(sub, task))
+    # the defaults ask neither: no yes / no answers at all
+    plain = _sample_many(tables, keys, stack_settings([ODD.settings()]), ODD.task, B)
+    assert not np.isin(np.asarray(plain.answer_B), [sc.TOKEN["yes"], sc.TOKEN["no"]]).any()
 
 
 # ---------------------------------------------------------------------------

@@ -3,17 +3,24 @@
 import glob
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
-from conftest import TINY, Interrupted, file_bytes, flip_middle_byte, quiet, stop_after, tiny_config
+from conftest import (
+    TINY,
+    Interrupted,
+    file_bytes,
+    flip_middle_byte,
+    kill_after_first_checkpoint,
+    quiet,
+    stop_after,
+    tiny_config,
+)
 
-from jaxmech import checkpoint, results
+from jaxmech import results
 from jaxmech.config import Config
 from jaxmech.sweep import SweepMismatchError, expand, run_grid
 
@@ -132,13 +139,7 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
-    deadline = time.time() + 300
-    while time.time() < deadline and checkpoint.latest_step(ckpt) is None:
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not os.path.exists(os.path.join(out, "results.csv")), "finished before the kill"
+    kill_after_first_checkpoint(proc, out)
     rerun = subprocess.run(
         _sweep_cmd(out, *steps, "--chunk_size=4"),
         cwd=ROOT,

@@ -116,6 +116,19 @@ def test_two_default_models_learn_in_a_few_hundred_steps():
     assert np.all(np.asarray(curves["loss"])[:, -1] < np.asarray(curves["loss"])[:, 0])
 
 
+def test_cosine_learning_rate_follows_each_models_budget():
+    """lr_decay = "cosine" decays over the model's own steps, not the compiled program's
+    canonical length (`program_config`): updates stopped after the first segment when
+    the schedule read the program's `steps`."""
+    config = SMALL.replace(lr_decay="cosine", steps=40, warmup_steps=5)  # 4 segments
+    _, curves = train_models(config, stack_settings([config.settings()]))
+    update = np.asarray(curves["update_norm"])[0]
+    assert (update > 0).all(), update
+    assert update[-1] < 0.5 * update[0] and update[1] > update[-1], update
+    with pytest.raises(ConfigError, match="lr_decay"):
+        SMALL.replace(lr_decay="linear")
+
+
 def test_nonfinite_model_is_frozen_and_reported():
     # through train_models (the one-model program of test_vmapped_equals_each_model_alone)
     s1 = stack_settings([SMALL.settings()])

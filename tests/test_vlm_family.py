@@ -1,11 +1,15 @@
 """The autoregressive VLM family on the scenes task: its objective, its beliefs, and the
 training machinery (sweep, checkpoints, resume) with no change to train.py or sweep.py."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import Interrupted, file_bytes, quiet, stop_after, tiny_vlm_config
+from conftest import TINY_VLM, file_bytes, kill_after_first_checkpoint, quiet, tiny_vlm_config
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
@@ -14,6 +18,9 @@ from jaxmech.evaluate_answers import metric_names
 from jaxmech.families import family_for
 from jaxmech.models.answer import beliefs, partner
 from jaxmech.sweep import expand, run_grid
+from jaxmech.train import build_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_partner_is_the_other_word_of_the_relation():
@@ -44,22 +51,53 @@ def test_the_family_pairs_only_with_scenes():
         family_for(tiny_vlm_config(model_kind="dual_encoder"))
 
 
-def test_a_vlm_sweep_trains_resumes_and_loads_like_any_family(tmp_path):
-    grid = expand(tiny_vlm_config(steps=30), {"lr": "1e-3,3e-3"}, seeds=1)
-    full = str(tmp_path / "full")
+def _sweep_cli(out, steps):
+    """`python -m experiments.sweep` of the grid `_vlm_grid(steps)` builds in-process."""
+    flags = [f"--{k}={v}" for k, v in TINY_VLM.items() if k not in ("steps",)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "experiments.sweep", f"--out={out}", "--lr=1e-3,3e-3"]
+        + ["--seeds=1", f"--steps={steps}", *flags],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+STEPS = 200
+
+
+@pytest.fixture(scope="module")
+def vlm_run(tmp_path_factory):
+    """Two tiny VLMs (lr 1e-3, 3e-3) trained in-process by `run_grid`: the folder."""
+    grid = expand(tiny_vlm_config(steps=STEPS), {"lr": "1e-3,3e-3"}, seeds=1)
+    full = str(tmp_path_factory.mktemp("vlm") / "full")
     run = run_grid(grid, full, log=quiet)
     assert [r["lr"] for r in run["rows"]] == pytest.approx([1e-3, 3e-3])
+    return full
+
+
+def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_run, tmp_path):
+    """The CLI sweep killed (SIGKILL) after its first checkpoint, then rerun, gives the
+    uninterrupted in-process run's params bit for bit and its CSVs byte for byte. The
+    in-process run compiles first, so the subprocesses hit the shared XLA cache."""
+    full, steps = vlm_run, STEPS
     loaded = results.load_run(full)
     assert set(metric_names()) <= set(loaded.results[0])
     assert all(np.isfinite(r["unseen_min_acc"]) for r in loaded.results)
     assert loaded.params["lm"]["E"].shape[0] == 2  # stacked over the two models
     part = str(tmp_path / "part")
-    with pytest.raises(Interrupted):
-        run_grid(grid, part, log=stop_after(1))  # step 10 of 30
-    resumed = run_grid(grid, part, log=quiet)
-    assert resumed["trained_steps"] == 2 * 20
+    proc = _sweep_cli(part, steps)
+    kill_after_first_checkpoint(proc, part)
+    rerun = _sweep_cli(part, steps)
+    assert rerun.wait(timeout=600) == 0, rerun.stderr.read()[-3000:]
     for name in ("results.csv", "curves.csv"):  # resume == uninterrupted, byte for byte
         assert file_bytes(f"{part}/{name}") == file_bytes(f"{full}/{name}"), name
+    again = results.load_run(part)
+    for x, y in zip(
+        jax.tree_util.tree_leaves(loaded.params), jax.tree_util.tree_leaves(again.params)
+    ):
+        np.testing.assert_array_equal(x, y)
 
 
 def test_vlm_presets_are_valid_and_one_has_a_window_block_before_a_global_block():
@@ -79,3 +117,39 @@ def test_summary_intervals_clip_accuracies_and_probabilities_only():
     assert mean == pytest.approx(-1.5) and lo < -1.5 < hi < 0 and n == 3
     _, lo, hi, _ = metric_ci([0.99, 1.0, 0.9], "unseen_h_acc")
     assert 0.0 <= lo and hi == 1.0
+
+
+def test_vit_terms_report_runs_and_its_no_op_row_is_the_plain_accuracy(vlm_run):
+    """App. O report on a trained run: files written; the 'none' ablation (an all-ones
+    mask) gives the accuracies of training's own evaluation; every term's slopes sum to
+    the logits' slope (the terms sum to the logits); a dual-encoder run is refused."""
+    from jaxmech.analysis.vit_terms import term_gradients, vit_logit_terms
+    from jaxmech.reports.vlm_terms import ABLATIONS, analyse_vit_terms_run, vit_terms_refusal
+
+    out = analyse_vit_terms_run(vlm_run, log=quiet)
+    for name in (
+        "gradients.csv",
+        "ablations.csv",
+        "summary.json",
+        "gradients.png",
+        "ablations.png",
+    ):
+        assert os.path.exists(os.path.join(vlm_run, "vit_terms", name)), name
+    rows = results.load_run(vlm_run).results
+    none = [r for r in out["ablation_rows"] if r["ablation"] == "none"]
+    n = 64  # eval_size: one example of a set moves an accuracy by >= 1/64
+    for row, ref in zip(none, rows):
+        for m in ("unseen_h_acc", "unseen_v_acc", "seen_h_acc", "seen_v_acc"):
+            assert abs(row[m] - ref[m]) <= 1.0 / n + 1e-6, (m, row[m], ref[m])
+    assert len(out["ablation_rows"]) == 2 * len(ABLATIONS)
+    run = results.load_run(vlm_run)
+    p = jax.tree_util.tree_map(lambda a: a[0], run.params)
+    ex = build_data(run.config).evals.unseen_pair.examples
+    g = term_gradients(p, ex.labels_BxL, ex.colours_BxL, ex.facings_BxL)
+    logits = vit_logit_terms(p, ex.labels_BxL, ex.colours_BxL, ex.facings_BxL)["logits"]
+    w = p["static"]["cell_cols"] - p["static"]["cell_cols"].mean()
+    slope = jnp.einsum("bhqk,k->bhq", logits, w / (w**2).sum())
+    q = (jnp.asarray(ex.labels_BxL) > 0)[:, None, :]
+    expected = (slope * q).sum((0, 2)) / q.sum((0, 2))
+    np.testing.assert_allclose(g["h"].sum(0), expected, rtol=1e-3, atol=1e-5)
+    assert "model_kind = 'dual_encoder'" in vit_terms_refusal(Config(), "RUN")

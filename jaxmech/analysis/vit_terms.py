@@ -19,9 +19,12 @@ Axis names (`jaxmech.shapes`): B images, H heads, L cells (queries x keys).
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from jaxmech.models import vit2d
 from jaxmech.models.attention import block_input, logit_terms
-from jaxmech.models.edits import VLMEdits
+from jaxmech.models.edits import VIT_TERMS, VLMEdits
+from jaxmech.models.vit2d import read
 from jaxmech.models.vlm_checks import check_cells, check_edits, check_params
 
 
@@ -54,3 +57,32 @@ def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=No
     terms = logit_terms(block, parts, parts, bias_in, ("C", "R", "K"))
     _, aux = vit2d.vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits)
     return {**terms, "logits": aux["vit/attn_scores.0"]}
+
+
+def term_gradients(params, labels_BxL, colours_BxL, facings_BxL):
+    """Where the first ViT block's horizontal and vertical gradients live, per term.
+
+    For each term, each image and each query cell holding an object, the least-squares
+    slope (logit per cell) of the term's logit over the keys' columns (`h`) and rows
+    (`v`); on a full grid the two fits are independent. Averaged over those queries:
+
+    Returns:
+      {"h": [16, H], "v": [16, H]} the mean signed slope, and {"h_abs", "v_abs"} the
+      mean absolute slope, per term (`VIT_TERMS` order) and head. A signed mean near
+      the absolute one is a gradient every object query shares (000's "relational"
+      EP term); a small signed mean with a large absolute one is label-specific.
+    """
+    terms = vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL)
+    query_BxL = (labels_BxL > 0).astype(jnp.float32)
+    out = {}
+    for axis, coord in (("h", read(params, "cell_cols")), ("v", read(params, "cell_rows"))):
+        centred_L = coord - coord.mean()
+        weight_L = centred_L / jnp.sum(centred_L**2)
+        slopes = jnp.stack(
+            [jnp.einsum("bhqk,k->bhq", terms[t], weight_L) for t in VIT_TERMS]
+        )  # [16, B, H, L]
+        w = query_BxL[None, :, None, :]
+        n = jnp.maximum(w.sum((1, 3)), 1.0)
+        out[axis] = (slopes * w).sum((1, 3)) / n
+        out[f"{axis}_abs"] = (jnp.abs(slopes) * w).sum((1, 3)) / n
+    return out

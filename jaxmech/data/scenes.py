@@ -12,8 +12,10 @@ Labels are distinct within an image.
 Questions (Q = 8 tokens, `question_tokens`): `[is, X, A, or, B, of, Y, ?]` with (A, B) =
 (left, right) for a horizontal question (relation 0) and (above, below) for a vertical
 one (relation 1); the answer is one token, A or B. In a single-object question Y is
-`mid`, answered by the half of the grid X is in. Vocabulary: `SCENE_WORDS` at ids 0..8,
-label l at id 8 + l (`label_token`), V = 9 + n_labels (`vocab_size`).
+`mid`, answered by the half of the grid X is in. A presence question (relation
+`PRESENCE`, single-object images only) is `[is, X, yes, or, no, of, mid, ?]`: is label X
+the object shown? Vocabulary: `SCENE_WORDS` at ids 0..10, label l at id 10 + l
+(`label_token`), V = 11 + n_labels (`vocab_size`).
 
 Samples (`sample_batch`, streaming only):
   two objects  a training pair (X, Y) at one of its training layouts (X at the layout's
@@ -27,6 +29,12 @@ Samples (`sample_batch`, streaming only):
                cells, "is X left or right of mid ?" / "is X above or below mid ?",
                uniform over the (cell, relation) combinations that are defined (a cell
                in the middle column / row of an odd W / H has no left / above half).
+               With probability `present_frac` a row asks presence instead: X is the
+               object's label or, by a fair coin, another label (answer yes / no). With
+               probability `absent_frac` a side question names another label than the
+               one shown, answered `no`. These are the only questions that need the word
+               of a validation label to find its picture (a side question about the one
+               object shown can ignore the word).
 
 Label split, layouts and held-out cells are those of SPEC.md and `relations1d` with
 L = H W (the same draws from the data seed): validation labels (the last
@@ -62,6 +70,7 @@ __all__ = [
     "Q_LEN",
     "RELATIONS",
     "TWINS",
+    "PRESENCE",
     "SceneBatch",
     "SceneTables",
     "SceneEvalSet",
@@ -83,10 +92,11 @@ __all__ = [
     "mirror_cells",
 ]
 
-SCENE_WORDS = ("?", "is", "left", "right", "above", "below", "or", "of", "mid")
+SCENE_WORDS = ("?", "is", "left", "right", "above", "below", "yes", "no", "or", "of", "mid")
 TOKEN = {w: i for i, w in enumerate(SCENE_WORDS)}
 Q_LEN = 8
-RELATIONS = ("h", "v")
+RELATIONS = ("h", "v")  # the evaluated relations; questions may also be PRESENCE
+PRESENCE = 2  # relation id of "is X yes or no of mid ?": is label X in the image?
 TWINS = ("mirror", "mirror_pos", "flip_facing", "recolour")
 N_SLOTS = 3  # object slots: first-named, second-named (absent: `mid`), distractor
 
@@ -97,7 +107,7 @@ def vocab_size(task: TaskConfig) -> int:
 
 
 def label_token(label):
-    """Token id of label l (1-based; ints or arrays): 8 + l."""
+    """Token id of label l (1-based; ints or arrays): 10 + l."""
     return len(SCENE_WORDS) - 1 + label
 
 
@@ -158,7 +168,8 @@ def _first_word(task: TaskConfig, objects: SceneObjects):
     a = _coord(task, objects.cells_BxK[:, 0], rel)
     b = _coord(task, objects.cells_BxK[:, 1], rel)
     single = objects.labels_BxK[:, 1] == 0
-    return jnp.where(single, 2 * a + 1 < _extent(task, rel), a < b)
+    side = jnp.where(single, 2 * a + 1 < _extent(task, rel), a < b)
+    return side | (rel == PRESENCE)  # presence: "yes" unless X is absent (`render`)
 
 
 def question_tokens(relation_B, first_label_B, second_label_B):
@@ -180,6 +191,7 @@ def render(task: TaskConfig, objects: SceneObjects) -> SceneBatch:
 
     rel = objects.relation_B.astype(jnp.int32)
     answer = TOKEN["left"] + 2 * rel + 1 - _first_word(task, objects).astype(jnp.int32)
+    answer = jnp.where(objects.cells_BxK[:, 0] < 0, TOKEN["no"], answer)  # X absent
     return SceneBatch(
         paint(objects.labels_BxK),
         paint(objects.colours_BxK),
@@ -334,20 +346,31 @@ def _attributes(key, task: TaskConfig, batch_size: int):
 
 def _single_objects(tables: SceneTables, key, task: TaskConfig, batch_size: int):
     """Single-object scenes: any label at one of its training cells, uniform over the
-    (cell, relation) combinations whose question is defined."""
-    k_lab, k_combo, k_attr = jax.random.split(key, 3)
+    (cell, relation) combinations whose question is defined; with prob. present_frac a
+    presence question. A question about an absent label ("no" rows: half the presence
+    questions, absent_frac of the side questions) names another label in slot 0 at
+    cell -1 (painted nowhere) and puts the object shown in the distractor slot."""
+    k_lab, k_combo, k_attr, k_pres, k_yes, k_abs, k_other = jax.random.split(key, 7)
     label_B = jax.random.randint(k_lab, (batch_size,), 1, task.n_labels + 1)
     ok_BxC = jnp.asarray(tables.single_ok)[label_B].reshape(batch_size, -1)
     combo_B = jax.random.categorical(k_combo, jnp.where(ok_BxC, 0.0, -jnp.inf))
     cell_B = jnp.asarray(tables.train_pos)[label_B, combo_B // 2]
+    presence = jax.random.bernoulli(k_pres, task.present_frac, (batch_size,))
+    absent = jnp.where(
+        presence,
+        jax.random.bernoulli(k_yes, 0.5, (batch_size,)),
+        jax.random.bernoulli(k_abs, task.absent_frac, (batch_size,)),
+    )
+    other_B = jax.random.randint(k_other, (batch_size,), 1, task.n_labels)
+    other_B = other_B + (other_B >= label_B)  # any label but the one shown
     zeros = jnp.zeros_like(label_B)
     colours, facings = _attributes(k_attr, task, batch_size)
     return SceneObjects(
-        jnp.stack([cell_B, zeros, zeros], 1),
-        jnp.stack([label_B, zeros, zeros], 1),
+        jnp.stack([jnp.where(absent, -1, cell_B), zeros, cell_B], 1),
+        jnp.stack([jnp.where(absent, other_B, label_B), zeros, absent * label_B], 1),
         colours,
         facings,
-        combo_B % 2,
+        jnp.where(presence, PRESENCE, combo_B % 2),
     )
 
 

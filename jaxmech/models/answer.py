@@ -23,8 +23,12 @@ from jaxmech.data.scenes import TOKEN, SceneBatch
 from jaxmech.models import ar_vlm
 
 # The other answer word of each relation, indexed by token id (left <-> right,
-# above <-> below; other ids map to 0 and are never answers).
-_PAIRS = ((TOKEN["left"], TOKEN["right"]), (TOKEN["above"], TOKEN["below"]))
+# above <-> below, yes <-> no; other ids map to 0 and are never answers).
+_PAIRS = (
+    (TOKEN["left"], TOKEN["right"]),
+    (TOKEN["above"], TOKEN["below"]),
+    (TOKEN["yes"], TOKEN["no"]),
+)
 _PARTNER = np.zeros(max(max(p) for p in _PAIRS) + 1, np.int32)
 for _a, _b in _PAIRS:
     _PARTNER[_a], _PARTNER[_b] = _b, _a

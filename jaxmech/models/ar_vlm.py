@@ -16,7 +16,7 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
           vit_rope_freqs, vit_rope_axis [R]     (rope2d only)
           vit_window [], vit_global [n_layers]  (window blocks only)
 
-V = 9 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
+V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
 `models.vit2d` (cells, positions, windows). The LM reads `[L image tokens][Q question
 tokens]` causally with RoPE on q and k. Its position ids are three per token (t, row,
 col), each frequency pair turned by one of them (`lm_mrope_axis`, interleaved t, row,
@@ -48,11 +48,11 @@ from jaxmech.models.edits import NO_VLM_EDITS, VLMEdits
 from jaxmech.models.vit2d import read
 from jaxmech.models.vlm_checks import check_edits, check_inputs, check_params
 
-N_SCENE_WORDS = 9  # `data.scenes.SCENE_WORDS`; labels follow at 8 + l
+N_SCENE_WORDS = 11  # `data.scenes.SCENE_WORDS`; labels follow at 10 + l
 
 
 def vocab_size(config: Config) -> int:
-    """The LM vocabulary: the 9 scene words and the labels."""
+    """The LM vocabulary: the 11 scene words and the labels."""
     return N_SCENE_WORDS + config.task.n_labels
 
 
@@ -208,7 +208,7 @@ def question_embedding(params, question_BxQ):
     validation labels never appear in one (BUILD_NOTES.md, issue 12).
     """
     words = params["lm"]["E"][question_BxQ]
-    first_label = N_SCENE_WORDS - 1  # the token label 0 would have; label l is at 8 + l
+    first_label = N_SCENE_WORDS - 1  # the token label 0 would have; label l is at 10 + l
     tied = project(params["proj"], params["vit"]["label_E"])
     label = jnp.clip(question_BxQ - first_label, 0, tied.shape[0] - 1)
     use = (read(params, "tie_labels") > 0) & (question_BxQ > first_label)
