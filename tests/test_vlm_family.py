@@ -53,10 +53,10 @@ def test_the_family_pairs_only_with_scenes():
 
 def _sweep_cli(out, steps):
     """`python -m experiments.sweep` of the grid `_vlm_grid(steps)` builds in-process."""
-    flags = [f"--{k}={v}" for k, v in TINY_VLM.items() if k not in ("steps",)]
+    flags = [f"--{k}={v}" for k, v in TINY_VLM.items() if k not in ("steps", "eval_every")]
     return subprocess.Popen(
         [sys.executable, "-m", "experiments.sweep", f"--out={out}", "--lr=1e-3,3e-3"]
-        + ["--seeds=1", f"--steps={steps}", *flags],
+        + ["--seeds=1", f"--steps={steps}", f"--eval_every={EVERY}", *flags],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -64,13 +64,13 @@ def _sweep_cli(out, steps):
     )
 
 
-STEPS = 200
+STEPS, EVERY = 60, 20  # three checkpoints: a kill after the first leaves two to redo
 
 
 @pytest.fixture(scope="module")
 def vlm_run(tmp_path_factory):
     """Two tiny VLMs (lr 1e-3, 3e-3) trained in-process by `run_grid`: the folder."""
-    grid = expand(tiny_vlm_config(steps=STEPS), {"lr": "1e-3,3e-3"}, seeds=1)
+    grid = expand(tiny_vlm_config(steps=STEPS, eval_every=EVERY), {"lr": "1e-3,3e-3"}, seeds=1)
     full = str(tmp_path_factory.mktemp("vlm") / "full")
     run = run_grid(grid, full, log=quiet)
     assert [r["lr"] for r in run["rows"]] == pytest.approx([1e-3, 3e-3])

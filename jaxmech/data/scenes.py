@@ -130,7 +130,9 @@ class SceneBatch(NamedTuple):
 class SceneObjects(NamedTuple):
     """A scene before rendering: K = 3 slots per row (first-named object, second-named
     object, distractor); a slot with label 0 is absent (a single-object question names
-    `mid` as its second object and has no distractor).
+    `mid` as its second object and has no distractor), and a first-named label at cell
+    -1 is named by the question but not in the image (answer `no`; the object shown is
+    then in the distractor slot).
 
     cells_BxK, labels_BxK, colours_BxK, facings_BxK int32; relation_B int32.
     """

@@ -1,0 +1,37 @@
+"""Seed 003's spatial IDs on toy VLMs (issue 13, part 2).
+
+    python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
+    python -m experiments.spatial_ids --run=runs/vlm
+
+Per LM site, the object word's position-dependent state Delta(cell) from probe scenes
+of every label at every cell; its horizontal / vertical axes; the R^2 of a rank-k map
+from the ViT position basis; the IDs of training-pair vs validation labels compared.
+Writes RUN/spatial_ids/{r2,axes}.csv, summary.json, spatial_ids.png
+(`jaxmech.reports.spatial_ids`).
+"""
+
+from absl import app, flags
+
+from jaxmech.cli import run_main, setup_runtime
+from jaxmech.reports.common import check_runs
+from jaxmech.reports.spatial_ids import analyse_spatial_ids_run, spatial_ids_refusal
+
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    setup_runtime()
+    try:  # every folder is checked before any compute
+        runs = check_runs(FLAGS.run, spatial_ids_refusal)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    for r in runs:
+        print(f"\n=== {r}")
+        analyse_spatial_ids_run(r)
+
+
+if __name__ == "__main__":
+    run_main(main)

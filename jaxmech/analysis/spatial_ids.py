@@ -1,0 +1,134 @@
+"""Spatial IDs of the toy VLM (seed 003, issue 13, part 2).
+
+Put an object X at every cell (another object Y elsewhere, several placements), ask
+`is X left or right of Y ?`, and read the LM's residual stream at X's word. Centred per
+object over the cells and averaged over objects, this gives the spatial ID
+`Delta_y(cell)` at each site y (`lm/resid_pre.{y}` for every LM block, then the last
+block's output): the part of the object word's state that depends only on where its
+object is. Grid differences give a horizontal and a vertical axis; a rank-k linear map
+from the ViT's position basis (`position_basis`) to `Delta_y` says how much of the ID
+is a low-rank function of the position codes (R^2 per site and rank).
+
+Axis names (`jaxmech.shapes`): N probe examples, L cells, D d_model, F basis features,
+Y sites (`n_sites`), K ranks.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.config import TaskConfig
+from jaxmech.data import scenes as sc
+from jaxmech.models import ar_vlm, vit2d
+
+X_SLOT = 1  # the object word's question slot (`[is, X, A, or, B, of, Y, ?]`)
+
+
+def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0):
+    """Every label in `labels` at every cell, each with `placements` draws of another
+    label at another cell (host NumPy). Returns (SceneBatch [N], label_N, cell_N), N =
+    len(labels) L placements; answers are not defined (left/right may not be) and are
+    set to `left`: the IDs read states, not answers."""
+    rng = np.random.default_rng([seed, 13])
+    L, n = task.image_len, task.n_labels
+    lab, cell = np.meshgrid(np.asarray(labels), np.arange(L), indexing="ij")
+    lab = np.repeat(lab.ravel(), placements)
+    cell = np.repeat(cell.ravel(), placements)
+    N = len(lab)
+    other = rng.integers(1, n, N)
+    other = other + (other >= lab)
+    other_cell = rng.integers(0, L - 1, N)
+    other_cell = other_cell + (other_cell >= cell)
+    labels_NxL = np.zeros((N, L), np.int32)
+    labels_NxL[np.arange(N), cell] = lab
+    labels_NxL[np.arange(N), other_cell] = other
+    objects = labels_NxL > 0
+    colours = np.where(objects, rng.integers(1, task.n_colours + 1, (N, L)), 0).astype(np.int32)
+    facings = np.where(objects, rng.integers(1, 3, (N, L)), 0).astype(np.int32)
+    question = np.asarray(sc.question_tokens(np.zeros(N, np.int32), lab, other))
+    batch = sc.SceneBatch(
+        labels_NxL,
+        colours,
+        facings,
+        question,
+        np.full(N, sc.TOKEN["left"], np.int32),
+        np.zeros(N, np.int32),
+    )
+    return batch, lab, cell
+
+
+def n_sites(params) -> int:
+    """Y: the residual entering every LM block, then the last block's output."""
+    return sum(1 for k in params["lm"] if k.startswith("block_")) + 1
+
+
+def object_word_states(params, batch) -> jax.Array:
+    """[Y, N, D] the residual stream at the X word at every site."""
+    _, aux = ar_vlm.forward(
+        params,
+        batch.labels_BxL,
+        batch.colours_BxL,
+        batch.facings_BxL,
+        batch.question_BxQ,
+        capture=True,
+    )
+    n = n_sites(params) - 1
+    pos = batch.labels_BxL.shape[1] + X_SLOT
+    names = [f"lm/resid_pre.{y}" for y in range(n)] + [f"lm/resid_post.{n - 1}"]
+    return jnp.stack([aux[name][:, pos] for name in names])
+
+
+def spatial_ids(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
+    """[Y, L, D] Delta_y(cell): states averaged per (label, cell), centred per label
+    over the cells, averaged over labels (every label must cover every cell)."""
+    labels = np.unique(np.asarray(label_N))
+    index = np.searchsorted(labels, np.asarray(label_N)) * n_cells + np.asarray(cell_N)
+    onehot = jax.nn.one_hot(index, len(labels) * n_cells)  # [N, labels L]
+    mean = jnp.einsum("ynd,nm->ymd", states_YxNxD, onehot) / onehot.sum(0)[None, :, None]
+    mean = mean.reshape(states_YxNxD.shape[0], len(labels), n_cells, -1)
+    return (mean - mean.mean(2, keepdims=True)).mean(1)
+
+
+def grid_axes(delta_YxLxD, grid_h: int, grid_w: int):
+    """(horizontal [Y, D], vertical [Y, D]): the mean ID difference one column right /
+    one row down."""
+    g = delta_YxLxD.reshape(delta_YxLxD.shape[0], grid_h, grid_w, -1)
+    return (g[:, :, 1:] - g[:, :, :-1]).mean((1, 2)), (g[:, 1:] - g[:, :-1]).mean((1, 2))
+
+
+def position_basis(params) -> jax.Array:
+    """[L, F] the ViT's position features of each cell: the row and column codes side
+    by side (learned2d, sincos2d), or cos / sin of every rotary angle (rope2d)."""
+    rows, cols = vit2d.read(params, "cell_rows"), vit2d.read(params, "cell_cols")
+    if vit2d.position_kind(params) == "rope2d":
+        ids = jnp.stack([rows, cols])
+        angles = vit2d.rotary_angles(
+            ids, vit2d.read(params, "vit_rope_freqs"), vit2d.read(params, "vit_rope_axis")
+        )
+        return jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=1)
+    row, col = vit2d.position_parts(params, rows, cols)
+    return jnp.concatenate([row, col], axis=1)
+
+
+def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
+    """[Y, K] R^2 of the best rank-k linear map (plus a constant) from the features to
+    Delta_y, per site and rank (reduced-rank regression: the least-squares fit
+    projected on its top-k right singular vectors)."""
+    F = features_LxF - features_LxF.mean(0)
+    coef = jnp.linalg.pinv(F)  # [F, L]
+
+    def one_site(delta_LxD):
+        d = delta_LxD - delta_LxD.mean(0)
+        fit = F @ (coef @ d)
+        _, _, vt = jnp.linalg.svd(fit, full_matrices=False)
+        total = jnp.sum(d**2)
+
+        def r2(k):
+            v = vt[:k].T
+            return 1.0 - jnp.sum((d - fit @ v @ v.T) ** 2) / total
+
+        return jnp.stack([r2(k) for k in ranks])
+
+    return jax.vmap(one_site)(delta_YxLxD)

@@ -1,0 +1,190 @@
+"""Seed 003's mirror-swap patching on a results folder of toy VLMs (issue 13, part 1).
+
+On the unseen-pair left/right questions, every model x LM layer x token group x
+example is patched with the mirrored twin's residual stream, and with the recolour
+twin's as the control, in one compiled call (`analysis.patching.patch_logp`). An
+example counts when the model answers it and its mirror right (the mirror must move
+the belief for a shift to mean anything); shifts are means over those examples, per
+answer word of the original (left / right) and over both.
+
+Writes into `RUN/patching/`:
+  shifts.csv    model, twin (mirror / recolour), layer, group, word, shift_logp,
+                shift_p, n
+  summary.json  per twin, layer and group (word "both"): mean over models and 95%
+                interval of shift_logp and shift_p; figure shifts.png
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
+from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.stats import mean_ci
+
+TWINS = ("mirror", "recolour")
+WORDS = {"left": TOKEN["left"], "right": TOKEN["right"], "both": None}
+
+
+def patching_refusal(config, path: str) -> str | None:
+    """Why this report does not apply to a run (None when it does)."""
+    if config.model.model_kind != "ar_vlm":
+        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    return None
+
+
+def _rows(batch: SceneBatch, keep: np.ndarray) -> SceneBatch:
+    return SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in batch))
+
+
+def compute(run: LoadedRun) -> dict:
+    """{twin: patch_logp over K models} on the unseen-pair left/right questions, the
+    answer words [B] and the wall time of the one compiled call."""
+    s = run.data.evals.unseen_pair
+    horizontal = np.asarray(s.examples.relation_B) == 0
+    ex = _rows(s.examples, horizontal)
+    twins = {t: _rows(getattr(s, t), horizontal) for t in TWINS}
+    groups = token_groups(ex.labels_BxL.shape[1], ex.question_BxQ.shape[1])
+
+    def one_model(p):
+        return {t: patch_logp(p, ex, twins[t], groups) for t in TWINS}
+
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(jax.jit(jax.vmap(one_model))(run.params))
+    return {
+        "logp": jax.device_get(out),
+        "answer": np.asarray(ex.answer_B),
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def shifts(res: dict) -> dict:
+    """{(twin, word, kind): [K, Y, G]} mean shifts (kind "logp" / "p") over the kept
+    examples, and {(word,): [K]} their counts. Kept: right on the example and its mirror
+    (the mirror's answer is the other word: its log p is `twin_other`)."""
+    m = res["logp"]["mirror"]
+    kept_KxB = (m["orig"] > m["orig_other"]) & (m["twin_other"] > m["twin"])
+    out = {}
+    for word, token in WORDS.items():
+        w_KxB = kept_KxB & (True if token is None else res["answer"][None] == token)
+        n_K = w_KxB.sum(1)
+        out[("n", word)] = n_K
+        for twin in TWINS:
+            d = res["logp"][twin]
+            for kind, f in (("logp", lambda x: x), ("p", np.exp)):
+                # the denominator is the mirror's for both twins (module docstring)
+                s = np.asarray(
+                    belief_shift(
+                        f(m["orig"])[:, None, None], f(d["patched"]), f(m["twin"])[:, None, None]
+                    )
+                )
+                w = w_KxB[:, None, None, :]
+                total = np.where(w, np.nan_to_num(s), 0.0).sum(-1)
+                out[(twin, word, kind)] = total / np.maximum(n_K, 1)[:, None, None]
+    return out
+
+
+def shift_rows(sh: dict, models) -> list[dict]:
+    k, n_layers, n_groups = sh[("mirror", "both", "logp")].shape
+    return [
+        {
+            "model": models[i],
+            "twin": twin,
+            "layer": y,
+            "group": GROUPS[g],
+            "word": word,
+            "shift_logp": float(sh[(twin, word, "logp")][i, y, g]),
+            "shift_p": float(sh[(twin, word, "p")][i, y, g]),
+            "n": int(sh[("n", word)][i]),
+        }
+        for i in range(k)
+        for twin in TWINS
+        for word in WORDS
+        for y in range(n_layers)
+        for g in range(n_groups)
+    ]
+
+
+def summarise(sh: dict, log) -> dict:
+    out = {}
+    n_layers = sh[("mirror", "both", "logp")].shape[1]
+    for twin in TWINS:
+        log(
+            f"\n{twin} patch, belief shift of the answer word (log-prob; prob), 95% CI over models:"
+        )
+        log(f"{'layer':>5} " + " ".join(f"{g:>52}" for g in GROUPS))
+        for y in range(n_layers):
+            cells = []
+            for g, group in enumerate(GROUPS):
+                lp, p = sh[(twin, "both", "logp")][:, y, g], sh[(twin, "both", "p")][:, y, g]
+                out[f"{twin}/{y}/{group}"] = {
+                    "shift_logp": mean_ci(lp, None, None),
+                    "shift_p": mean_ci(p, None, None),
+                }
+                cells.append(f"{fmt_ci(lp, None, None)}; {np.mean(p):+.2f}")
+            log(f"{y:>5} " + " ".join(f"{c:>52}" for c in cells))
+    return out
+
+
+def plot_shifts(sh: dict, path: str, k: int) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(TWINS), figsize=(4.2 * len(TWINS), 2.8), squeeze=False)
+    for ax, twin in zip(axes[0], TWINS):
+        s = sh[(twin, "both", "logp")]
+        mean = np.nanmean(s, 0)
+        ax.imshow(mean, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
+        for y in range(mean.shape[0]):
+            for g in range(mean.shape[1]):
+                lo, hi = mean_ci(s[:, y, g], None, None)[1:3]
+                ax.text(
+                    g,
+                    y,
+                    f"{mean[y, g]:.2f}\n[{lo:.2f},{hi:.2f}]",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if abs(mean[y, g]) > 0.6 else "black",
+                )
+        ax.set_xticks(range(len(GROUPS)), GROUPS)
+        ax.set_yticks(range(mean.shape[0]), [f"resid_pre.{y}" for y in range(mean.shape[0])])
+        ax.set_title(f"{twin} patch ({k} models)", fontsize=9)
+    fig.suptitle("belief shift of the answer word (log-prob), mean [95% CI]", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_patching_run(path: str, log=print) -> dict:
+    """Computes, writes, prints and plots the mirror-swap report of one results folder.
+    Raises ValueError for a run that is not an ar_vlm or whose every model diverged."""
+    config = check_run(path)
+    refusal = patching_refusal(config, path)
+    if refusal:
+        raise ValueError(refusal)
+    from jaxmech import plots
+
+    out = plots.ensure_dir(os.path.join(path, "patching"))
+    run = open_run(path, log=log)
+    res = compute(run)
+    sh = shifts(res)
+    rows = shift_rows(sh, run.models)
+    write_csv(os.path.join(out, "shifts.csv"), rows)
+    n = sh[("n", "both")]
+    log(
+        f"{run.k} models; unseen-pair left/right examples kept (right on the example and "
+        f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
+        f"{res['wall_s']:.1f} s"
+    )
+    summary = {"patches": summarise(sh, log), "kept": n.tolist(), "excluded": list(run.excluded)}
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = plot_shifts(sh, os.path.join(out, "shifts.png"), run.k)
+    log("results: " + os.path.join(out, "shifts.csv") + "  figure: " + fig)
+    return {"summary": summary, "rows": rows, "shifts": sh}

@@ -1,0 +1,163 @@
+"""Seed 003's spatial IDs on a results folder of toy VLMs (issue 13, part 2).
+
+For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`) from
+probe scenes of every label at every cell, their horizontal and vertical axes, and the
+R^2 of a rank-k map from the ViT's position basis, k = 1..RANKS; also the IDs from the
+training-pair labels alone and from the validation labels alone, and the cosine
+between the two (is the ID the same for labels never seen in a pair?).
+
+Writes into `RUN/spatial_ids/`:
+  r2.csv        model, site, rank, r2
+  axes.csv      model, site, h_norm, v_norm, cos_hv, cos_train_val (IDs of the two
+                label sets, flattened over cells)
+  summary.json  means over models with 95% intervals; figure spatial_ids.png
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.stats import mean_ci
+
+RANKS = (1, 2, 3, 4, 6)
+
+
+def spatial_ids_refusal(config, path: str) -> str | None:
+    """Why this report does not apply to a run (None when it does)."""
+    if config.model.model_kind != "ar_vlm":
+        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    return None
+
+
+def _cos(a, b):
+    a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
+    return (a * b).sum(-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-12)
+
+
+def compute(run: LoadedRun) -> dict:
+    """Per model: r2 [K, Y, len(RANKS)], h, v [K, Y, D], cos_train_val [K, Y], delta
+    [K, Y, L, D] (all labels)."""
+    t = run.config.task
+    batch, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
+    train = label <= t.max_pair_labels
+
+    def one_model(p):
+        states = si.object_word_states(p, batch)
+        delta = si.spatial_ids(states, label, cell, t.image_len)
+        d_train = si.spatial_ids(states[:, train], label[train], cell[train], t.image_len)
+        d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], t.image_len)
+        h, v = si.grid_axes(delta, t.grid_h, t.grid_w)
+        return {
+            "delta": delta,
+            "r2": si.rank_k_r2(si.position_basis(p), delta, RANKS),
+            "h": h,
+            "v": v,
+            "cos_train_val": _cos(d_train, d_val),
+        }
+
+    return jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
+
+
+def _rows(res: dict, models) -> tuple[list[dict], list[dict]]:
+    k, n_sites, _ = res["r2"].shape
+    r2 = [
+        {"model": models[i], "site": y, "rank": r, "r2": float(res["r2"][i, y, j])}
+        for i in range(k)
+        for y in range(n_sites)
+        for j, r in enumerate(RANKS)
+    ]
+    h, v = res["h"], res["v"]
+    cos_hv = (h * v).sum(-1) / (np.linalg.norm(h, axis=-1) * np.linalg.norm(v, axis=-1) + 1e-12)
+    axes = [
+        {
+            "model": models[i],
+            "site": y,
+            "h_norm": float(np.linalg.norm(h[i, y])),
+            "v_norm": float(np.linalg.norm(v[i, y])),
+            "cos_hv": float(cos_hv[i, y]),
+            "cos_train_val": float(res["cos_train_val"][i, y]),
+        }
+        for i in range(k)
+        for y in range(n_sites)
+    ]
+    return r2, axes
+
+
+def summarise(res: dict, axes: list[dict], log) -> dict:
+    n_sites = res["r2"].shape[1]
+    out = {}
+    log("R^2 of a rank-k map from the ViT position basis to the spatial ID (95% CI over models):")
+    log(f"{'site':>5} " + " ".join(f"{'rank ' + str(r):>30}" for r in RANKS))
+    for y in range(n_sites):
+        cells = [res["r2"][:, y, j] for j in range(len(RANKS))]
+        out[f"r2/{y}"] = {str(r): mean_ci(c, None, None) for r, c in zip(RANKS, cells)}
+        log(f"{y:>5} " + " ".join(f"{fmt_ci(c, None, None):>30}" for c in cells))
+    log(
+        "\naxes: |h|, |v| (ID change per column / row), cos(h, v), cos(ID of training-pair labels, ID of validation labels):"
+    )
+    for y in range(n_sites):
+        col = {
+            key: [a[key] for a in axes if a["site"] == y]
+            for key in ("h_norm", "v_norm", "cos_hv", "cos_train_val")
+        }
+        out[f"axes/{y}"] = {key: mean_ci(v, None, None) for key, v in col.items()}
+        log(f"{y:>5} " + "  ".join(f"{key} {fmt_ci(v, None, None)}" for key, v in col.items()))
+    return out
+
+
+def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
+    import matplotlib.pyplot as plt
+
+    r2 = res["r2"]
+    n_sites = r2.shape[1]
+    fig, axes = plt.subplots(1, 1 + n_sites, figsize=(3.4 * (1 + n_sites), 3))
+    for y in range(n_sites):
+        m = r2[:, y].mean(0)
+        axes[0].plot(RANKS, m, "o-", label=f"site {y}")
+    axes[0].set_xlabel("rank k")
+    axes[0].set_ylabel("R^2 (mean over models)")
+    axes[0].set_ylim(0, 1.02)
+    axes[0].legend(fontsize=7)
+    axes[0].set_title("ID from the ViT position basis", fontsize=9)
+    for y in range(n_sites):
+        h = res["h"][:, y]
+        unit = h / (np.linalg.norm(h, axis=-1, keepdims=True) + 1e-12)
+        coord = np.einsum("kld,kd->kl", res["delta"][:, y], unit).mean(0).reshape(grid_h, grid_w)
+        im = axes[1 + y].imshow(coord, cmap="RdBu_r")
+        axes[1 + y].set_title(f"site {y}: ID along its h axis", fontsize=9)
+        fig.colorbar(im, ax=axes[1 + y], shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_spatial_ids_run(path: str, log=print) -> dict:
+    """Computes, writes, prints and plots the spatial-ID report of one results folder."""
+    config = check_run(path)
+    refusal = spatial_ids_refusal(config, path)
+    if refusal:
+        raise ValueError(refusal)
+    from jaxmech import plots
+
+    out = plots.ensure_dir(os.path.join(path, "spatial_ids"))
+    run = open_run(path, log=log)
+    res = compute(run)
+    r2_rows, axes_rows = _rows(res, run.models)
+    write_csv(os.path.join(out, "r2.csv"), r2_rows)
+    write_csv(os.path.join(out, "axes.csv"), axes_rows)
+    log(f"{run.k} models; sites: resid_pre of each LM block, then the last block's output")
+    summary = summarise(res, axes_rows, log) | {
+        "excluded": list(run.excluded),
+        "ranks": list(RANKS),
+    }
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = plot(res, os.path.join(out, "spatial_ids.png"), config.task.grid_h, config.task.grid_w)
+    log("results: " + os.path.join(out, "r2.csv") + "  figure: " + fig)
+    return {"summary": summary, "r2_rows": r2_rows, "axes_rows": axes_rows}

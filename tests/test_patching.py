@@ -1,0 +1,60 @@
+"""Mirror-swap patching (`analysis.patching`, issue 13): the belief-shift formula and
+the invariants of the patch itself."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_vlm_config
+
+from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
+from jaxmech.data import scenes as sc
+from jaxmech.models import ar_vlm
+
+
+def test_belief_shift_on_hand_made_log_probabilities():
+    orig = jnp.asarray([-0.1, -0.1, -0.1, -0.5])
+    twin = jnp.asarray([-2.1, -2.1, -2.1, -0.5])  # the last: no effect to explain
+    patched = jnp.asarray([-1.1, -0.1, -2.1, -3.0])
+    got = belief_shift(orig, patched, twin)
+    np.testing.assert_allclose(got[:3], [0.5, 0.0, 1.0], rtol=1e-6)
+    assert np.isnan(got[3])
+    p = belief_shift(jnp.exp(orig), jnp.exp(patched), jnp.exp(twin))  # the paper's form
+    expected = (np.exp(-0.1) - np.exp(-1.1)) / (np.exp(-0.1) - np.exp(-2.1))
+    np.testing.assert_allclose(p[0], expected, rtol=1e-6)
+
+
+def test_token_groups():
+    g = token_groups(9, 8)
+    assert g.shape == (len(GROUPS), 17)
+    assert g[0, :9].all() and not g[0, 9:].any() and g[1, 9:].all() and g[3].all()
+    assert np.flatnonzero(g[2]).tolist() == [10, 15]  # the X and Y words
+
+
+@pytest.fixture(scope="module")
+def model_and_set():
+    config = tiny_vlm_config(lm_n_layers=2)
+    params = ar_vlm.init_params(config, jax.random.PRNGKey(3))
+    tables = sc.build_tables(config.task)
+    return params, sc.build_eval_sets(config.task, tables).unseen_pair
+
+
+def test_patching_a_run_with_itself_is_a_no_op(model_and_set):
+    params, s = model_and_set
+    groups = token_groups(s.examples.labels_BxL.shape[1], sc.Q_LEN)
+    out = jax.jit(patch_logp)(params, s.examples, s.examples, groups)
+    assert out["patched"].shape == (2, len(GROUPS), len(s.examples.answer_B))
+    np.testing.assert_allclose(
+        out["patched"], np.broadcast_to(out["orig"], out["patched"].shape), atol=1e-5
+    )
+
+
+def test_patching_every_token_at_layer_0_gives_the_twin_run(model_and_set):
+    params, s = model_and_set
+    groups = token_groups(s.examples.labels_BxL.shape[1], sc.Q_LEN)
+    out = jax.jit(patch_logp)(params, s.examples, s.mirror, groups)
+    np.testing.assert_allclose(out["patched"][0, GROUPS.index("all")], out["twin"], atol=1e-5)
+    # and a patch of the question alone at layer 0 changes nothing: the question's
+    # embeddings do not depend on the image
+    np.testing.assert_allclose(out["patched"][0, GROUPS.index("question")], out["orig"], atol=1e-5)
+    assert np.abs(np.asarray(out["orig"] - out["twin"])).max() > 1e-4  # the mirror matters
