@@ -10,28 +10,15 @@ Writes RUN/spatial_ids/{r2,axes}.csv, summary.json, spatial_ids.png
 (`jaxmech.reports.spatial_ids`).
 """
 
-from absl import app, flags
+from absl import flags
 
-from jaxmech.cli import run_main, setup_runtime
-from jaxmech.reports.common import check_runs
+from jaxmech.cli import run_main
+from jaxmech.reports.common import report_main
 from jaxmech.reports.spatial_ids import analyse_spatial_ids_run, spatial_ids_refusal
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    del argv
-    setup_runtime()
-    try:  # every folder is checked before any compute
-        runs = check_runs(FLAGS.run, spatial_ids_refusal)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    for r in runs:
-        print(f"\n=== {r}")
-        analyse_spatial_ids_run(r)
-
+main = report_main(analyse_spatial_ids_run, spatial_ids_refusal)
 
 if __name__ == "__main__":
     run_main(main)

@@ -9,28 +9,15 @@ Writes RUN/vit_terms/{gradients,ablations}.csv, summary.json and two figures
 (`jaxmech.reports.vlm_terms`). Diverged models are left out and named.
 """
 
-from absl import app, flags
+from absl import flags
 
-from jaxmech.cli import run_main, setup_runtime
-from jaxmech.reports.common import check_runs
+from jaxmech.cli import run_main
+from jaxmech.reports.common import report_main
 from jaxmech.reports.vlm_terms import analyse_vit_terms_run, vit_terms_refusal
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-FLAGS = flags.FLAGS
-
-
-def main(argv):
-    del argv
-    setup_runtime()
-    try:  # every folder is checked before any compute
-        runs = check_runs(FLAGS.run, vit_terms_refusal)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    for r in runs:
-        print(f"\n=== {r}")
-        analyse_vit_terms_run(r)
-
+main = report_main(analyse_vit_terms_run, vit_terms_refusal)
 
 if __name__ == "__main__":
     run_main(main)

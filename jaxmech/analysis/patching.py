@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.scenes import SceneBatch
-from jaxmech.models import ar_vlm
-from jaxmech.models.answer import partner
+from jaxmech.models.answer import logits, partner
 from jaxmech.models.edits import VLMEdits
 
 GROUPS = ("image", "question", "objects", "all")
@@ -58,18 +57,6 @@ def n_patch_layers(params) -> int:
     return sum(1 for k in params["lm"] if k.startswith("block_"))
 
 
-def _run(params, batch: SceneBatch, edits=None, capture=False):
-    return ar_vlm.forward(
-        params,
-        batch.labels_BxL,
-        batch.colours_BxL,
-        batch.facings_BxL,
-        batch.question_BxQ,
-        edits=edits,
-        capture=capture,
-    )
-
-
 def _answer_logp(logits_xBxV, answer_B):
     logp = jax.nn.log_softmax(logits_xBxV, axis=-1)
     idx = jnp.broadcast_to(answer_B[:, None], logp.shape[:-1] + (1,))
@@ -93,8 +80,8 @@ def patch_logp(params, batch: SceneBatch, twin: SceneBatch, groups_GxS) -> dict:
     """
     answer = jnp.asarray(batch.answer_B)
     other = partner(answer)
-    _, twin_aux = _run(params, twin, capture=True)
-    orig_logits, twin_logits = _run(params, batch), _run(params, twin)
+    _, twin_aux = logits(params, twin, capture=True)
+    orig_logits, twin_logits = logits(params, batch), logits(params, twin)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
     per_layer = []
     for y in range(n_patch_layers(params)):
@@ -102,7 +89,7 @@ def patch_logp(params, batch: SceneBatch, twin: SceneBatch, groups_GxS) -> dict:
 
         def patched(mask_S, name=name):
             edits = VLMEdits(replace={name: (mask_S[None, :, None], twin_aux[name])})
-            return _run(params, batch, edits)
+            return logits(params, batch, edits)
 
         per_layer.append(_answer_logp(jax.vmap(patched)(jnp.asarray(groups_GxS)), answer))
     return {

@@ -21,7 +21,8 @@ import numpy as np
 
 from jaxmech.config import TaskConfig
 from jaxmech.data import scenes as sc
-from jaxmech.models import ar_vlm, vit2d
+from jaxmech.models import vit2d
+from jaxmech.models.answer import logits
 
 X_SLOT = 1  # the object word's question slot (`[is, X, A, or, B, of, Y, ?]`)
 
@@ -66,14 +67,7 @@ def n_sites(params) -> int:
 
 def object_word_states(params, batch) -> jax.Array:
     """[Y, N, D] the residual stream at the X word at every site."""
-    _, aux = ar_vlm.forward(
-        params,
-        batch.labels_BxL,
-        batch.colours_BxL,
-        batch.facings_BxL,
-        batch.question_BxQ,
-        capture=True,
-    )
+    _, aux = logits(params, batch, capture=True)
     n = n_sites(params) - 1
     pos = batch.labels_BxL.shape[1] + X_SLOT
     names = [f"lm/resid_pre.{y}" for y in range(n)] + [f"lm/resid_post.{n - 1}"]

@@ -39,8 +39,9 @@ def partner(answer_B):
     return jnp.asarray(_PARTNER)[answer_B]
 
 
-def logits(params, batch: SceneBatch, edits=None):
-    """[B, V] the LM's logits at the last position for a batch of scenes and questions."""
+def logits(params, batch: SceneBatch, edits=None, capture: bool = False):
+    """[B, V] the LM's logits at the last position for a batch of scenes and questions
+    (with `capture`, also the named intermediates: `ar_vlm.forward`)."""
     return ar_vlm.forward(
         params,
         batch.labels_BxL,
@@ -48,6 +49,7 @@ def logits(params, batch: SceneBatch, edits=None):
         batch.facings_BxL,
         batch.question_BxQ,
         edits=edits,
+        capture=capture,
     )
 
 

@@ -178,6 +178,28 @@ def check_runs(text: str, refusal) -> list[str]:
     return runs
 
 
+def report_main(analyse, refusal):
+    """The `main(argv)` of a report entry point: every folder of its `--run` flag
+    (which the entry module defines: absl flags belong to one module) is checked by
+    `check_runs` before any compute, then `analyse(folder)` runs on each."""
+    from absl import app, flags
+
+    from jaxmech.cli import setup_runtime
+
+    def main(argv):
+        del argv
+        setup_runtime()
+        try:
+            runs = check_runs(flags.FLAGS.run, refusal)
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
+        for r in runs:
+            print(f"\n=== {r}")
+            analyse(r)
+
+    return main
+
+
 def _take(tree, index: np.ndarray):
     """`tree` with only the models at `index` along every leaf's leading axis."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[index], tree)
