@@ -33,7 +33,8 @@ def metric_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-def _mean(values_N, weight_N):
+def masked_mean(values_N, weight_N):
+    """Mean of values over the rows with weight (0 when none)."""
     return (values_N * weight_N).sum() / jnp.maximum(weight_N.sum(), 1.0)
 
 
@@ -47,9 +48,9 @@ def evaluate_scenes(params, evals: SceneEvalSets, tables, settings: Settings, co
         b = beliefs(logits(params, batch), jnp.asarray(batch.answer_B))
         for r, rel in enumerate(RELATIONS):
             w = (masks[name] & (jnp.asarray(batch.relation_B) == r)).astype(jnp.float32)
-            out[f"{short}_{rel}_acc"] = _mean(b["correct"], w)
+            out[f"{short}_{rel}_acc"] = masked_mean(b["correct"], w)
             if short in BELIEF_SETS:
-                out[f"{short}_{rel}_p"] = _mean(b["p"], w)
-                out[f"{short}_{rel}_logp"] = _mean(b["logp"], w)
+                out[f"{short}_{rel}_p"] = masked_mean(b["p"], w)
+                out[f"{short}_{rel}_logp"] = masked_mean(b["logp"], w)
     out["unseen_min_acc"] = jnp.minimum(out["unseen_h_acc"], out["unseen_v_acc"])
     return out

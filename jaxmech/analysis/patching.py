@@ -80,8 +80,8 @@ def patch_logp(params, batch: SceneBatch, twin: SceneBatch, groups_GxS) -> dict:
     """
     answer = jnp.asarray(batch.answer_B)
     other = partner(answer)
-    _, twin_aux = logits(params, twin, capture=True)
-    orig_logits, twin_logits = logits(params, batch), logits(params, twin)
+    twin_logits, twin_aux = logits(params, twin, capture=True)
+    orig_logits = logits(params, batch)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
     per_layer = []
     for y in range(n_patch_layers(params)):

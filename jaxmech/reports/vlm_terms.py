@@ -24,6 +24,7 @@ import numpy as np
 from jaxmech import plots
 from jaxmech.analysis.vit_terms import term_gradients
 from jaxmech.data.scenes import RELATIONS, eval_masks
+from jaxmech.evaluate_answers import masked_mean
 from jaxmech.models.answer import beliefs, logits
 from jaxmech.models.edits import VIT_TERMS, VLMEdits, vit_term_mask
 from jaxmech.reports.common import (
@@ -78,8 +79,8 @@ def ablation_table(params, settings, evals, masks_AxHxT) -> dict:
                 edits = VLMEdits(vit_term_keep=keep_HxT)
                 correct = beliefs(logits(p, batch, edits), jnp.asarray(batch.answer_B))["correct"]
                 for r, rel in enumerate(RELATIONS):
-                    w = masks[name] & (jnp.asarray(batch.relation_B) == r)
-                    out[f"{short}_{rel}_acc"] = (correct * w).sum() / jnp.maximum(w.sum(), 1)
+                    w = (masks[name] & (jnp.asarray(batch.relation_B) == r)).astype(jnp.float32)
+                    out[f"{short}_{rel}_acc"] = masked_mean(correct, w)
             return out
 
         return jax.lax.map(one_mask, masks_AxHxT)
