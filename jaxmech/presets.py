@@ -62,7 +62,9 @@ BY_NAME = {p.name: p for p in PROTOCOLS}
 # issue 12): tied label words, single-object questions about absent labels (the only
 # signal binding a validation label's word to its picture), a cosine learning rate
 # (generalisation decays under a constant one). `vlm_window` adds seed 004's shape, a
-# window block followed by a global block.
+# window block followed by a global block. `vlm_deep` has 4 LM blocks, so that seed
+# 003's layer-by-layer analyses have middle layers to find (about 1.9x the cost per
+# model-step).
 VLM = {
     "task_kind": "scenes",
     "model_kind": "ar_vlm",
@@ -89,6 +91,9 @@ MODEL_PRESETS = {
         "model",
         "toy VLM, ViT block 0 in 2x2 windows, block 1 global",
         {**VLM, "vit_window": 2, "vit_global_blocks": "1"},
+    ),
+    "vlm_deep": Protocol(
+        "vlm_deep", "model", "toy VLM with 4 LM blocks", {**VLM, "lm_n_layers": 4}
     ),
 }
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 # two-sided 95% Student-t critical values t_{0.975, df}, df = 1..30
@@ -91,3 +93,54 @@ def diff_ci(a, b) -> tuple[float, float, float]:
     df = (va + vb) ** 2 / (va**2 / (len(a) - 1) + vb**2 / (len(b) - 1))
     half = t975(max(int(df), 1)) * se
     return d, d - half, d + half
+
+
+def _ranks(v: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties given their mean rank."""
+    order = np.argsort(v, kind="stable")
+    ranks = np.empty(len(v), float)
+    ranks[order] = np.arange(1, len(v) + 1)
+    for value in np.unique(v):
+        tie = v == value
+        ranks[tie] = ranks[tie].mean()
+    return ranks
+
+
+def correlation_ci(x, y, rank: bool = False) -> tuple[float, float, float, int]:
+    """(r, ci_low, ci_high, n): Pearson's r (Spearman's with `rank`) over the pairs
+    where both are finite, with a Fisher-z 95% interval (NaN bounds below 4 pairs, NaN r
+    when either side is constant)."""
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = x[ok], y[ok]
+    n = len(x)
+    if rank:
+        x, y = _ranks(x), _ranks(y)
+    if n < 2 or x.std() == 0 or y.std() == 0:
+        return float("nan"), float("nan"), float("nan"), n
+    r = float(np.clip(np.corrcoef(x, y)[0, 1], -1.0, 1.0))
+    if n < 4:
+        return r, float("nan"), float("nan"), n
+    z, half = np.arctanh(np.clip(r, -0.999999, 0.999999)), 1.96 / np.sqrt(n - 3)
+    return r, float(np.tanh(z - half)), float(np.tanh(z + half)), n
+
+
+def mann_whitney_u(a, b) -> tuple[float, float]:
+    """(U of `a`, two-sided p): the Mann-Whitney U test by its normal approximation
+    with the tie correction and a continuity correction (no SciPy; fine from ~8 values
+    a side). U / (len(a) len(b)) is the probability that a value of `a` exceeds one of
+    `b` (ties count half)."""
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
+    n1, n2 = len(a), len(b)
+    if n1 == 0 or n2 == 0:
+        return float("nan"), float("nan")
+    ranks = _ranks(np.concatenate([a, b]))
+    u = float(ranks[:n1].sum() - n1 * (n1 + 1) / 2)
+    n = n1 + n2
+    _, counts = np.unique(np.concatenate([a, b]), return_counts=True)
+    var = n1 * n2 / 12 * ((n + 1) - (counts**3 - counts).sum() / (n * (n - 1)))
+    if var <= 0:
+        return u, 1.0
+    z = (abs(u - n1 * n2 / 2) - 0.5) / np.sqrt(var)
+    return u, float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))

@@ -27,8 +27,11 @@ def test_belief_shift_on_hand_made_log_probabilities():
 def test_token_groups():
     g = token_groups(9, 8)
     assert g.shape == (len(GROUPS), 17)
-    assert g[0, :9].all() and not g[0, 9:].any() and g[1, 9:].all() and g[3].all()
-    assert np.flatnonzero(g[2]).tolist() == [10, 15]  # the X and Y words
+    group = dict(zip(GROUPS, g))
+    assert group["image"][:9].all() and not group["image"][9:].any()
+    assert group["question"][9:].all() and not group["question"][:9].any() and group["all"].all()
+    assert np.flatnonzero(group["objects"]).tolist() == [10, 15]  # the X and Y words
+    assert np.flatnonzero(group["last"]).tolist() == [16]  # the answer position
 
 
 @pytest.fixture(scope="module")

@@ -57,3 +57,19 @@ def test_probe_scenes_and_states():
     assert states.shape == (si.n_sites(params), N, config.model.d_model) == (3, N, 16)
     basis = si.position_basis(params)
     assert basis.shape == (task.image_len, 2 * config.model.d_model)
+
+
+def test_analytic_ids_without_mlp_the_attention_writes_the_whole_block_id():
+    """In a block without an MLP the residual gains exactly the attention's output, so
+    the ID of the attention output is the block's whole ID; and the peak is a weight."""
+    config = tiny_vlm_config(lm_n_layers=2, mlp=False)
+    task = config.task
+    params = ar_vlm.init_params(config, jax.random.PRNGKey(1))
+    batch, label, cell = si.probe_scenes(task, range(1, task.n_labels + 1), placements=2)
+    a = si.analytic_ids(params, batch, label, cell)
+    assert a["pred"].shape == a["attn"].shape == (2, task.image_len, config.model.d_model)
+    np.testing.assert_allclose(a["attn"], a["total"], atol=1e-5)
+    np.testing.assert_allclose(si.id_cosine(a["attn"], a["total"]), 1.0, atol=1e-4)
+    assert ((a["peak"] > 0) & (a["peak"] < 1)).all()
+    ids = si.spatial_ids(si.object_word_states(params, batch), label, cell, task.image_len)
+    np.testing.assert_allclose(a["total"].sum(0), ids[-1] - ids[0], atol=1e-5)

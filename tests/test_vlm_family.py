@@ -107,6 +107,9 @@ def test_vlm_presets_are_valid_and_one_has_a_window_block_before_a_global_block(
     assert family_for(base).name == family_for(window).name == "ar_vlm"
     m = window.model
     assert m.vit_window > 0 and m.global_blocks == (m.n_layers - 1,) and m.n_layers >= 2
+    deep = preset_config("vlm_deep")
+    assert deep.model.lm_n_layers > base.model.lm_n_layers and family_for(deep).name == "ar_vlm"
+    assert deep.replace(lm_n_layers=base.model.lm_n_layers) == base  # depth is the only change
 
 
 def test_summary_intervals_clip_accuracies_and_probabilities_only():

@@ -16,7 +16,8 @@ but no spatial content produces.
 
 Sites: `lm/resid_pre.{layer}` for every LM block (the residual entering it). Token
 groups (`GROUPS`): the image tokens, the question tokens, the two object words (X at
-question slot 1, Y at slot 6), and every token.
+question slot 1, Y at slot 6), the last token (the `?` whose logits give the answer),
+and every token.
 
 Axis names (`jaxmech.shapes`): B examples, S = L + Q LM tokens, G token groups,
 Y patch layers, V vocabulary.
@@ -28,12 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.analysis.spatial_ids import X_SLOT, Y_SLOT
 from jaxmech.data.scenes import SceneBatch
 from jaxmech.models.answer import logits, partner
 from jaxmech.models.edits import VLMEdits
 
-GROUPS = ("image", "question", "objects", "all")
-OBJECT_SLOTS = (1, 6)  # `[is, X, A, or, B, of, Y, ?]`
+GROUPS = ("image", "question", "objects", "last", "all")
+OBJECT_SLOTS = (X_SLOT, Y_SLOT)
 
 
 def token_groups(n_cells: int, n_question: int) -> np.ndarray:
@@ -41,7 +43,7 @@ def token_groups(n_cells: int, n_question: int) -> np.ndarray:
     S = n_cells + n_question
     pos = np.arange(S)
     objects = np.isin(pos, [n_cells + s for s in OBJECT_SLOTS])
-    return np.stack([pos < n_cells, pos >= n_cells, objects, np.ones(S, bool)])
+    return np.stack([pos < n_cells, pos >= n_cells, objects, pos == S - 1, np.ones(S, bool)])
 
 
 def belief_shift(orig, patched, twin, eps: float = 1e-6):

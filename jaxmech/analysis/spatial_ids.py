@@ -24,7 +24,7 @@ from jaxmech.data import scenes as sc
 from jaxmech.models import vit2d
 from jaxmech.models.answer import logits
 
-X_SLOT = 1  # the object word's question slot (`[is, X, A, or, B, of, Y, ?]`)
+X_SLOT, Y_SLOT = 1, 6  # the object words' question slots (`[is, X, A, or, B, of, Y, ?]`)
 
 
 def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0):
@@ -65,23 +65,30 @@ def n_sites(params) -> int:
     return sum(1 for k in params["lm"] if k.startswith("block_")) + 1
 
 
-def object_word_states(params, batch) -> jax.Array:
-    """[Y, N, D] the residual stream at the X word at every site."""
+def object_word_states(params, batch, slot: int = X_SLOT) -> jax.Array:
+    """[Y, N, D] the residual stream at the word in question slot `slot` (X's by
+    default) at every site."""
     _, aux = logits(params, batch, capture=True)
     n = n_sites(params) - 1
-    pos = batch.labels_BxL.shape[1] + X_SLOT
+    pos = batch.labels_BxL.shape[1] + slot
     names = [f"lm/resid_pre.{y}" for y in range(n)] + [f"lm/resid_post.{n - 1}"]
     return jnp.stack([aux[name][:, pos] for name in names])
+
+
+def cell_means(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
+    """[Y, labels, L, D] the states averaged per (label, cell); labels in sorted order
+    (every label must cover every cell)."""
+    labels = np.unique(np.asarray(label_N))
+    index = np.searchsorted(labels, np.asarray(label_N)) * n_cells + np.asarray(cell_N)
+    onehot = jax.nn.one_hot(index, len(labels) * n_cells)  # [N, labels L]
+    mean = jnp.einsum("ynd,nm->ymd", states_YxNxD, onehot) / onehot.sum(0)[None, :, None]
+    return mean.reshape(states_YxNxD.shape[0], len(labels), n_cells, -1)
 
 
 def spatial_ids(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
     """[Y, L, D] Delta_y(cell): states averaged per (label, cell), centred per label
     over the cells, averaged over labels (every label must cover every cell)."""
-    labels = np.unique(np.asarray(label_N))
-    index = np.searchsorted(labels, np.asarray(label_N)) * n_cells + np.asarray(cell_N)
-    onehot = jax.nn.one_hot(index, len(labels) * n_cells)  # [N, labels L]
-    mean = jnp.einsum("ynd,nm->ymd", states_YxNxD, onehot) / onehot.sum(0)[None, :, None]
-    mean = mean.reshape(states_YxNxD.shape[0], len(labels), n_cells, -1)
+    mean = cell_means(states_YxNxD, label_N, cell_N, n_cells)
     return (mean - mean.mean(2, keepdims=True)).mean(1)
 
 
@@ -126,3 +133,52 @@ def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
         return jnp.stack([r2(k) for k in ranks])
 
     return jax.vmap(one_site)(delta_YxLxD)
+
+
+def analytic_ids(params, batch, label_N, cell_N) -> dict:
+    """The IDs each LM block's attention would write if the object word attended to its
+    own object's image token alone (the paper's sketch `Delta ~ W_O W_V P psi`), against
+    what it writes.
+
+    For block y: the values of the image token at X's cell, reduced like `spatial_ids`
+    (mean per label and cell, centred per label over the cells, averaged over labels)
+    to their position part `Gamma_y(cell)` [L, H, Dh], mapped through each head's W_O:
+
+      pred [Y, L, D]      sum_h Gamma_y(cell)[h] W_O[h]
+      weighted [Y, L, D]  the same with head h scaled by its mean attention weight from
+                          X's word to X's cell token (the peak's height)
+      attn [Y, L, D]      the ID of the block's attention output at X's word
+      total [Y, L, D]     the ID the whole block adds (site y + 1 minus site y)
+      peak [Y, H]         that mean attention weight per head
+
+    `batch`, `label_N`, `cell_N` from `probe_scenes` (host arrays). Y: LM blocks.
+    """
+    _, aux = logits(params, batch, capture=True)
+    n_cells = batch.labels_BxL.shape[1]
+    x_pos, rows = n_cells + X_SLOT, jnp.arange(len(cell_N))
+    states = object_word_states(params, batch)
+    ids = spatial_ids(states, label_N, cell_N, n_cells)
+    out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": []}
+    for y in range(n_sites(params) - 1):
+        v = aux[f"lm/v.{y}"][rows, jnp.asarray(cell_N)]  # [N, H, Dh]
+        H, Dh = v.shape[1:]
+        gamma = spatial_ids(v.reshape(1, len(cell_N), H * Dh), label_N, cell_N, n_cells)
+        gamma = gamma[0].reshape(n_cells, H, Dh)
+        w_o = params["lm"][f"block_{y}"]["W_O"]
+        peak = aux[f"lm/pattern.{y}"][rows, :, x_pos, jnp.asarray(cell_N)].mean(0)  # [H]
+        out["pred"].append(jnp.einsum("lhe,hed->ld", gamma, w_o))
+        out["weighted"].append(jnp.einsum("lhe,h,hed->ld", gamma, peak, w_o))
+        attn = aux[f"lm/attn_out.{y}"][:, x_pos][None]
+        out["attn"].append(spatial_ids(attn, label_N, cell_N, n_cells)[0])
+        out["total"].append(ids[y + 1] - ids[y])
+        out["peak"].append(peak)
+    return {k: jnp.stack(v) for k, v in out.items()}
+
+
+def id_cosine(a_xLxD, b_xLxD) -> jax.Array:
+    """[...] cosine between two IDs, flattened over cells and d_model."""
+    a = a_xLxD.reshape(a_xLxD.shape[:-2] + (-1,))
+    b = b_xLxD.reshape(b_xLxD.shape[:-2] + (-1,))
+    return (a * b).sum(-1) / jnp.maximum(
+        jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1), 1e-30
+    )

@@ -10,6 +10,11 @@ Writes into `RUN/spatial_ids/`:
   r2.csv        model, site, rank, r2
   axes.csv      model, site, h_norm, v_norm, cos_hv, cos_train_val (IDs of the two
                 label sets, flattened over cells)
+  analytic.csv  model, block, peak (the object word's mean attention to its own
+                object's token, mean over heads), cos_pred_attn, cos_weighted_attn,
+                cos_weighted_total, cos_attn_total (`spatial_ids.analytic_ids`: the ID
+                predicted from the weights against the block's attention output's ID
+                and against the whole block's)
   summary.json  means over models with 95% intervals; figure spatial_ids.png
 """
 
@@ -40,9 +45,20 @@ def _cos(a, b):
     return (a * b).sum(-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-12)
 
 
+def analytic(a: dict) -> dict:
+    """[Y] per LM block: the cosines of `spatial_ids.analytic_ids`'s IDs and the peak."""
+    return {
+        "peak": a["peak"].mean(-1),
+        "cos_pred_attn": si.id_cosine(a["pred"], a["attn"]),
+        "cos_weighted_attn": si.id_cosine(a["weighted"], a["attn"]),
+        "cos_weighted_total": si.id_cosine(a["weighted"], a["total"]),
+        "cos_attn_total": si.id_cosine(a["attn"], a["total"]),
+    }
+
+
 def compute(run: LoadedRun) -> dict:
     """Per model: r2 [K, Y, len(RANKS)], h, v [K, Y, D], cos_train_val [K, Y], delta
-    [K, Y, L, D] (all labels)."""
+    [K, Y, L, D] (all labels), analytic {name: [K, blocks]} (`analytic`)."""
     t = run.config.task
     batch, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
     train = label <= t.max_pair_labels
@@ -59,12 +75,13 @@ def compute(run: LoadedRun) -> dict:
             "h": h,
             "v": v,
             "cos_train_val": _cos(d_train, d_val),
+            "analytic": analytic(si.analytic_ids(p, batch, label, cell)),
         }
 
     return jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
 
 
-def _rows(res: dict, models) -> tuple[list[dict], list[dict]]:
+def _rows(res: dict, models) -> tuple[list[dict], list[dict], list[dict]]:
     k, n_sites, _ = res["r2"].shape
     r2 = [
         {"model": models[i], "site": y, "rank": r, "r2": float(res["r2"][i, y, j])}
@@ -86,7 +103,29 @@ def _rows(res: dict, models) -> tuple[list[dict], list[dict]]:
         for i in range(k)
         for y in range(n_sites)
     ]
-    return r2, axes
+    a = res["analytic"]
+    ana = [
+        {"model": models[i], "block": b} | {key: float(val[i, b]) for key, val in a.items()}
+        for i in range(k)
+        for b in range(a["peak"].shape[1])
+    ]
+    return r2, axes, ana
+
+
+def summarise_analytic(res: dict, log) -> dict:
+    a = res["analytic"]
+    out = {}
+    log(
+        "\nthe analytic ID (W_O applied to the position part of the values of X's own "
+        "object token) per LM block, 95% CI over models:"
+    )
+    for b in range(a["peak"].shape[1]):
+        out[f"analytic/{b}"] = {key: mean_ci(val[:, b], None, None) for key, val in a.items()}
+        log(
+            f"{b:>5} "
+            + "  ".join(f"{key} {fmt_ci(val[:, b], None, None)}" for key, val in a.items())
+        )
+    return out
 
 
 def summarise(res: dict, axes: list[dict], log) -> dict:
@@ -149,15 +188,25 @@ def analyse_spatial_ids_run(path: str, log=print) -> dict:
     out = plots.ensure_dir(os.path.join(path, "spatial_ids"))
     run = open_run(path, log=log)
     res = compute(run)
-    r2_rows, axes_rows = _rows(res, run.models)
+    r2_rows, axes_rows, analytic_rows = _rows(res, run.models)
     write_csv(os.path.join(out, "r2.csv"), r2_rows)
     write_csv(os.path.join(out, "axes.csv"), axes_rows)
+    write_csv(os.path.join(out, "analytic.csv"), analytic_rows)
     log(f"{run.k} models; sites: resid_pre of each LM block, then the last block's output")
-    summary = summarise(res, axes_rows, log) | {
-        "excluded": list(run.excluded),
-        "ranks": list(RANKS),
-    }
+    summary = (
+        summarise(res, axes_rows, log)
+        | summarise_analytic(res, log)
+        | {
+            "excluded": list(run.excluded),
+            "ranks": list(RANKS),
+        }
+    )
     write_json(os.path.join(out, "summary.json"), summary)
     fig = plot(res, os.path.join(out, "spatial_ids.png"), config.task.grid_h, config.task.grid_w)
     log("results: " + os.path.join(out, "r2.csv") + "  figure: " + fig)
-    return {"summary": summary, "r2_rows": r2_rows, "axes_rows": axes_rows}
+    return {
+        "summary": summary,
+        "r2_rows": r2_rows,
+        "axes_rows": axes_rows,
+        "analytic_rows": analytic_rows,
+    }

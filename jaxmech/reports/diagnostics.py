@@ -1,0 +1,226 @@
+"""Seed 003's diagnostics on a results folder of toy VLMs (issue 13, part 4).
+
+On the unseen-pair questions of both relations, per model and LM site after the first
+block (`analysis.diagnostics`):
+
+* the signed ID deviation of right vs wrong answers, with a Mann-Whitney U test per
+  model and over the pooled examples (the paper: wrong answers deviate negatively);
+* where the errors sit: the share of wrong answers whose believed X-minus-Y
+  displacement already has the wrong sign ("ID wrong": the ViT or the binding into the
+  word failed) vs the right sign ("ID right": a later stage failed), beside the same
+  share among right answers (how often the ID is wrong without hurting the answer);
+* occlusion: |change of the answer margin| when X's, Y's or a random free cell is
+  blanked, for right and wrong answers.
+
+Writes into `RUN/diagnostics/`:
+  deviation.csv  model, site, n_right, n_wrong, median_right, median_wrong, u, p, auc,
+                 id_wrong_among_wrong, id_wrong_among_right
+  occlusion.csv  model, occlusion, answers (right / wrong), sensitivity, flip_rate, n
+  summary.json   means over models with 95% intervals; figure diagnostics.png
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from jaxmech.analysis import diagnostics as dg
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.steering import relation_questions
+from jaxmech.stats import mann_whitney_u, mean_ci
+
+MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
+
+
+def diagnostics_refusal(config, path: str) -> str | None:
+    """Why this report does not apply to a run (None when it does)."""
+    if config.model.model_kind != "ar_vlm":
+        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    return None
+
+
+def compute(run: LoadedRun, seed: int = 0) -> dict:
+    """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
+    t = run.config.task
+    probe = si.probe_scenes(t, range(1, t.n_labels + 1))
+    ex, cells = relation_questions(run)
+
+    def one_model(args):
+        p, key = args
+        return dg.diagnose(p, ex, cells[:, :2], probe, key, (t.grid_h, t.grid_w))
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
+    out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
+    return out | {"relation": np.asarray(ex.relation_B)}
+
+
+def deviation_rows(res: dict, models) -> list[dict]:
+    right = res["margin"] > 0  # [K, B]
+    k, n_sites = res["deviation"].shape[:2]
+    rows = []
+    for i in range(k):
+        for y in range(n_sites):
+            dev = res["deviation"][i, y]
+            r, w = dev[right[i]], dev[~right[i]]
+            u, p = mann_whitney_u(w, r) if len(w) >= MIN_WRONG else (np.nan, np.nan)
+            id_wrong = (res["believed"][i, y] * res["true"][i, y] <= 0)[
+                np.arange(dev.shape[0]), res["relation"]
+            ]
+            rows.append(
+                {
+                    "model": models[i],
+                    "site": y + 1,
+                    "n_right": int(right[i].sum()),
+                    "n_wrong": int((~right[i]).sum()),
+                    "median_right": float(np.median(r)) if len(r) else np.nan,
+                    "median_wrong": float(np.median(w)) if len(w) else np.nan,
+                    "u": u,
+                    "p": p,
+                    "auc": u / (len(w) * len(r)) if len(w) >= MIN_WRONG and len(r) else np.nan,
+                    "id_wrong_among_wrong": float(id_wrong[~right[i]].mean()) if len(w) else np.nan,
+                    "id_wrong_among_right": float(id_wrong[right[i]].mean()) if len(r) else np.nan,
+                }
+            )
+    return rows
+
+
+def occlusion_rows(res: dict, models) -> list[dict]:
+    right = res["margin"] > 0
+    rows = []
+    for i in range(len(models)):
+        for o, name in enumerate(dg.OCCLUSIONS):
+            change = np.abs(res["occluded"][i, o] - res["margin"][i])
+            flipped = (res["occluded"][i, o] > 0) != right[i]
+            for answers, w in (("right", right[i]), ("wrong", ~right[i])):
+                rows.append(
+                    {
+                        "model": models[i],
+                        "occlusion": name,
+                        "answers": answers,
+                        "sensitivity": float(change[w].mean()) if w.any() else np.nan,
+                        "flip_rate": float(flipped[w].mean()) if w.any() else np.nan,
+                        "n": int(w.sum()),
+                    }
+                )
+    return rows
+
+
+def summarise(res: dict, dev_rows: list[dict], occ_rows: list[dict], log) -> dict:
+    out = {}
+    right = res["margin"] > 0
+    for y in range(res["deviation"].shape[1]):
+        site = f"resid_pre.{y + 1}" if y + 1 < res["deviation"].shape[1] else "final"
+        rows = [r for r in dev_rows if r["site"] == y + 1]
+        col = lambda key: [r[key] for r in rows]  # noqa: E731
+        pooled_w = res["deviation"][:, y][~right]
+        pooled_r = res["deviation"][:, y][right]
+        u, p = mann_whitney_u(pooled_w, pooled_r)
+        out[site] = {
+            key: mean_ci(col(key), None, None)
+            for key in (
+                "median_right",
+                "median_wrong",
+                "auc",
+                "id_wrong_among_wrong",
+                "id_wrong_among_right",
+            )
+        } | {
+            "pooled_u": u,
+            "pooled_p": p,
+            "pooled_auc": u / max(len(pooled_w) * len(pooled_r), 1),
+            "n_wrong": int(len(pooled_w)),
+            "n_right": int(len(pooled_r)),
+            "models_tested": int(np.isfinite(col("p")).sum()),
+            "models_p_below_0.05": int(np.sum(np.asarray(col("p")) < 0.05)),
+        }
+        s = out[site]
+        log(
+            f"\nsite {y + 1}: signed ID deviation (cells; > 0 towards the right answer), "
+            f"median per model, 95% CI over models:\n  right answers "
+            f"{fmt_ci(col('median_right'), None, None)}\n  wrong answers "
+            f"{fmt_ci(col('median_wrong'), None, None)}\n  pooled Mann-Whitney "
+            f"({s['n_wrong']} wrong vs {s['n_right']} right): P(wrong > right) "
+            f"{s['pooled_auc']:.3f}, p = {p:.2g}; per model p < 0.05 in "
+            f"{s['models_p_below_0.05']} of {s['models_tested']} tested (>= {MIN_WRONG} wrong)"
+            f"\n  ID sign wrong among wrong answers "
+            f"{fmt_ci(col('id_wrong_among_wrong'), 0.0, 1.0)}; among right answers "
+            f"{fmt_ci(col('id_wrong_among_right'), 0.0, 1.0)}"
+        )
+    log("\nocclusion: |change of the answer margin| (logits), 95% CI over models")
+    for name in dg.OCCLUSIONS:
+        for answers in ("right", "wrong"):
+            v = [r["sensitivity"] for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]  # fmt: skip
+            f = [r["flip_rate"] for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]  # fmt: skip
+            out[f"occlusion/{name}/{answers}"] = {
+                "sensitivity": mean_ci(v, None, None),
+                "flip_rate": mean_ci(f),
+            }
+            log(
+                f"  {name:>6} cell, {answers:>5} answers: {fmt_ci(v, None, None)}; "
+                f"answer flips {fmt_ci(f, 0.0, 1.0)}"
+            )
+    return out
+
+
+def plot(res: dict, occ_rows: list[dict], path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    right = res["margin"] > 0
+    n_sites = res["deviation"].shape[1]
+    fig, axes = plt.subplots(1, n_sites + 1, figsize=(4 * (n_sites + 1), 3))
+    for y in range(n_sites):
+        d = res["deviation"][:, y]
+        lo, hi = np.percentile(d, [1, 99])
+        bins = np.linspace(lo, hi, 40)
+        axes[y].hist(d[right], bins, density=True, alpha=0.5, color="C0", label="right")
+        axes[y].hist(d[~right], bins, density=True, alpha=0.5, color="C3", label="wrong")
+        axes[y].axvline(0, color="k", lw=0.5)
+        axes[y].set_xlabel("signed ID deviation (cells)")
+        axes[y].set_title(f"site {y + 1}", fontsize=9)
+        axes[y].legend(fontsize=7)
+    ax = axes[-1]
+    for j, answers in enumerate(("right", "wrong")):
+        means = [
+            np.nanmean(
+                [
+                    r["sensitivity"]
+                    for r in occ_rows
+                    if (r["occlusion"], r["answers"]) == (o, answers)
+                ]
+            )  # fmt: skip
+            for o in dg.OCCLUSIONS
+        ]
+        ax.bar(np.arange(len(dg.OCCLUSIONS)) + 0.4 * j, means, 0.4, label=f"{answers} answers")
+    ax.set_xticks(np.arange(len(dg.OCCLUSIONS)) + 0.2, [f"{o} cell" for o in dg.OCCLUSIONS])
+    ax.set_ylabel("|margin change| (logits)")
+    ax.set_title("occlusion", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_diagnostics_run(path: str, log=print) -> dict:
+    """Computes, writes, prints and plots the diagnostics report of one results folder."""
+    config = check_run(path)
+    refusal = diagnostics_refusal(config, path)
+    if refusal:
+        raise ValueError(refusal)
+    from jaxmech import plots
+
+    out = plots.ensure_dir(os.path.join(path, "diagnostics"))
+    run = open_run(path, log=log)
+    res = compute(run)
+    dev_rows, occ_rows = deviation_rows(res, run.models), occlusion_rows(res, run.models)
+    write_csv(os.path.join(out, "deviation.csv"), dev_rows)
+    write_csv(os.path.join(out, "occlusion.csv"), occ_rows)
+    log(f"{run.k} models; unseen-pair questions of both relations")
+    summary = summarise(res, dev_rows, occ_rows, log) | {"excluded": list(run.excluded)}
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = plot(res, occ_rows, os.path.join(out, "diagnostics.png"))
+    log("results: " + os.path.join(out, "deviation.csv") + "  figure: " + fig)
+    return {"summary": summary, "deviation_rows": dev_rows, "occlusion_rows": occ_rows}

@@ -1,0 +1,290 @@
+"""Seed 003's steering with spatial IDs on a results folder of toy VLMs (issue 13, part 3).
+
+For every model, its IDs `Delta_y` from probe scenes (`analysis.spatial_ids`), then at
+every LM site after the first block (`lm/resid_pre.{y}`, y >= 1: before that the object
+word has seen no image) on the unseen-pair questions of both relations:
+
+* adversarial steering: X's word moved by `alpha * (Delta(target) - Delta(source))`
+  from its own cell to the far edge on the other side of Y (same row for left/right,
+  same column for above/below), for every alpha in ALPHAS; the flip rate (answers right
+  before, wrong after) against norm-matched Gaussian noise and a norm-matched direction
+  orthogonal to the ID subspace (`analysis.steering`);
+* arbitrary-ID curves: X steered to every cell in turn (alpha CURVE_ALPHA): the belief
+  logit(right) - logit(left) on left/right questions, logit(below) - logit(above) on
+  above/below ones, per target cell;
+* steerability vs accuracy: the ID flip rate at REF_ALPHA against each model's
+  unseen-pair accuracy, Pearson and Spearman r over models.
+
+Writes into `RUN/steering/`:
+  flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
+  curves.csv    model, site, relation, target_row, target_col, belief
+  summary.json  means over models with 95% intervals; figure steering.png
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.analysis import steering as st
+from jaxmech.analysis.patching import n_patch_layers
+from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.stats import correlation_ci, mean_ci
+
+ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
+REF_ALPHA = 5.0  # the paper's grid-searched value
+CURVE_ALPHA = 1.0  # moving X's ID exactly to the target's (no extrapolation)
+RELATIONS = ("horizontal", "vertical")
+# belief words per relation: logit(second) - logit(first)
+CURVE_WORDS = (TOKEN["left"], TOKEN["right"], TOKEN["above"], TOKEN["below"])
+
+
+def steering_refusal(config, path: str) -> str | None:
+    """Why this report does not apply to a run (None when it does)."""
+    if config.model.model_kind != "ar_vlm":
+        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    if config.model.lm_n_layers < 2:
+        return f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site after an LM block and before the last"
+    return None
+
+
+def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.ndarray:
+    """[N] the cell X is steered to: the far column on the other side of Y in X's row
+    (left/right questions), the far row on the other side of Y in X's column
+    (above/below)."""
+    (xr, xc), (yr, yc) = np.divmod(cells_Nx3[:, 0], grid_w), np.divmod(cells_Nx3[:, 1], grid_w)
+    h_col = np.where(xc < yc, grid_w - 1, 0)
+    v_row = np.where(xr < yr, grid_h - 1, 0)
+    return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
+
+
+def relation_questions(run: LoadedRun) -> tuple[SceneBatch, np.ndarray]:
+    """The unseen-pair questions of both relations (presence questions left out) and
+    their cells [N, 3] (X, Y, distractor)."""
+    s = run.data.evals.unseen_pair
+    keep = np.asarray(s.examples.relation_B) < 2
+    ex = SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in s.examples))
+    return ex, np.asarray(s.cells_Nx3)[keep].astype(np.int32)
+
+
+def examples(run: LoadedRun):
+    """(SceneBatch, source cells, target cells) of the unseen-pair relation questions."""
+    ex, cells = relation_questions(run)
+    t = run.config.task
+    target = adversarial_targets(cells, np.asarray(ex.relation_B), t.grid_h, t.grid_w)
+    return ex, cells[:, 0], target
+
+
+def compute(run: LoadedRun, seed: int = 0) -> dict:
+    """Per model and site y >= 1: flip margins (`steering.flip_margins`) [K, Y', ...]
+    and curve logits [K, Y', L, B, 4]; with the examples' relations."""
+    t = run.config.task
+    probe, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
+    ex, source, target = examples(run)
+    sites = range(1, n_patch_layers(run.params))
+
+    def one_model(args):
+        p, key = args
+        delta = si.spatial_ids(si.object_word_states(p, probe), label, cell, t.image_len)
+        out = [
+            (
+                st.flip_margins(p, ex, y, delta[y], source, target, ALPHAS, key),
+                st.id_curve(p, ex, y, delta[y], source, CURVE_ALPHA, CURVE_WORDS),
+            )
+            for y in sites
+        ]
+        stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+        return jax.tree_util.tree_map(stack, *out)
+
+    keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
+    flips, curves = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
+    return {"flips": flips, "curves": curves, "relation": np.asarray(ex.relation_B)}
+
+
+def flip_rates(res: dict) -> dict:
+    """{(kind, relation): [K, Y', A] flip rates}, {("n", relation): [K, Y']} answers
+    right before steering, {("rel_norm", relation): [K, Y', A]} mean relative norms."""
+    f = res["flips"]
+    right = f["plain"] > 0  # [K, Y', B]
+    out = {}
+    for r, name in enumerate(RELATIONS):
+        w = right & (res["relation"] == r)[None, None]
+        n = w.sum(-1)
+        out[("n", name)] = n
+        den = np.maximum(n, 1)[..., None]
+        for kind in st.KINDS:
+            flipped = w[:, :, None] & (f[kind] < 0)
+            out[(kind, name)] = flipped.sum(-1) / den
+        out[("rel_norm", name)] = (f["rel_norm"] * w[:, :, None]).sum(-1) / den
+    return out
+
+
+def curve_beliefs(res: dict, grid_h: int, grid_w: int) -> dict:
+    """{relation: [K, Y', H, W]} mean belief per target cell over the relation's
+    examples: logit(right) - logit(left), logit(below) - logit(above)."""
+    c = res["curves"]  # [K, Y', L, B, 4]
+    out = {}
+    for r, name in enumerate(RELATIONS):
+        w = res["relation"] == r
+        belief = c[..., 2 * r + 1] - c[..., 2 * r]
+        m = belief[..., w].mean(-1)
+        out[name] = m.reshape(m.shape[:2] + (grid_h, grid_w))
+    return out
+
+
+def accuracy(run: LoadedRun) -> np.ndarray:
+    """[K] unseen-pair accuracy, the mean of the two relations."""
+    return np.asarray(
+        [(float(r["unseen_h_acc"]) + float(r["unseen_v_acc"])) / 2 for r in run.results]
+    )
+
+
+def _rows(fr: dict, cb: dict, models, grid_w: int) -> tuple[list[dict], list[dict]]:
+    k, n_sites, _ = fr[("id", "horizontal")].shape
+    flips = [
+        {
+            "model": models[i],
+            "site": y + 1,
+            "relation": rel,
+            "kind": kind,
+            "alpha": a,
+            "flip_rate": float(fr[(kind, rel)][i, y, j]),
+            "n_right": int(fr[("n", rel)][i, y]),
+            "rel_norm": float(fr[("rel_norm", rel)][i, y, j]),
+        }
+        for i in range(k)
+        for y in range(n_sites)
+        for rel in RELATIONS
+        for kind in st.KINDS
+        for j, a in enumerate(ALPHAS)
+    ]
+    curves = [
+        {
+            "model": models[i],
+            "site": y + 1,
+            "relation": rel,
+            "target_row": c // grid_w,
+            "target_col": c % grid_w,
+            "belief": float(cb[rel][i, y].ravel()[c]),
+        }
+        for i in range(k)
+        for y in range(n_sites)
+        for rel in RELATIONS
+        for c in range(cb[rel][i, y].size)
+    ]
+    return flips, curves
+
+
+def _edge_gap(cb: dict) -> dict:
+    """{relation: [K, Y']} the curve's belief at the far edge minus the near edge
+    (last column minus first for left/right, last row minus first for above/below)."""
+    return {
+        "horizontal": cb["horizontal"][..., :, -1].mean(-1) - cb["horizontal"][..., :, 0].mean(-1),
+        "vertical": cb["vertical"][..., -1, :].mean(-1) - cb["vertical"][..., 0, :].mean(-1),
+    }
+
+
+def summarise(fr: dict, cb: dict, acc: np.ndarray, log) -> dict:
+    out = {}
+    j = ALPHAS.index(REF_ALPHA)
+    n_sites = fr[("id", "horizontal")].shape[1]
+    gap = _edge_gap(cb)
+    for y in range(n_sites):
+        site = f"resid_pre.{y + 1}"
+        log(f"\nsteering X's word at {site}: flip rate (answers right before), 95% CI over models")
+        log(
+            f"{'relation':>10} {'alpha':>5} {'|added|/|x|':>11} "
+            + " ".join(f"{k:>22}" for k in st.KINDS)
+        )
+        for rel in RELATIONS:
+            for a, alpha in enumerate(ALPHAS):
+                cells = {k: fr[(k, rel)][:, y, a] for k in st.KINDS}
+                norm = float(np.mean(fr[("rel_norm", rel)][:, y, a]))
+                out[f"{site}/{rel}/{alpha}"] = {k: mean_ci(v) for k, v in cells.items()} | {
+                    "rel_norm": norm
+                }
+                log(
+                    f"{rel:>10} {alpha:>5} {norm:>11.2f} "
+                    + " ".join(f"{fmt_ci(v, 0.0, 1.0):>22}" for v in cells.values())
+                )
+        for rel in RELATIONS:
+            g = gap[rel][:, y]
+            out[f"{site}/{rel}/curve_edge_gap"] = mean_ci(g, None, None)
+            log(
+                f"ID curve ({rel}, alpha {CURVE_ALPHA}): belief at the far edge minus the "
+                f"near edge {fmt_ci(g, None, None)} logits"
+            )
+        steer = (fr[("id", "horizontal")][:, y, j] + fr[("id", "vertical")][:, y, j]) / 2
+        pearson, spearman = correlation_ci(steer, acc), correlation_ci(steer, acc, rank=True)
+        out[f"{site}/steerability_vs_accuracy"] = {"pearson": pearson, "spearman": spearman}
+        log(
+            f"steerability (ID flip rate at alpha {REF_ALPHA}) vs unseen-pair accuracy over "
+            f"{pearson[3]} models: Pearson r {pearson[0]:+.2f} [{pearson[1]:+.2f}, "
+            f"{pearson[2]:+.2f}], Spearman {spearman[0]:+.2f}"
+        )
+    return out
+
+
+def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
+    import matplotlib.pyplot as plt
+
+    y = fr[("id", "horizontal")].shape[1] - 1  # the last site
+    fig, axes = plt.subplots(1, 4, figsize=(15, 3.2))
+    for rel, ls in zip(RELATIONS, ("-", "--")):
+        for kind, colour in zip(st.KINDS, ("C3", "C0", "C2")):
+            v = fr[(kind, rel)][:, y]
+            lo_hi = np.array([mean_ci(v[:, a])[1:3] for a in range(len(ALPHAS))])
+            axes[0].plot(ALPHAS, v.mean(0), ls, color=colour, label=f"{kind} ({rel[0]})")
+            axes[0].fill_between(ALPHAS, lo_hi[:, 0], lo_hi[:, 1], color=colour, alpha=0.12)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("alpha")
+    axes[0].set_ylabel("flip rate")
+    axes[0].legend(fontsize=6)
+    axes[0].set_title(f"adversarial steering at resid_pre.{y + 1}", fontsize=9)
+    for ax, rel, word in zip(axes[1:3], RELATIONS, ("right - left", "below - above")):
+        im = ax.imshow(cb[rel][:, y].mean(0), cmap="RdBu_r")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+        ax.set_title(f"{rel} questions: logit {word}\nvs X's steered-to cell", fontsize=9)
+    j = ALPHAS.index(REF_ALPHA)
+    steer = (fr[("id", "horizontal")][:, y, j] + fr[("id", "vertical")][:, y, j]) / 2
+    axes[3].scatter(acc, steer)
+    axes[3].set_xlabel("unseen-pair accuracy")
+    axes[3].set_ylabel(f"ID flip rate (alpha {REF_ALPHA})")
+    axes[3].set_title("steerability vs accuracy", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_steering_run(path: str, log=print) -> dict:
+    """Computes, writes, prints and plots the steering report of one results folder."""
+    config = check_run(path)
+    refusal = steering_refusal(config, path)
+    if refusal:
+        raise ValueError(refusal)
+    from jaxmech import plots
+
+    out = plots.ensure_dir(os.path.join(path, "steering"))
+    run = open_run(path, log=log)
+    res = compute(run)
+    fr = flip_rates(res)
+    cb = curve_beliefs(res, config.task.grid_h, config.task.grid_w)
+    acc = accuracy(run)
+    flip_rows, curve_rows = _rows(fr, cb, run.models, config.task.grid_w)
+    write_csv(os.path.join(out, "flips.csv"), flip_rows)
+    write_csv(os.path.join(out, "curves.csv"), curve_rows)
+    log(f"{run.k} models; unseen-pair questions, X's word steered")
+    summary = summarise(fr, cb, acc, log) | {
+        "alphas": list(ALPHAS),
+        "excluded": list(run.excluded),
+    }
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = plot(fr, cb, acc, os.path.join(out, "steering.png"))
+    log("results: " + os.path.join(out, "flips.csv") + "  figure: " + fig)
+    return {"summary": summary, "flip_rows": flip_rows, "curve_rows": curve_rows}
