@@ -4,6 +4,7 @@
     python -m experiments.bench --ks=1,16 --timed_steps=50
     python -m experiments.bench --ks= --sweep_models=8   # sweep-level models/hour
     python -m experiments.bench --ks= --ablation_models=64   # one ablation-table call
+    python -m experiments.bench --accelerator  # GPU/TPU: K = 64..4096, memory, chunk
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -29,8 +30,40 @@ flags.DEFINE_integer("chunk_size", None, "models per compiled call in the sweep 
 flags.DEFINE_integer(
     "ablation_models", 0, "also time one ablation-table call over this many models"
 )
+flags.DEFINE_bool(
+    "accelerator",
+    False,
+    "run the accelerator check instead (jaxmech.reports.accelerator): models/hour for "
+    "--accel_ks in one sharded program, memory per model, the chunk a sweep would choose, "
+    "time shares, sharded vs unsharded",
+)
+flags.DEFINE_string("accel_ks", "64,256,1024,4096", "models per program in the accelerator check")
+flags.DEFINE_integer("accel_segments", 2, "evaluation segments timed per K (accelerator check)")
+flags.DEFINE_string("accel_out", "runs/accelerator", "folder of accelerator.csv / .json")
 define_config_flags(sweep=False)
 FLAGS = flags.FLAGS
+
+
+def _int_list(name: str, text: str) -> list[int]:
+    try:
+        values = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise ValueError(f"--{name} = {text!r}: expected comma-separated integers") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"--{name} = {text!r}: every model count must be >= 1")
+    return values
+
+
+def accelerator(config, ks):
+    """The accelerator check: one table printed and written as CSV (+ JSON details)."""
+    import jax
+
+    from jaxmech.reports.accelerator import accelerator_check, write_check
+
+    print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s): {jax.devices()}")
+    res = accelerator_check(config, ks, FLAGS.accel_segments)
+    for line in write_check(res, FLAGS.accel_out):
+        print(line)
 
 
 def main(argv):
@@ -38,10 +71,18 @@ def main(argv):
     setup_runtime()
     try:
         config = Config().replace(**{n: coerce(n, v) for n, v in specs_from_flags(FLAGS).items()})
-        ks = [int(k) for k in FLAGS.ks.split(",") if k.strip()]
+        ks = _int_list("ks", FLAGS.ks)
+        accel_ks = _int_list("accel_ks", FLAGS.accel_ks)
+        if FLAGS.accelerator and not accel_ks:
+            raise ValueError("--accel_ks is empty: give model counts, e.g. 64,256")
+        if FLAGS.accel_segments < 1:
+            raise ValueError(f"--accel_segments = {FLAGS.accel_segments}: expected >= 1")
     except (ConfigError, ValueError) as e:
         raise app.UsageError(str(e)) from None
     import jax
+
+    if FLAGS.accelerator:
+        return accelerator(config, accel_ks)
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
     rate = matmul_rate()

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxmech import checkpoint, outdir, results
+from jaxmech import checkpoint, outdir, results, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
 from jaxmech.families import family_for
 from jaxmech.outdir import SweepMismatchError  # noqa: F401  (re-exported: callers catch it here)
@@ -176,23 +176,20 @@ def finite_steps(base: Config, settings: list[Settings], steps_given: bool) -> C
     return base.replace(steps=max(every, -(-longest // every) * every))
 
 
-# Models per device in one compiled chunk, by backend. Fixed (not fitted to a sweep's
-# size), so that a model's numbers do not depend on how many models share its sweep:
-# XLA may round differently for another number of vmapped models.
-CHUNK_PER_DEVICE = {"cpu": 4}
-ACCELERATOR_CHUNK_PER_DEVICE = 256
+def default_chunk_size(config: Config | None = None) -> int:
+    """Models per compiled call on this machine: a fixed number per device.
 
-
-def default_chunk_size() -> int:
-    """Models per compiled call on this machine: a fixed number per device and backend.
-
-    On a 2-core CPU one model already keeps both cores busy and vmapping 4 models gains
-    ~1.5x per model over 1 while larger K gain little more (BUILD_NOTES.md, bench); on
-    GPU/TPU throughput grows with the batch of models until memory runs out. A sweep
-    with fewer models pads its chunk (padding repeats the last model).
+    On CPU a constant (`sizing.CPU_CHUNK_PER_DEVICE`: on a 2-core CPU one model
+    already keeps both cores busy and vmapping 4 gains ~1.5x per model over 1, larger K
+    little more; BUILD_NOTES.md, bench). On GPU/TPU throughput grows with the batch of
+    models until memory runs out, so the chunk is sized by `config`'s measured memory
+    per model against the device's memory (`sizing.chunk_per_device`; config default:
+    SPEC). Fixed for a config and a machine, never fitted to a sweep's size, so that a
+    model's numbers do not depend on how many models share its sweep (XLA may round
+    differently for another number of vmapped models). A sweep with fewer models pads
+    its chunk (padding repeats the last model).
     """
-    backend = jax.default_backend()
-    per_dev = CHUNK_PER_DEVICE.get(backend, ACCELERATOR_CHUNK_PER_DEVICE)
+    per_dev, _ = sizing.chunk_per_device(config or Config())
     return per_dev * jax.device_count()
 
 
@@ -214,7 +211,7 @@ def identity(grid: Grid, chunk: int | None = None) -> dict:
         "config": json.loads(grid.config.to_json()),
         "swept": list(grid.swept),
         "settings": [s._asdict() for s in grid.settings],
-        "program": program_record(chunk or default_chunk_size()),
+        "program": program_record(chunk or default_chunk_size(grid.config)),
     }
 
 
@@ -318,7 +315,7 @@ def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None)
             f"eval_every = {cfg.train.eval_every}"
         )
     k = len(grid.settings)
-    chunk = default_chunk_size() if chunk_size is None else chunk_size
+    chunk = default_chunk_size(grid.config) if chunk_size is None else chunk_size
     if not isinstance(chunk, (int, np.integer)) or chunk < 1:
         raise ValueError(f"chunk_size = {chunk_size!r} is invalid: allowed an integer >= 1")
     n_chunks = -(-k // chunk)

@@ -67,9 +67,10 @@ def test_diagnose_runs_and_occluding_a_free_cell_changes_nothing():
     keep = np.asarray(s.examples.relation_B) < 2
     ex = sc.SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in s.examples))
     cells = jnp.asarray(s.cells_Nx3[keep, :2])
-    probe = si.probe_scenes(t, range(1, t.n_labels + 1), placements=2)
-    # the probe's labels and cells are host arrays (the report closes over them too)
-    diagnose = jax.jit(lambda p, k: dg.diagnose(p, ex, cells, probe, k, (t.grid_h, t.grid_w)))
+    labels = range(1, t.n_labels + 1)
+    probes = [si.probe_scenes(t, labels, 2, slot=s) for s in (si.X_SLOT, si.Y_SLOT)]
+    # the probes' labels and cells are host arrays (the report closes over them too)
+    diagnose = jax.jit(lambda p, k: dg.diagnose(p, ex, cells, probes, k, (t.grid_h, t.grid_w)))
     out = diagnose(params, jax.random.PRNGKey(1))
     B = int(keep.sum())
     assert out["deviation"].shape == (2, B) and out["occluded"].shape == (len(dg.OCCLUSIONS), B)

@@ -4,6 +4,7 @@ recovered, and the probe scenes are what the extraction assumes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
@@ -73,3 +74,15 @@ def test_analytic_ids_without_mlp_the_attention_writes_the_whole_block_id():
     assert ((a["peak"] > 0) & (a["peak"] < 1)).all()
     ids = si.spatial_ids(si.object_word_states(params, batch), label, cell, task.image_len)
     np.testing.assert_allclose(a["total"].sum(0), ids[-1] - ids[0], atol=1e-5)
+
+
+def test_probe_scenes_can_name_the_probed_label_as_y():
+    task = tiny_vlm_config().task
+    labels = range(1, task.n_labels + 1)
+    bx, lx, cx = si.probe_scenes(task, labels, placements=2)
+    by, ly, cy = si.probe_scenes(task, labels, placements=2, slot=si.Y_SLOT)
+    np.testing.assert_array_equal(bx.labels_BxL, by.labels_BxL)  # the same scenes
+    assert (by.question_BxQ[:, si.Y_SLOT] == sc.label_token(ly)).all()
+    np.testing.assert_array_equal(by.question_BxQ[:, si.X_SLOT], bx.question_BxQ[:, si.Y_SLOT])
+    with pytest.raises(ValueError, match="slot"):
+        si.probe_scenes(task, labels, slot=2)

@@ -1,10 +1,12 @@
 """Spatial IDs as a diagnostic of the toy VLM's errors (seed 003, issue 13, part 4).
 
-* ID deviation: at a site y, the object words' states minus their label's centre (the
-  mean state of that label over all cells, from probe scenes) are projected on the
-  ID's grid axes `[h_y, v_y]` (least squares), which gives each word's believed grid
-  coordinates in cells; the true ID `Delta_y(cell)` projected the same way gives the
-  coordinates the model would believe if its ID were right. For a question about X and
+* ID deviation: at a site y, each object word's state minus its label's centre (the
+  mean state of that label over all cells, from probe scenes naming the label in that
+  word's slot) is projected on that slot's ID grid axes `[h_y, v_y]` (least squares),
+  which gives the word's believed grid coordinates in cells; the slot's true ID
+  `Delta_y(cell)` projected the same way gives the coordinates the model would believe
+  if its ID were right (X and Y words have IDs of their own: they sit at different
+  places in the question). For a question about X and
   Y along an axis, the deviation is the believed X-minus-Y displacement minus the true
   one along that axis, signed so that a positive value points the way of the right
   answer (`signed_deviation`). Wrong answers with negative deviations are errors of
@@ -69,38 +71,54 @@ def margin(logits_BxV, answer_B):
     return pick(answer_B) - pick(partner(answer_B))
 
 
-def diagnose(params, batch, cells_Bx2, probe, key, grid: tuple[int, int]) -> dict:
+def _slot_ids(params, probe, slot: int, grid):
+    """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one slot's word."""
+    p_batch, p_label, p_cell = probe
+    L = p_batch.labels_BxL.shape[1]
+    means = si.cell_means(si.object_word_states(params, p_batch, slot), p_label, p_cell, L)
+    delta = (means - means.mean(2, keepdims=True)).mean(1)
+    return (delta, means.mean(2), *si.grid_axes(delta, *grid))
+
+
+def diagnose(params, batch, cells_Bx2, probes, key, grid: tuple[int, int]) -> dict:
     """One model's diagnostics on `batch` (questions about X and Y at `cells_Bx2`).
 
     Args:
-      probe: (SceneBatch, label_N, cell_N) from `spatial_ids.probe_scenes` (the IDs and
-        the label centres). key: PRNG key of the random occlusion. grid: (H, W), static.
+      probes: two (SceneBatch, label_N, cell_N) from `spatial_ids.probe_scenes`, naming
+        the probed label as X and as Y (host arrays: close over them under jit); every
+        label 1..n must be probed. key: PRNG key of the random occlusion. grid: (H, W),
+        static.
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
-    p_batch, p_label, p_cell = probe
     L = batch.labels_BxL.shape[1]
-    means = si.cell_means(si.object_word_states(params, p_batch), p_label, p_cell, L)
-    delta = (means - means.mean(2, keepdims=True)).mean(1)  # [Y, L, D]
-    centres = means.mean(2)  # [Y, labels, D], labels 1..n in order
-    h, v = si.grid_axes(delta, *grid)
     q = jnp.asarray(batch.question_BxQ)
-    lab = [q[:, s] - label_token(1) for s in (si.X_SLOT, si.Y_SLOT)]  # 0-based labels
-    word = [si.object_word_states(params, batch, s) for s in (si.X_SLOT, si.Y_SLOT)]
-    out = {"deviation": [], "believed": [], "true": []}
-    for y in range(1, delta.shape[0]):
-        bx, by = (believed_coords(w[y], centres[y][i], h[y], v[y]) for w, i in zip(word, lab))
-        tx, ty = (believed_coords(delta[y][cells_Bx2[:, k]], 0.0, h[y], v[y]) for k in (0, 1))
-        out["deviation"].append(signed_deviation(bx, by, tx, ty, batch.relation_B))
-        out["believed"].append(bx - by)
-        out["true"].append(tx - ty)
-    out = {k: jnp.stack(x) for k, x in out.items()}
+    coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
+    for probe, slot, cell in zip(probes, (si.X_SLOT, si.Y_SLOT), cells_Bx2.T):
+        delta, centres, h, v = _slot_ids(params, probe, slot, grid)
+        state = si.object_word_states(params, batch, slot)
+        label = q[:, slot] - label_token(1)  # 0-based: the centres' order
+        sites = range(1, delta.shape[0])
+        coords.append(
+            (
+                jnp.stack(
+                    [believed_coords(state[y], centres[y][label], h[y], v[y]) for y in sites]
+                ),
+                jnp.stack([believed_coords(delta[y][cell], 0.0, h[y], v[y]) for y in sites]),
+            )
+        )
+    (bx, tx), (by, ty) = coords
+    deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, batch.relation_B)
     answer = jnp.asarray(batch.answer_B)
     rand = random_free_cells(key, cells_Bx2, L)
     occ = [cells_Bx2[:, 0], cells_Bx2[:, 1], rand]
-    out["occluded"] = jnp.stack([margin(logits(params, occlude(batch, c)), answer) for c in occ])
-    out["margin"] = margin(logits(params, batch), answer)
-    return out
+    return {
+        "deviation": deviation,
+        "believed": bx - by,
+        "true": tx - ty,
+        "occluded": jnp.stack([margin(logits(params, occlude(batch, c)), answer) for c in occ]),
+        "margin": margin(logits(params, batch), answer),
+    }

@@ -27,11 +27,14 @@ from jaxmech.models.answer import logits
 X_SLOT, Y_SLOT = 1, 6  # the object words' question slots (`[is, X, A, or, B, of, Y, ?]`)
 
 
-def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0):
+def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0, slot: int = X_SLOT):
     """Every label in `labels` at every cell, each with `placements` draws of another
-    label at another cell (host NumPy). Returns (SceneBatch [N], label_N, cell_N), N =
+    label at another cell (host NumPy), named as X (`slot` X_SLOT) or as Y (Y_SLOT) in
+    `is X left or right of Y ?`. Returns (SceneBatch [N], label_N, cell_N), N =
     len(labels) L placements; answers are not defined (left/right may not be) and are
     set to `left`: the IDs read states, not answers."""
+    if slot not in (X_SLOT, Y_SLOT):
+        raise ValueError(f"slot = {slot!r}: expected X_SLOT ({X_SLOT}) or Y_SLOT ({Y_SLOT})")
     rng = np.random.default_rng([seed, 13])
     L, n = task.image_len, task.n_labels
     lab, cell = np.meshgrid(np.asarray(labels), np.arange(L), indexing="ij")
@@ -48,7 +51,8 @@ def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0):
     objects = labels_NxL > 0
     colours = np.where(objects, rng.integers(1, task.n_colours + 1, (N, L)), 0).astype(np.int32)
     facings = np.where(objects, rng.integers(1, 3, (N, L)), 0).astype(np.int32)
-    question = np.asarray(sc.question_tokens(np.zeros(N, np.int32), lab, other))
+    named = (lab, other) if slot == X_SLOT else (other, lab)
+    question = np.asarray(sc.question_tokens(np.zeros(N, np.int32), *named))
     batch = sc.SceneBatch(
         labels_NxL,
         colours,

@@ -13,8 +13,11 @@ block (`analysis.diagnostics`):
   blanked, for right and wrong answers.
 
 Writes into `RUN/diagnostics/`:
-  deviation.csv  model, site, n_right, n_wrong, median_right, median_wrong, u, p, auc,
-                 id_wrong_among_wrong, id_wrong_among_right
+  deviation.csv  model, site, n_right, n_wrong, median_right, median_wrong, u, p, auc
+                 (P(a wrong answer's deviation > a right one's)), id_wrong_among_wrong,
+                 id_wrong_among_right, readout_corr (the believed against the true
+                 X-minus-Y displacement along the asked axis, over the examples: how
+                 well one example's ID says where its objects are)
   occlusion.csv  model, occlusion, answers (right / wrong), sensitivity, flip_rate, n
   summary.json   means over models with 95% intervals; figure diagnostics.png
 """
@@ -30,7 +33,7 @@ from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
 from jaxmech.reports.steering import relation_questions
-from jaxmech.stats import mann_whitney_u, mean_ci
+from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
 
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
 
@@ -45,12 +48,13 @@ def diagnostics_refusal(config, path: str) -> str | None:
 def compute(run: LoadedRun, seed: int = 0) -> dict:
     """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
     t = run.config.task
-    probe = si.probe_scenes(t, range(1, t.n_labels + 1))
+    labels = range(1, t.n_labels + 1)
+    probes = [si.probe_scenes(t, labels, slot=slot) for slot in (si.X_SLOT, si.Y_SLOT)]
     ex, cells = relation_questions(run)
 
     def one_model(args):
         p, key = args
-        return dg.diagnose(p, ex, cells[:, :2], probe, key, (t.grid_h, t.grid_w))
+        return dg.diagnose(p, ex, cells[:, :2], probes, key, (t.grid_h, t.grid_w))
 
     keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
     out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
@@ -66,9 +70,9 @@ def deviation_rows(res: dict, models) -> list[dict]:
             dev = res["deviation"][i, y]
             r, w = dev[right[i]], dev[~right[i]]
             u, p = mann_whitney_u(w, r) if len(w) >= MIN_WRONG else (np.nan, np.nan)
-            id_wrong = (res["believed"][i, y] * res["true"][i, y] <= 0)[
-                np.arange(dev.shape[0]), res["relation"]
-            ]
+            along = np.arange(dev.shape[0]), res["relation"]
+            believed, true = res["believed"][i, y][along], res["true"][i, y][along]
+            id_wrong = believed * true <= 0
             rows.append(
                 {
                     "model": models[i],
@@ -82,6 +86,7 @@ def deviation_rows(res: dict, models) -> list[dict]:
                     "auc": u / (len(w) * len(r)) if len(w) >= MIN_WRONG and len(r) else np.nan,
                     "id_wrong_among_wrong": float(id_wrong[~right[i]].mean()) if len(w) else np.nan,
                     "id_wrong_among_right": float(id_wrong[right[i]].mean()) if len(r) else np.nan,
+                    "readout_corr": correlation_ci(believed, true)[0],
                 }
             )
     return rows
@@ -126,6 +131,7 @@ def summarise(res: dict, dev_rows: list[dict], occ_rows: list[dict], log) -> dic
                 "auc",
                 "id_wrong_among_wrong",
                 "id_wrong_among_right",
+                "readout_corr",
             )
         } | {
             "pooled_u": u,
@@ -145,6 +151,9 @@ def summarise(res: dict, dev_rows: list[dict], occ_rows: list[dict], log) -> dic
             f"({s['n_wrong']} wrong vs {s['n_right']} right): P(wrong > right) "
             f"{s['pooled_auc']:.3f}, p = {p:.2g}; per model p < 0.05 in "
             f"{s['models_p_below_0.05']} of {s['models_tested']} tested (>= {MIN_WRONG} wrong)"
+            f"; per model P(wrong > right) {fmt_ci(col('auc'), 0.0, 1.0)}"
+            f"\n  per-example readout: corr(believed, true displacement) "
+            f"{fmt_ci(col('readout_corr'), None, None)}"
             f"\n  ID sign wrong among wrong answers "
             f"{fmt_ci(col('id_wrong_among_wrong'), 0.0, 1.0)}; among right answers "
             f"{fmt_ci(col('id_wrong_among_right'), 0.0, 1.0)}"

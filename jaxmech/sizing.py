@@ -1,0 +1,113 @@
+"""How many models one compiled chunk holds: measured from the program, not guessed.
+
+On an accelerator the models of a chunk train side by side, so throughput grows with
+the chunk until memory runs out. The chunk is chosen from the training program's own
+memory footprint: XLA's memory analysis of the compiled program (arguments + outputs +
+temporaries, less what is aliased) at two small model counts gives bytes per model and
+fixed bytes (the data, replicated); the chunk per device is the largest power of two
+whose footprint fits in MEMORY_SHARE of the device's memory. Powers of two keep the
+choice stable against small changes of the analysis between versions; the choice
+depends on the config and the device, never on a sweep's size, so a model's numbers
+do not depend on how many models share its sweep.
+
+On CPU the chunk stays CPU_CHUNK_PER_DEVICE, the fastest measured there (one model
+already keeps both cores of a small machine busy; BUILD_NOTES.md, bench).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.config import Config
+
+CPU_CHUNK_PER_DEVICE = 4
+# Without a memory figure from the device (memory_stats() is None on some backends).
+FALLBACK_CHUNK_PER_DEVICE = 256
+MEMORY_SHARE = 0.5  # of a device's memory for one chunk's program (the rest: XLA's
+# workspace, the host-device copies of a checkpoint, fragmentation)
+MAX_CHUNK_PER_DEVICE = 8192
+PROBE_MODELS = (4, 8)
+
+
+class Footprint(NamedTuple):
+    """Bytes of the training program on one device: `fixed + per_model * K`."""
+
+    per_model: float
+    fixed: float
+
+    def bytes(self, k: int) -> float:
+        return self.fixed + self.per_model * k
+
+
+def program_bytes(config: Config, k: int) -> int:
+    """Peak bytes XLA's memory analysis gives for the training program of k models
+    (one evaluation segment) compiled for one device."""
+    from jaxmech.train import (
+        _train_program,
+        build_data,
+        init_program,
+        program_config,
+        stack_settings,
+    )
+
+    prog = program_config(config)
+    like = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)  # noqa: E731
+    stacked = jax.tree_util.tree_map(like, stack_settings([config.settings()] * k))
+    state = jax.eval_shape(lambda s: init_program(s, config), stacked)
+    budget = jax.ShapeDtypeStruct((k,), jnp.int32)
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
+    compiled = _train_program.lower(state, stacked, budget, data, prog, 1).compile()
+    m = compiled.memory_analysis()
+    total = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+    return int(total)
+
+
+def footprint(config: Config, probe=PROBE_MODELS) -> Footprint:
+    """Bytes per model and fixed bytes, from the program at two model counts."""
+    a, b = probe
+    ma, mb = program_bytes(config, a), program_bytes(config, b)
+    per = max((mb - ma) / (b - a), 1.0)
+    return Footprint(per, max(ma - a * per, 0.0))
+
+
+def device_memory(device=None) -> int | None:
+    """Bytes of memory of `device` (default: the first), None if it does not say."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def chunk_for_memory(fp: Footprint, memory_bytes: float, share: float = MEMORY_SHARE) -> int:
+    """The largest power of two K (1 .. MAX_CHUNK_PER_DEVICE) with fp.bytes(K) within
+    `share` of `memory_bytes` (1 if even one model does not fit: training will say)."""
+    fit = (share * memory_bytes - fp.fixed) / fp.per_model
+    if fit < 1:
+        return 1
+    return int(min(2 ** int(np.floor(np.log2(fit))), MAX_CHUNK_PER_DEVICE))
+
+
+def chunk_per_device(config: Config) -> tuple[int, str]:
+    """(models per device in one chunk, how it was chosen) on this backend."""
+    if jax.default_backend() == "cpu":
+        return CPU_CHUNK_PER_DEVICE, "cpu default"
+    memory = device_memory()
+    if memory is None:
+        return FALLBACK_CHUNK_PER_DEVICE, "fallback (the device reports no memory size)"
+    fp = footprint(config)
+    chunk = chunk_for_memory(fp, memory)
+    return chunk, (
+        f"measured: {fp.per_model / 2**20:.2f} MiB per model + {fp.fixed / 2**20:.1f} MiB "
+        f"fixed, {MEMORY_SHARE:.0%} of {memory / 2**30:.1f} GiB"
+    )

@@ -1,0 +1,74 @@
+"""Chunk sizing by measurement (`sizing`) and the accelerator check
+(`reports.accelerator`, `python -m experiments.bench --accelerator`), issue 16: on CPU
+with fake devices and tiny model counts."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+from conftest import TINY, tiny_config
+
+from jaxmech import sizing
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items()]
+
+
+def test_footprint_grows_with_the_models_and_sets_the_chunk():
+    a, b = sizing.program_bytes(tiny_config(), 4), sizing.program_bytes(tiny_config(), 8)
+    assert b > a > 0
+    fp = sizing.footprint(tiny_config())
+    assert fp.per_model > 0 and fp.fixed >= 0
+    assert fp.bytes(8) == pytest.approx(b, rel=0.05)  # linear in the models
+    # the chunk: the largest power of two whose footprint fits in the memory share
+    memory = fp.bytes(300) / sizing.MEMORY_SHARE
+    chunk = sizing.chunk_for_memory(fp, memory)
+    assert chunk == 256 and fp.bytes(2 * chunk) > sizing.MEMORY_SHARE * memory
+    assert sizing.chunk_for_memory(fp, 1.0) == 1  # nothing fits: one model, training says
+    assert sizing.chunk_for_memory(fp, 1e30) == sizing.MAX_CHUNK_PER_DEVICE
+
+
+def test_the_default_chunk_is_measured_on_accelerators_and_fixed_on_cpu(monkeypatch):
+    from jaxmech.sweep import default_chunk_size
+
+    assert default_chunk_size(tiny_config()) == sizing.CPU_CHUNK_PER_DEVICE * jax.device_count()
+    fp = sizing.Footprint(per_model=2**20, fixed=0.0)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(sizing, "footprint", lambda config: fp)
+    monkeypatch.setattr(sizing, "device_memory", lambda device=None: 2**30)
+    chunk, how = sizing.chunk_per_device(tiny_config())
+    assert chunk == 512 and how.startswith("measured")  # 50% of 1 GiB at 1 MiB per model
+    monkeypatch.setattr(sizing, "device_memory", lambda device=None: None)
+    assert sizing.chunk_per_device(tiny_config()) == (sizing.FALLBACK_CHUNK_PER_DEVICE, sizing.chunk_per_device(tiny_config())[1])  # fmt: skip
+
+
+def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
+    out = str(tmp_path / "accel")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", "--accel_ks=2,100000000"]
+    cmd += [f"--accel_out={out}", *TINY_FLAGS, "--steps=20", "--eval_every=10"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cpu x 2 device(s)" in proc.stdout
+    with open(os.path.join(out, "accelerator.json")) as f:
+        res = json.load(f)
+    ok, skipped = res["rows"]
+    assert ok["status"] == "ok" and ok["model_steps_per_s"] > 0 and ok["models_per_hour"] > 0
+    assert skipped["status"] == "skipped"  # its predicted footprint exceeds the memory
+    assert res["largest_k"] == 2 and res["sharding"]["devices"] == 2
+    assert res["sharding"]["equal_to_rounding"]
+    assert res["memory"]["per_model_bytes"] > 0 and res["memory"]["chunk_per_device"] == 4
+    for share in ("evaluation_share", "checkpoint_and_host_share"):
+        assert 0.0 <= res["shares"][share] <= 1.0
+    with open(os.path.join(out, "accelerator.csv")) as f:
+        assert f.readline().startswith("k,status,")
+
+
+def test_bad_accelerator_flags_fail_before_any_compute(tmp_path):
+    for flag, message in (("--accel_ks=2,x", "accel_ks"), ("--accel_ks=0", "accel_ks")):
+        cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", flag]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
