@@ -16,6 +16,7 @@ already keeps both cores of a small machine busy; BUILD_NOTES.md, bench).
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -71,12 +72,18 @@ def program_bytes(config: Config, k: int) -> int:
     return int(total)
 
 
-def footprint(config: Config, probe=PROBE_MODELS) -> Footprint:
-    """Bytes per model and fixed bytes, from the program at two model counts."""
-    a, b = probe
-    ma, mb = program_bytes(config, a), program_bytes(config, b)
+def fit_footprint(bytes_by_models: dict[int, float]) -> Footprint:
+    """The line through the footprints at two model counts {K: bytes}."""
+    (a, ma), (b, mb) = sorted(bytes_by_models.items())
     per = max((mb - ma) / (b - a), 1.0)
     return Footprint(per, max(ma - a * per, 0.0))
+
+
+@functools.lru_cache(maxsize=32)
+def footprint(config: Config, probe=PROBE_MODELS) -> Footprint:
+    """Bytes per model and fixed bytes, from the program at two model counts (two
+    compiles; remembered per config in this process)."""
+    return fit_footprint({k: program_bytes(config, k) for k in probe})
 
 
 def device_memory(device=None) -> int | None:

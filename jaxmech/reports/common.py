@@ -178,6 +178,26 @@ def check_runs(text: str, refusal) -> list[str]:
     return runs
 
 
+def open_report(path: str, refusal, folder: str, log=print) -> tuple[LoadedRun, str]:
+    """(the loaded run, its report folder `path/folder`, created) for a report's
+    analyse function, after `check_run` and `refusal(config, path)` (raised as
+    ValueError when the report does not apply)."""
+    from jaxmech import plots
+
+    why = refusal(check_run(path), path)
+    if why:
+        raise ValueError(why)
+    out = plots.ensure_dir(os.path.join(path, folder))
+    return open_run(path, log=log), out
+
+
+def needs_ar_vlm(config, path: str) -> str | None:
+    """The refusal of the reports that read the autoregressive VLM (None: it applies)."""
+    if config.model.model_kind != "ar_vlm":
+        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    return None
+
+
 def report_main(analyse, refusal):
     """The `main(argv)` of a report entry point: every folder of its `--run` flag
     (which the entry module defines: absl flags belong to one module) is checked by

@@ -31,18 +31,21 @@ import numpy as np
 
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    fmt_ci,
+    needs_ar_vlm,
+    open_report,
+    write_csv,
+    write_json,
+)
 from jaxmech.reports.steering import relation_questions
 from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
 
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
 
 
-def diagnostics_refusal(config, path: str) -> str | None:
-    """Why this report does not apply to a run (None when it does)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
-    return None
+diagnostics_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
 
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
@@ -215,14 +218,7 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
 
 def analyse_diagnostics_run(path: str, log=print) -> dict:
     """Computes, writes, prints and plots the diagnostics report of one results folder."""
-    config = check_run(path)
-    refusal = diagnostics_refusal(config, path)
-    if refusal:
-        raise ValueError(refusal)
-    from jaxmech import plots
-
-    out = plots.ensure_dir(os.path.join(path, "diagnostics"))
-    run = open_run(path, log=log)
+    run, out = open_report(path, diagnostics_refusal, "diagnostics", log)
     res = compute(run)
     dev_rows, occ_rows = deviation_rows(res, run.models), occlusion_rows(res, run.models)
     write_csv(os.path.join(out, "deviation.csv"), dev_rows)

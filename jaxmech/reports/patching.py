@@ -25,18 +25,21 @@ import numpy as np
 
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data.scenes import TOKEN, SceneBatch
-from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    fmt_ci,
+    needs_ar_vlm,
+    open_report,
+    write_csv,
+    write_json,
+)
 from jaxmech.stats import mean_ci
 
 TWINS = ("mirror", "recolour")
 WORDS = {"left": TOKEN["left"], "right": TOKEN["right"], "both": None}
 
 
-def patching_refusal(config, path: str) -> str | None:
-    """Why this report does not apply to a run (None when it does)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
-    return None
+patching_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
 
 
 def _rows(batch: SceneBatch, keep: np.ndarray) -> SceneBatch:
@@ -165,14 +168,7 @@ def plot_shifts(sh: dict, path: str, k: int) -> str:
 def analyse_patching_run(path: str, log=print) -> dict:
     """Computes, writes, prints and plots the mirror-swap report of one results folder.
     Raises ValueError for a run that is not an ar_vlm or whose every model diverged."""
-    config = check_run(path)
-    refusal = patching_refusal(config, path)
-    if refusal:
-        raise ValueError(refusal)
-    from jaxmech import plots
-
-    out = plots.ensure_dir(os.path.join(path, "patching"))
-    run = open_run(path, log=log)
+    run, out = open_report(path, patching_refusal, "patching", log)
     res = compute(run)
     sh = shifts(res)
     rows = shift_rows(sh, run.models)

@@ -27,17 +27,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    fmt_ci,
+    needs_ar_vlm,
+    open_report,
+    write_csv,
+    write_json,
+)
 from jaxmech.stats import mean_ci
 
 RANKS = (1, 2, 3, 4, 6)
 
 
-def spatial_ids_refusal(config, path: str) -> str | None:
-    """Why this report does not apply to a run (None when it does)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
-    return None
+spatial_ids_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
 
 
 def _cos(a, b):
@@ -179,14 +182,8 @@ def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
 
 def analyse_spatial_ids_run(path: str, log=print) -> dict:
     """Computes, writes, prints and plots the spatial-ID report of one results folder."""
-    config = check_run(path)
-    refusal = spatial_ids_refusal(config, path)
-    if refusal:
-        raise ValueError(refusal)
-    from jaxmech import plots
-
-    out = plots.ensure_dir(os.path.join(path, "spatial_ids"))
-    run = open_run(path, log=log)
+    run, out = open_report(path, spatial_ids_refusal, "spatial_ids", log)
+    config = run.config
     res = compute(run)
     r2_rows, axes_rows, analytic_rows = _rows(res, run.models)
     write_csv(os.path.join(out, "r2.csv"), r2_rows)

@@ -33,7 +33,14 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import steering as st
 from jaxmech.analysis.patching import n_patch_layers
 from jaxmech.data.scenes import TOKEN, SceneBatch
-from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    fmt_ci,
+    needs_ar_vlm,
+    open_report,
+    write_csv,
+    write_json,
+)
 from jaxmech.stats import correlation_ci, mean_ci
 
 ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
@@ -46,8 +53,8 @@ CURVE_WORDS = (TOKEN["left"], TOKEN["right"], TOKEN["above"], TOKEN["below"])
 
 def steering_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    if needs_ar_vlm(config, path):
+        return needs_ar_vlm(config, path)
     if config.model.lm_n_layers < 2:
         return f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site after an LM block and before the last"
     return None
@@ -264,14 +271,8 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
 
 def analyse_steering_run(path: str, log=print) -> dict:
     """Computes, writes, prints and plots the steering report of one results folder."""
-    config = check_run(path)
-    refusal = steering_refusal(config, path)
-    if refusal:
-        raise ValueError(refusal)
-    from jaxmech import plots
-
-    out = plots.ensure_dir(os.path.join(path, "steering"))
-    run = open_run(path, log=log)
+    run, out = open_report(path, steering_refusal, "steering", log)
+    config = run.config
     res = compute(run)
     fr = flip_rates(res)
     cb = curve_beliefs(res, config.task.grid_h, config.task.grid_w)

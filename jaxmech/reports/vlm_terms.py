@@ -30,9 +30,9 @@ from jaxmech.models.edits import VIT_TERMS, VLMEdits, vit_term_mask
 from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
-    check_run,
     fmt_ci,
-    open_run,
+    needs_ar_vlm,
+    open_report,
     write_csv,
     write_json,
 )
@@ -58,8 +58,8 @@ SETS = {"unseen": "unseen_pair", "seen": "seen_pair"}
 
 def vit_terms_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+    if needs_ar_vlm(config, path):
+        return needs_ar_vlm(config, path)
     if config.model.vit_pos == "rope2d":
         return f"{path}: vit_pos = 'rope2d' has no additive row / column codes to split"
     return None
@@ -173,12 +173,7 @@ def analyse_vit_terms_run(path: str, log=print) -> dict:
     Raises ValueError for a run that is not an ar_vlm with additive ViT positions, or
     whose every model diverged. Returns {"summary", "gradient_rows", "ablation_rows"}.
     """
-    config = check_run(path)
-    refusal = vit_terms_refusal(config, path)
-    if refusal:
-        raise ValueError(refusal)
-    out = plots.ensure_dir(os.path.join(path, "vit_terms"))
-    run = open_run(path, log=log)
+    run, out = open_report(path, vit_terms_refusal, "vit_terms", log)
     res = compute(run)
     g_rows = gradient_rows(res["gradients"], run.models)
     names = list(ABLATIONS)
