@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.scenes import SceneBatch, label_token
-from jaxmech.models.answer import logits, partner
+from jaxmech.models.answer import logits, margin
 
 OCCLUSIONS = ("x", "y", "random")
 
@@ -63,12 +63,6 @@ def random_free_cells(key, cells_Bx2, n_cells: int) -> jax.Array:
     draw = jax.random.randint(key, cells_Bx2.shape[:1], 0, n_cells - 2)
     lo, hi = jnp.sort(cells_Bx2, axis=1).T
     return draw + (draw >= lo) + (draw + (draw >= lo) >= hi)
-
-
-def margin(logits_BxV, answer_B):
-    """[B] logit(answer) - logit(the other word of its relation)."""
-    pick = lambda t: jnp.take_along_axis(logits_BxV, t[:, None], axis=-1)[:, 0]  # noqa: E731
-    return pick(answer_B) - pick(partner(answer_B))
 
 
 def _slot_ids(params, probe, slot: int, grid):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from jaxmech.analysis.spatial_ids import X_SLOT
 from jaxmech.data.scenes import SceneBatch
-from jaxmech.models.answer import logits, partner
+from jaxmech.models.answer import logits, margin
 from jaxmech.models.edits import VLMEdits
 
 KINDS = ("id", "noise", "orthogonal")
@@ -66,12 +66,6 @@ def matched_noise(key, like_BxD, projector_DxD=None):
     return z * norm / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-30)
 
 
-def _margin(logits_BxV, answer_B):
-    """[B] logit(answer) - logit(the other word of its relation): > 0 answers right."""
-    pick = lambda t: jnp.take_along_axis(logits_BxV, t[:, None], axis=-1)[:, 0]  # noqa: E731
-    return pick(answer_B) - pick(partner(answer_B))
-
-
 def flip_margins(params, batch, site, delta_LxD, source_B, target_B, alphas, key) -> dict:
     """Answer margins under ID steering and its two norm-matched controls.
 
@@ -83,7 +77,7 @@ def flip_margins(params, batch, site, delta_LxD, source_B, target_B, alphas, key
       alphas: [A] multipliers; key: PRNG key of the controls.
 
     Returns:
-      {"plain": [B], kind: [A, B] for kind in KINDS} margins (`_margin`); "rel_norm"
+      {"plain": [B], kind: [A, B] for kind in KINDS} margins (`models.answer.margin`); "rel_norm"
       [A, B]: |added vector| / |X's residual at the site|.
     """
     answer = jnp.asarray(batch.answer_B)
@@ -97,14 +91,14 @@ def flip_margins(params, batch, site, delta_LxD, source_B, target_B, alphas, key
 
     def at(alpha):
         return {
-            kind: _margin(steered_logits(params, batch, site, alpha * v), answer)
+            kind: margin(steered_logits(params, batch, site, alpha * v), answer)
             for kind, v in zip(KINDS, (step_BxD, noise, orth))
         }
 
     out = jax.lax.map(at, jnp.asarray(alphas, jnp.float32))
     rel = jnp.linalg.norm(step_BxD, axis=-1) / jnp.maximum(jnp.linalg.norm(x_BxD, axis=-1), 1e-30)
     return out | {
-        "plain": _margin(plain, answer),
+        "plain": margin(plain, answer),
         "rel_norm": jnp.asarray(alphas, jnp.float32)[:, None] * rel[None],
     }
 

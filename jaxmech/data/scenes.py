@@ -83,6 +83,8 @@ __all__ = [
     "eval_masks",
     "mirror",
     "mirror_pos",
+    "mirror_height",
+    "height_mirror_cells",
     "flip_facing",
     "recolour",
     "describe",
@@ -220,6 +222,27 @@ def mirror_cells(task: TaskConfig) -> np.ndarray:
     cells = np.arange(task.image_len)
     return (cells // task.grid_w * task.grid_w + task.grid_w - 1 - cells % task.grid_w).astype(
         np.int32
+    )
+
+
+def height_mirror_cells(task: TaskConfig) -> np.ndarray:
+    """[L] the cell that cell i moves to under a height flip: (r, c) -> (H - 1 - r, c)."""
+    cells = np.arange(task.image_len)
+    return ((task.grid_h - 1 - cells // task.grid_w) * task.grid_w + cells % task.grid_w).astype(
+        np.int32
+    )
+
+
+def mirror_height(batch: SceneBatch, task: TaskConfig) -> SceneBatch:
+    """The height-flipped scene: positions mirrored (r, c) -> (H - 1 - r, c); facings
+    (left / right) kept, as in an upside-down mirror image; vertical answers flip."""
+    perm = height_mirror_cells(task)
+    ans = batch.answer_B
+    return batch._replace(
+        labels_BxL=batch.labels_BxL[:, perm],
+        colours_BxL=batch.colours_BxL[:, perm],
+        facings_BxL=batch.facings_BxL[:, perm],
+        answer_B=ans + (batch.relation_B == 1) * (TOKEN["above"] + TOKEN["below"] - 2 * ans),
     )
 
 

@@ -39,6 +39,12 @@ def partner(answer_B):
     return jnp.asarray(_PARTNER)[answer_B]
 
 
+def margin(logits_BxV, answer_B) -> jax.Array:
+    """[B] logit(answer) - logit(the other word of its relation): > 0 answers right."""
+    pick = lambda t: jnp.take_along_axis(logits_BxV, t[:, None], axis=-1)[:, 0]  # noqa: E731
+    return pick(answer_B) - pick(partner(answer_B))
+
+
 def logits(params, batch: SceneBatch, edits=None, capture: bool = False):
     """[B, V] the LM's logits at the last position for a batch of scenes and questions
     (with `capture`, also the named intermediates: `ar_vlm.forward`)."""

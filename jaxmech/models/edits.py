@@ -142,7 +142,9 @@ class VLMEdits:
     * `vit_rows`, `vit_cols` float `[L]`: the row / column position of each cell seen by
       the ViT (default: the cell's own; `W - 1 - col` mirrors; fractional values
       interpolate a learned table linearly, and are evaluated as they are by sin-cos
-      and rotary codes). Windows stay those of the physical cells.
+      and rotary codes). Windows stay those of the physical cells. A rope2d ViT also
+      takes `[n_layers, L]`: per block (its rotation is applied in every block), e.g.
+      a mirror in one block only.
     * `lm_pos_ids` `[S]` (one id per LM token, used for every rotary section) or
       `[3, S]` (time, row, column ids per token): the LM's rotary position ids.
     * `image_order` int `[L]`: the LM reads image token `image_order[i]` at image slot

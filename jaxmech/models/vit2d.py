@@ -105,7 +105,8 @@ def position_parts(params, rows_L, cols_L):
         return _interp_rows(vit["row_P"], rows_L), _interp_rows(vit["col_P"], cols_L)
     if kind == "sincos2d":
         return _sincos(rows_L, params, True, D), _sincos(cols_L, params, False, D)
-    zeros = jnp.zeros((rows_L.shape[0], D), vit["label_E"].dtype)
+    # rope2d: no additive code (the positions may be per block: [n_layers, L])
+    zeros = jnp.zeros((rows_L.shape[-1], D), vit["label_E"].dtype)
     return zeros, zeros
 
 
@@ -140,11 +141,14 @@ def vit_inputs(params, labels_BxL, colours_BxL, facings_BxL, edits, aux):
     return content, row, col
 
 
-def vit_rotary(params, edits):
-    """The ViT's `Rotary` (rope2d), or None."""
+def vit_rotary(params, edits, layer: int = 0):
+    """Block `layer`'s `Rotary` (rope2d), or None. Positions given per block ([n_layers,
+    L] overrides) are read at `layer`."""
     if position_kind(params) != "rope2d":
         return None
-    ids = jnp.stack(vit_positions(params, edits))
+    rows, cols = vit_positions(params, edits)
+    pick = lambda x: x[layer] if x.ndim == 2 else x  # noqa: E731
+    ids = jnp.stack([pick(rows), pick(cols)])
     return Rotary(rotary_angles(ids, read(params, "vit_rope_freqs"), read(params, "vit_rope_axis")))
 
 
@@ -156,7 +160,6 @@ def vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits):
     """The ViT: cell tokens [B, L, D] out (the last block's resid_post), and its aux."""
     aux = {}
     parts = vit_inputs(params, labels_BxL, colours_BxL, facings_BxL, edits, aux)
-    rotary = vit_rotary(params, edits)
     first = None
     if edits.vit_term_keep is not None:
         content, row, col = parts
@@ -176,7 +179,7 @@ def vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits):
             prefix="vit/",
             suffix=f".{layer}",
             first=first if layer == 0 else None,
-            rotary=rotary,
+            rotary=vit_rotary(params, edits, layer),
             visible=window_visible(params, layer),
         )
         aux.update(block_aux)

@@ -157,8 +157,14 @@ def check_edits(params, edits, n_question: int) -> None:
             "edits.vit_term_keep: this ViT uses rope2d (no additive position), so the "
             "content / row / column term split does not apply"
         )
-    _shape("vit_rows", edits.vit_rows, [(L,)], "a row position per cell")
-    _shape("vit_cols", edits.vit_cols, [(L,)], "a column position per cell")
+    rotary_vit = "vit_rope_freqs" in params["static"]
+    Y = sum(1 for k in params["vit"] if k.startswith("block_"))
+    per_block = [(Y, L)] if rotary_vit else []
+    for name in ("vit_rows", "vit_cols"):
+        value = getattr(edits, name)
+        _shape(name, value, [(L,)] + per_block, "a position per cell (rope2d: or per block)")
+        if value is not None and np.ndim(value) == 2 and not rotary_vit:
+            raise ValueError(f"edits.{name}: per-block positions [{Y}, {L}] need a rope2d ViT")
     _shape("lm_pos_ids", edits.lm_pos_ids, [(S,), (3, S)], "per LM token, S = L + Q")
     order = edits.image_order
     _shape("image_order", order, [(L,)], "a permutation of the image tokens")

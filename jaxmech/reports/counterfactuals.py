@@ -1,0 +1,172 @@
+"""Seed 004's counterfactual table on a results folder of toy VLMs (issue 15).
+
+On the unseen-pair questions of both relations, every model answers every example
+under every counterfactual of `analysis.counterfactuals` (with a rope2d ViT, also the
+ViT mirrors in one block at a time) in one compiled call. Per
+model, relation and counterfactual:
+
+* agree_mirror: the share of answers equal to the model's own answer on the mirrored
+  image (width mirror for left/right, height mirror for above/below): the paper's
+  "reproduces the flipped-image answer" (with two options, also the flip rate when the
+  mirror flips the answer);
+* changed: the share of answers that differ from the plain run's;
+* among the plain run's errors, binding failures: the same relation word whichever
+  object is asked about.
+
+Writes into `RUN/counterfactuals/`:
+  table.csv     model, counterfactual, relation, agree_mirror, changed, n
+  errors.csv    model, relation, errors, binding_failures, share
+  summary.json  means over models with 95% intervals; figure counterfactuals.png
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+
+from jaxmech.analysis import counterfactuals as cfa
+from jaxmech.reports.common import (
+    LoadedRun,
+    fmt_ci,
+    needs_ar_vlm,
+    open_report,
+    write_csv,
+    write_json,
+)
+from jaxmech.reports.steering import RELATIONS, relation_questions
+from jaxmech.stats import mean_ci
+
+counterfactuals_refusal = needs_ar_vlm  # why the report does not apply (None: it does)
+MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
+
+
+def compute(run: LoadedRun) -> dict:
+    """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
+    "relation": [B]}."""
+    ex, _ = relation_questions(run)
+    first = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    names = cfa.names_for(first)
+    cfs = cfa.build(first, run.config.task, names)  # the positions are static: one for all
+    swapped = cfa.swap_objects(ex)
+
+    def one_model(p):
+        plain = cfa.build(p, run.config.task, ("plain",))
+        return cfa.margins(p, ex, cfs), cfa.margins(p, swapped, plain)[0]
+
+    m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
+    return {"margins": m, "swapped": s, "relation": np.asarray(ex.relation_B), "names": names}
+
+
+def table_rows(res: dict, models) -> list[dict]:
+    says = res["margins"] > 0  # [K, C, B]: chose the example's own answer word
+    names = res["names"]
+    rows = []
+    for i in range(says.shape[0]):
+        for r, rel in enumerate(RELATIONS):
+            w = res["relation"] == r
+            ref = says[i, names.index(MIRROR_OF[rel])][w]
+            plain = says[i, 0][w]
+            for c, name in enumerate(names):
+                x = says[i, c][w]
+                rows.append(
+                    {
+                        "model": models[i],
+                        "counterfactual": name,
+                        "relation": rel,
+                        "agree_mirror": float((x == ref).mean()),
+                        "changed": float((x != plain).mean()),
+                        "n": int(w.sum()),
+                    }
+                )
+    return rows
+
+
+def error_rows(res: dict, models) -> list[dict]:
+    plain = res["margins"][:, 0]
+    bind = np.asarray(cfa.binding_failures(plain, res["swapped"]))
+    rows = []
+    for i in range(plain.shape[0]):
+        for r, rel in enumerate(RELATIONS):
+            err = (plain[i] <= 0) & (res["relation"] == r)
+            n = int(err.sum())
+            rows.append(
+                {
+                    "model": models[i],
+                    "relation": rel,
+                    "errors": n,
+                    "binding_failures": int((bind[i] & err).sum()),
+                    "share": float((bind[i] & err).sum() / n) if n else np.nan,
+                }
+            )
+    return rows
+
+
+def summarise(rows: list[dict], errors: list[dict], names, log) -> dict:
+    out = {}
+    log(
+        "share of answers equal to the mirrored image's (agree) and different from the "
+        "plain run's (changed), 95% CI over models:"
+    )
+    log(f"{'counterfactual':>20} " + " ".join(f"{r + ' agree':>28} {r + ' changed':>28}" for r in RELATIONS))  # fmt: skip
+    for name in names:
+        cells = []
+        for rel in RELATIONS:
+            sel = [x for x in rows if (x["counterfactual"], x["relation"]) == (name, rel)]
+            agree, changed = [x["agree_mirror"] for x in sel], [x["changed"] for x in sel]
+            out[f"{name}/{rel}"] = {"agree_mirror": mean_ci(agree), "changed": mean_ci(changed)}
+            cells += [fmt_ci(agree, 0.0, 1.0), fmt_ci(changed, 0.0, 1.0)]
+        log(f"{name:>20} " + " ".join(f"{c:>28}" for c in cells))
+    log("\nbinding failures among the plain run's errors (same word for X-Y and Y-X):")
+    for rel in RELATIONS:
+        sel = [e for e in errors if e["relation"] == rel]
+        share = [e["share"] for e in sel]
+        n = sum(e["errors"] for e in sel)
+        out[f"binding/{rel}"] = {"share": mean_ci(share), "errors": n}
+        log(f"  {rel:>10}: {fmt_ci(share, 0.0, 1.0)} ({n} errors over the models)")
+    return out
+
+
+def plot(rows: list[dict], names, path: str, k: int) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 5.5))
+    for ax, key in zip(axes, ("agree_mirror", "changed")):
+        m = np.array(
+            [
+                [
+                    np.mean(
+                        [x[key] for x in rows if (x["counterfactual"], x["relation"]) == (n, r)]
+                    )  # fmt: skip
+                    for r in RELATIONS
+                ]
+                for n in names
+            ]
+        )
+        ax.imshow(m, cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        for a in range(m.shape[0]):
+            for b in range(m.shape[1]):
+                ax.text(b, a, f"{m[a, b]:.2f}", ha="center", va="center", fontsize=7, color="w" if m[a, b] < 0.6 else "k")  # fmt: skip
+        ax.set_xticks(range(len(RELATIONS)), ["left/right", "above/below"])
+        ax.set_yticks(range(len(names)), names, fontsize=7)
+        ax.set_title(f"{key} (mean of {k} models)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def analyse_counterfactuals_run(path: str, log=print) -> dict:
+    """Computes, writes, prints and plots the counterfactual table of one results folder."""
+    run, out = open_report(path, counterfactuals_refusal, "counterfactuals", log)
+    res = compute(run)
+    rows, errors = table_rows(res, run.models), error_rows(res, run.models)
+    write_csv(os.path.join(out, "table.csv"), rows)
+    write_csv(os.path.join(out, "errors.csv"), errors)
+    log(f"{run.k} models; unseen-pair questions; lm_pos_ids {run.config.model.lm_pos_ids!r}")
+    summary = summarise(rows, errors, res["names"], log) | {"excluded": list(run.excluded)}
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = plot(rows, res["names"], os.path.join(out, "counterfactuals.png"), run.k)
+    log("results: " + os.path.join(out, "table.csv") + "  figure: " + fig)
+    return {"summary": summary, "rows": rows, "errors": errors}
