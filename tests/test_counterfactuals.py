@@ -120,3 +120,30 @@ def test_a_rope_mirror_in_every_block_is_the_whole_mirror_and_blocks_split_it():
     per_block = jnp.zeros((1, learned_config.task.image_len))
     with pytest.raises(ValueError, match="vit_cols"):
         answer.logits(learned, s.examples, VLMEdits(vit_cols=per_block))
+
+
+def test_the_table_counts_agreement_with_the_mirror_and_changes():
+    from jaxmech.reports import counterfactuals as report
+
+    names = cfa.COUNTERFACTUALS
+    B = 4
+    m = np.ones((1, len(names), B))  # every counterfactual answers like the plain run...
+    m[0, names.index("image_w")] = [-1, -1, 1, 1]  # ...but the width mirror flips two
+    m[0, names.index("vit_w")] = [-1, 1, 1, 1]  # the code mirror flips one of them
+    res = {
+        "margins": m,
+        "swapped": np.ones((1, B)),
+        "relation": np.array([0, 0, 1, 1]),
+        "names": names,
+    }
+    rows = {(r["counterfactual"], r["relation"]): r for r in report.table_rows(res, (0,))}
+    assert rows[("vit_w", "horizontal")]["agree_mirror"] == 0.5
+    assert rows[("vit_w", "horizontal")]["changed"] == 0.5
+    assert rows[("plain", "horizontal")]["agree_mirror"] == 0.0
+    assert rows[("image_w", "horizontal")]["agree_mirror"] == 1.0
+    assert rows[("vit_w", "vertical")]["changed"] == 0.0
+    errors = report.error_rows(res, (0,))
+    assert [e["errors"] for e in errors] == [0, 0]  # no plain errors: nothing to share
+    from jaxmech.config import Config
+
+    assert "ar_vlm" in report.counterfactuals_refusal(Config(), "RUN")
