@@ -87,6 +87,14 @@ def accuracy_vs(
     return path
 
 
+def save(fig, path: str) -> str:
+    """Lays out, writes (110 dpi) and closes `fig`; returns `path`."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def ensure_dir(path: str) -> str:
     os.makedirs(path, exist_ok=True)
     return path

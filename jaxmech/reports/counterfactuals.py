@@ -131,6 +131,8 @@ def summarise(rows: list[dict], errors: list[dict], names, log) -> dict:
 def plot(rows: list[dict], names, path: str, k: int) -> str:
     import matplotlib.pyplot as plt
 
+    from jaxmech import plots
+
     fig, axes = plt.subplots(1, 2, figsize=(9, 5.5))
     for ax, key in zip(axes, ("agree_mirror", "changed")):
         m = np.array(
@@ -151,10 +153,7 @@ def plot(rows: list[dict], names, path: str, k: int) -> str:
         ax.set_xticks(range(len(RELATIONS)), ["left/right", "above/below"])
         ax.set_yticks(range(len(names)), names, fontsize=7)
         ax.set_title(f"{key} (mean of {k} models)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def analyse_counterfactuals_run(path: str, log=print) -> dict:

@@ -180,6 +180,8 @@ def summarise(res: dict, dev_rows: list[dict], occ_rows: list[dict], log) -> dic
 def plot(res: dict, occ_rows: list[dict], path: str) -> str:
     import matplotlib.pyplot as plt
 
+    from jaxmech import plots
+
     right = res["margin"] > 0
     n_sites = res["deviation"].shape[1]
     fig, axes = plt.subplots(1, n_sites + 1, figsize=(4 * (n_sites + 1), 3))
@@ -210,10 +212,7 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
     ax.set_ylabel("|margin change| (logits)")
     ax.set_title("occlusion", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def analyse_diagnostics_run(path: str, log=print) -> dict:

@@ -138,6 +138,8 @@ def summarise(sh: dict, log) -> dict:
 def plot_shifts(sh: dict, path: str, k: int) -> str:
     import matplotlib.pyplot as plt
 
+    from jaxmech import plots
+
     fig, axes = plt.subplots(1, len(TWINS), figsize=(4.2 * len(TWINS), 2.8), squeeze=False)
     for ax, twin in zip(axes[0], TWINS):
         s = sh[(twin, "both", "logp")]
@@ -159,10 +161,7 @@ def plot_shifts(sh: dict, path: str, k: int) -> str:
         ax.set_yticks(range(mean.shape[0]), [f"resid_pre.{y}" for y in range(mean.shape[0])])
         ax.set_title(f"{twin} patch ({k} models)", fontsize=9)
     fig.suptitle("belief shift of the answer word (log-prob), mean [95% CI]", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def analyse_patching_run(path: str, log=print) -> dict:

@@ -156,6 +156,8 @@ def summarise(res: dict, axes: list[dict], log) -> dict:
 def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
     import matplotlib.pyplot as plt
 
+    from jaxmech import plots
+
     r2 = res["r2"]
     n_sites = r2.shape[1]
     fig, axes = plt.subplots(1, 1 + n_sites, figsize=(3.4 * (1 + n_sites), 3))
@@ -174,10 +176,7 @@ def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
         im = axes[1 + y].imshow(coord, cmap="RdBu_r")
         axes[1 + y].set_title(f"site {y}: ID along its h axis", fontsize=9)
         fig.colorbar(im, ax=axes[1 + y], shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def analyse_spatial_ids_run(path: str, log=print) -> dict:

@@ -240,6 +240,8 @@ def summarise(fr: dict, cb: dict, acc: np.ndarray, log) -> dict:
 def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
     import matplotlib.pyplot as plt
 
+    from jaxmech import plots
+
     y = fr[("id", "horizontal")].shape[1] - 1  # the last site
     fig, axes = plt.subplots(1, 4, figsize=(15, 3.2))
     for rel, ls in zip(RELATIONS, ("-", "--")):
@@ -263,10 +265,7 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
     axes[3].set_xlabel("unseen-pair accuracy")
     axes[3].set_ylabel(f"ID flip rate (alpha {REF_ALPHA})")
     axes[3].set_title("steerability vs accuracy", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return plots.save(fig, path)
 
 
 def analyse_steering_run(path: str, log=print) -> dict:
