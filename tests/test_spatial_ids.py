@@ -9,7 +9,7 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
-from jaxmech.models import ar_vlm
+from jaxmech.models import answer, ar_vlm
 
 
 def test_a_planted_linear_id_is_recovered_with_its_rank():
@@ -67,7 +67,8 @@ def test_analytic_ids_without_mlp_the_attention_writes_the_whole_block_id():
     task = config.task
     params = ar_vlm.init_params(config, jax.random.PRNGKey(1))
     batch, label, cell = si.probe_scenes(task, range(1, task.n_labels + 1), placements=2)
-    a = si.analytic_ids(params, batch, label, cell)
+    _, aux = answer.logits(params, batch, capture=True)
+    a = si.analytic_ids(params, aux, label, cell)
     assert a["pred"].shape == a["attn"].shape == (2, task.image_len, config.model.d_model)
     np.testing.assert_allclose(a["attn"], a["total"], atol=1e-5)
     np.testing.assert_allclose(si.id_cosine(a["attn"], a["total"]), 1.0, atol=1e-4)

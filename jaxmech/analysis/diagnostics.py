@@ -90,10 +90,11 @@ def diagnose(params, batch, cells_Bx2, probes, key, grid: tuple[int, int]) -> di
     """
     L = batch.labels_BxL.shape[1]
     q = jnp.asarray(batch.question_BxQ)
+    plain, aux = logits(params, batch, capture=True)  # the one forward of the examples
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
     for probe, slot, cell in zip(probes, (si.X_SLOT, si.Y_SLOT), cells_Bx2.T):
         delta, centres, h, v = _slot_ids(params, probe, slot, grid)
-        state = si.object_word_states(params, batch, slot)
+        state = si.states_at(aux, si.n_sites(params) - 1, L + slot)
         label = q[:, slot] - label_token(1)  # 0-based: the centres' order
         sites = range(1, delta.shape[0])
         coords.append(
@@ -114,5 +115,5 @@ def diagnose(params, batch, cells_Bx2, probes, key, grid: tuple[int, int]) -> di
         "believed": bx - by,
         "true": tx - ty,
         "occluded": jnp.stack([margin(logits(params, occlude(batch, c)), answer) for c in occ]),
-        "margin": margin(logits(params, batch), answer),
+        "margin": margin(plain, answer),
     }

@@ -69,14 +69,18 @@ def n_sites(params) -> int:
     return sum(1 for k in params["lm"] if k.startswith("block_")) + 1
 
 
+def states_at(aux, n_blocks: int, pos: int) -> jax.Array:
+    """[Y, N, D] the residual stream at token position `pos` at every site, from a
+    capture run's intermediates (`models.answer.logits(..., capture=True)`)."""
+    names = [f"lm/resid_pre.{y}" for y in range(n_blocks)] + [f"lm/resid_post.{n_blocks - 1}"]
+    return jnp.stack([aux[name][:, pos] for name in names])
+
+
 def object_word_states(params, batch, slot: int = X_SLOT) -> jax.Array:
     """[Y, N, D] the residual stream at the word in question slot `slot` (X's by
     default) at every site."""
     _, aux = logits(params, batch, capture=True)
-    n = n_sites(params) - 1
-    pos = batch.labels_BxL.shape[1] + slot
-    names = [f"lm/resid_pre.{y}" for y in range(n)] + [f"lm/resid_post.{n - 1}"]
-    return jnp.stack([aux[name][:, pos] for name in names])
+    return states_at(aux, n_sites(params) - 1, batch.labels_BxL.shape[1] + slot)
 
 
 def cell_means(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
@@ -139,7 +143,7 @@ def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
     return jax.vmap(one_site)(delta_YxLxD)
 
 
-def analytic_ids(params, batch, label_N, cell_N) -> dict:
+def analytic_ids(params, aux, label_N, cell_N) -> dict:
     """The IDs each LM block's attention would write if the object word attended to its
     own object's image token alone (the paper's sketch `Delta ~ W_O W_V P psi`), against
     what it writes.
@@ -155,12 +159,12 @@ def analytic_ids(params, batch, label_N, cell_N) -> dict:
       total [Y, L, D]     the ID the whole block adds (site y + 1 minus site y)
       peak [Y, H]         that mean attention weight per head
 
-    `batch`, `label_N`, `cell_N` from `probe_scenes` (host arrays). Y: LM blocks.
+    `aux`: the intermediates of a capture run on `probe_scenes`' batch, whose
+    `label_N`, `cell_N` (host arrays) come with it. Y: LM blocks.
     """
-    _, aux = logits(params, batch, capture=True)
-    n_cells = batch.labels_BxL.shape[1]
+    n_cells = aux["vit/resid_pre.0"].shape[1]  # the ViT's tokens are the cells
     x_pos, rows = n_cells + X_SLOT, jnp.arange(len(cell_N))
-    states = object_word_states(params, batch)
+    states = states_at(aux, n_sites(params) - 1, x_pos)
     ids = spatial_ids(states, label_N, cell_N, n_cells)
     out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": []}
     for y in range(n_sites(params) - 1):

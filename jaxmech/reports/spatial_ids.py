@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
+from jaxmech.models.answer import logits
 from jaxmech.reports.common import (
     LoadedRun,
     fmt_ci,
@@ -67,7 +68,8 @@ def compute(run: LoadedRun) -> dict:
     train = label <= t.max_pair_labels
 
     def one_model(p):
-        states = si.object_word_states(p, batch)
+        _, aux = logits(p, batch, capture=True)  # one forward of the probe scenes
+        states = si.states_at(aux, si.n_sites(p) - 1, t.image_len + si.X_SLOT)
         delta = si.spatial_ids(states, label, cell, t.image_len)
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], t.image_len)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], t.image_len)
@@ -78,7 +80,7 @@ def compute(run: LoadedRun) -> dict:
             "h": h,
             "v": v,
             "cos_train_val": _cos(d_train, d_val),
-            "analytic": analytic(si.analytic_ids(p, batch, label, cell)),
+            "analytic": analytic(si.analytic_ids(p, aux, label, cell)),
         }
 
     return jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
