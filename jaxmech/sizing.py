@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Config
+from jaxmech.train import _train_program, build_data, init_program, program_config, stack_settings
 
 CPU_CHUNK_PER_DEVICE = 4
 # Without a memory figure from the device (memory_stats() is None on some backends).
@@ -47,14 +48,6 @@ class Footprint(NamedTuple):
 def program_bytes(config: Config, k: int) -> int:
     """Peak bytes XLA's memory analysis gives for the training program of k models
     (one evaluation segment) compiled for one device."""
-    from jaxmech.train import (
-        _train_program,
-        build_data,
-        init_program,
-        program_config,
-        stack_settings,
-    )
-
     prog = program_config(config)
     like = lambda x: jax.ShapeDtypeStruct(np.shape(x), np.asarray(x).dtype)  # noqa: E731
     stacked = jax.tree_util.tree_map(like, stack_settings([config.settings()] * k))

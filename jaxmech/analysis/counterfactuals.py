@@ -39,10 +39,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.analysis.spatial_ids import X_SLOT, Y_SLOT
 from jaxmech.config import TaskConfig
 from jaxmech.data import scenes as sc
 from jaxmech.models import ar_vlm, vit2d
-from jaxmech.models.answer import logits, margin
+from jaxmech.models.answer import logits, margin, partner
 from jaxmech.models.edits import VLMEdits
 
 # What each counterfactual changes: cells ("w" / "h" mirror), flip (facings), vit
@@ -80,8 +81,8 @@ class Counterfactual(NamedTuple):
     """One counterfactual (or C stacked): what happens to the examples and the forward.
 
     cells [L] int: the image becomes `image[:, cells]` (a mirror permutation or the
-    identity); flip_facing [] bool; vit_rows, vit_cols [L] float: the positions the
-    ViT sees; lm_ids [3, S] float: the LM's position ids; order [L] int: the LM reads
+    identity); flip_facing [] bool; vit_rows, vit_cols [L] (a rope2d ViT: [n_blocks,
+    L]) float: the positions the ViT sees; lm_ids [3, S] float: the LM's position ids; order [L] int: the LM reads
     image token `order[i]` at image slot i.
     """
 
@@ -146,11 +147,13 @@ def build(params, task: TaskConfig, names=COUNTERFACTUALS) -> Counterfactual:
 def apply(batch: sc.SceneBatch, cf: Counterfactual) -> tuple[sc.SceneBatch, VLMEdits]:
     """The examples and edits of one counterfactual (answers left as the examples')."""
     take = lambda x: jnp.asarray(x)[:, cf.cells]  # noqa: E731
-    facings = take(batch.facings_BxL)
-    facings = jnp.where(cf.flip_facing, (3 - facings) * (facings > 0), facings)
     moved = batch._replace(
-        labels_BxL=take(batch.labels_BxL), colours_BxL=take(batch.colours_BxL), facings_BxL=facings
+        labels_BxL=take(batch.labels_BxL),
+        colours_BxL=take(batch.colours_BxL),
+        facings_BxL=take(batch.facings_BxL),
     )
+    flipped = sc.flip_facing(moved).facings_BxL
+    moved = moved._replace(facings_BxL=jnp.where(cf.flip_facing, flipped, moved.facings_BxL))
     edits = VLMEdits(
         vit_rows=cf.vit_rows, vit_cols=cf.vit_cols, lm_pos_ids=cf.lm_ids, image_order=cf.order
     )
@@ -171,9 +174,6 @@ def margins(params, batch: sc.SceneBatch, cfs: Counterfactual) -> jax.Array:
 def swap_objects(batch: sc.SceneBatch) -> sc.SceneBatch:
     """The same scenes asked about the objects the other way round (`is Y ... of X ?`),
     answers the other word of the relation."""
-    from jaxmech.analysis.spatial_ids import X_SLOT, Y_SLOT
-    from jaxmech.models.answer import partner
-
     q = jnp.asarray(batch.question_BxQ)
     q = q.at[:, X_SLOT].set(q[:, Y_SLOT]).at[:, Y_SLOT].set(q[:, X_SLOT])
     return batch._replace(question_BxQ=q, answer_B=partner(jnp.asarray(batch.answer_B)))
