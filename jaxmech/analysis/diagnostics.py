@@ -70,7 +70,7 @@ def _slot_ids(params, probe, slot: int, grid):
     p_batch, p_label, p_cell = probe
     L = p_batch.labels_BxL.shape[1]
     means = si.cell_means(si.object_word_states(params, p_batch, slot), p_label, p_cell, L)
-    delta = (means - means.mean(2, keepdims=True)).mean(1)
+    delta = si.ids_from_means(means)
     return (delta, means.mean(2), *si.grid_axes(delta, *grid))
 
 

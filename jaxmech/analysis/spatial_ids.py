@@ -96,8 +96,13 @@ def cell_means(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
 def spatial_ids(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
     """[Y, L, D] Delta_y(cell): states averaged per (label, cell), centred per label
     over the cells, averaged over labels (every label must cover every cell)."""
-    mean = cell_means(states_YxNxD, label_N, cell_N, n_cells)
-    return (mean - mean.mean(2, keepdims=True)).mean(1)
+    return ids_from_means(cell_means(states_YxNxD, label_N, cell_N, n_cells))
+
+
+def ids_from_means(means_YxNlxLxD) -> jax.Array:
+    """[Y, L, D] the ID from per-(label, cell) means (`cell_means`): centred per label
+    over the cells, averaged over labels."""
+    return (means_YxNlxLxD - means_YxNlxLxD.mean(2, keepdims=True)).mean(1)
 
 
 def grid_axes(delta_YxLxD, grid_h: int, grid_w: int):

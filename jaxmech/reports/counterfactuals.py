@@ -51,8 +51,9 @@ def compute(run: LoadedRun) -> dict:
     cfs = cfa.build(first, run.config.task, names)  # the positions are static: one for all
     swapped = cfa.swap_objects(ex)
 
+    plain = jax.tree_util.tree_map(lambda x: x[:1], cfs)  # names[0] is "plain"
+
     def one_model(p):
-        plain = cfa.build(p, run.config.task, ("plain",))
         return cfa.margins(p, ex, cfs), cfa.margins(p, swapped, plain)[0]
 
     m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
@@ -42,11 +41,6 @@ RANKS = (1, 2, 3, 4, 6)
 
 
 spatial_ids_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
-
-
-def _cos(a, b):
-    a, b = a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1)
-    return (a * b).sum(-1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1) + 1e-12)
 
 
 def analytic(a: dict) -> dict:
@@ -79,7 +73,7 @@ def compute(run: LoadedRun) -> dict:
             "r2": si.rank_k_r2(si.position_basis(p), delta, RANKS),
             "h": h,
             "v": v,
-            "cos_train_val": _cos(d_train, d_val),
+            "cos_train_val": si.id_cosine(d_train, d_val),
             "analytic": analytic(si.analytic_ids(p, aux, label, cell)),
         }
 
