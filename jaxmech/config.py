@@ -50,6 +50,7 @@ SWEEPABLE = (
     "lr",
     "weight_decay",
     "epochs",
+    "id_weight",
 )
 
 # Largest finite training set (items per part): data.relations1d.finite_order shuffles
@@ -62,9 +63,9 @@ VISION_POS = ("learned", "rope")
 VIT_POS = ("learned2d", "sincos2d", "rope2d")
 PROJECTORS = ("linear", "mlp")
 LM_POS_IDS = ("sequential", "mrope")
-TASK_KINDS = ("1d", "2d", "three", "scenes")
+TASK_KINDS = ("1d", "2d", "three", "scenes", "video")
 # task kinds on an H x W grid: image_len is derived, grid_h * grid_w
-GRID_KINDS = ("2d", "scenes")
+GRID_KINDS = ("2d", "scenes", "video")
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -113,9 +114,10 @@ class TaskConfig:
     `task_kind` selects the generator (`train.build_data`): `"1d"` (SPEC.md,
     `data.relations1d`), `"2d"` (objects on a `grid_h x grid_w` grid flattened row-major
     into the image sequence; left/right and above/below; `data.relations2d`),
-    `"three"` (1D images with a third, distractor object; `data.relations3`) or
-    `"scenes"` (grid scenes with questions for an autoregressive VLM; `data.scenes`).
-    With `"2d"` and `"scenes"` (`GRID_KINDS`), `image_len` is derived: it is always set
+    `"three"` (1D images with a third, distractor object; `data.relations3`),
+    `"scenes"` (grid scenes with questions for an autoregressive VLM; `data.scenes`) or
+    `"video"` (the scenes with rows as frames and before / after questions;
+    `data.video`). With the grid kinds (`GRID_KINDS`), `image_len` is derived: it is always set
     to `grid_h * grid_w` (a given value is replaced), so everything sized by the image
     length (P, layouts, holdouts) follows the grid. `grid_h` and `grid_w` must stay at their defaults for the other kinds.
     """
@@ -223,6 +225,11 @@ class ModelConfig:
     vision block are rotated per frequency pair by position x `rope_base ** (-2i /
     d_head)`, with CLS at rotary position 0 and pixel i at i + 1). The text tower
     always uses a learned `P`.
+
+    Autoregressive VLM only (`models.ar_vlm`): `vit_frames` reads the grid's rows as
+    video frames (the ViT sees each frame alone, without a row code; the LM's
+    three-part ids carry the frame); `id_site` > 0 adds the spatial-ID loss at that LM
+    site (`models.id_loss`), weighted by the sweepable `id_weight`.
     """
 
     n_layers: int = 1
@@ -250,6 +257,8 @@ class ModelConfig:
     projector: str = "linear"
     lm_pos_ids: str = "sequential"
     tie_labels: bool = False
+    vit_frames: bool = False
+    id_site: int = 0
 
     @property
     def text_layers(self) -> int:
@@ -284,7 +293,7 @@ class ModelConfig:
         _int_in("d_head", self.d_head, 1, 65536)
         _int_in("d_embed", self.d_embed, 1, 65536)
         _int_in("d_mlp", self.d_mlp, 1, 1 << 20)
-        for name in ("layernorm", "mlp", "causal_text", "cls_position", "tie_labels"):
+        for name in ("layernorm", "mlp", "causal_text", "cls_position", "tie_labels", "vit_frames"):
             if not isinstance(getattr(self, name), bool):
                 _fail(name, getattr(self, name), "True or False")
         _float_in("init_E", self.init_E, 0.0, 100.0, lo_open=True)
@@ -298,6 +307,7 @@ class ModelConfig:
         _int_in("vit_window", self.vit_window, 0, 64, " (0: no window blocks)")
         _choice("projector", self.projector, PROJECTORS)
         _choice("lm_pos_ids", self.lm_pos_ids, LM_POS_IDS)
+        _int_in("id_site", self.id_site, 0, self.lm_n_layers, " (0: no spatial-ID loss)")
         for b in self.global_blocks:
             _int_in("vit_global_blocks", b, 0, self.n_layers - 1, " (ViT block indices)")
         _float_in("rope_base", self.rope_base, 1.0, 1e12)
@@ -323,6 +333,9 @@ class TrainConfig:
     (`train.step_budget`), so with a fixed E a smaller N_pair also means fewer steps.
     Models that finish early are frozen; the sweep derives `steps` (the program length)
     from the largest budget.
+
+    `id_weight` (sweepable) weighs the spatial-ID loss of an autoregressive VLM with
+    `id_site` > 0; 0 trains on the plain loss.
     """
 
     steps: int = 1500
@@ -337,6 +350,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     epochs: int = 0
     seed: int = 0
+    id_weight: float = 0.0
 
     @property
     def n_evals(self) -> int:
@@ -362,6 +376,7 @@ class TrainConfig:
         _float_in("weight_decay", self.weight_decay, 0.0, 100.0)
         _int_in("epochs", self.epochs, 0, 10**6, " (0 = streaming batches)")
         _int_in("seed", self.seed, 0, 2**31 - 1)
+        _float_in("id_weight", self.id_weight, 0.0, 1000.0)
 
 
 class Settings(NamedTuple):
@@ -378,6 +393,7 @@ class Settings(NamedTuple):
     lr: Any
     weight_decay: Any
     epochs: Any
+    id_weight: Any = 0.0
 
 
 _GROUPS = {"task": TaskConfig, "model": ModelConfig, "train": TrainConfig}
@@ -396,6 +412,12 @@ class Config:
         for name, cls in _GROUPS.items():
             if not isinstance(getattr(self, name), cls):
                 _fail(name, getattr(self, name), f"a {cls.__name__}")
+        if self.train.id_weight > 0 and self.model.id_site == 0:
+            _fail(
+                "id_weight",
+                self.train.id_weight,
+                "0 with id_site = 0 (the spatial-ID loss needs an LM site: set id_site)",
+            )
         if self.train.epochs > 0:
             t = self.task
             if t.task_kind != "1d":

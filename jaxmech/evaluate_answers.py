@@ -1,35 +1,54 @@
 """Accuracies and answer beliefs of a question-answering model on the scenes sets.
 
 Per validation set (`data.scenes.SceneEvalSets`: seen_pair, unseen_pair, train_pair,
-single) and relation (h: left/right, v: above/below): the accuracy (the answer word
+single) and relation of the task (`data.tasks.Task.answer_relations`; scenes: h
+left/right, v above/below; video: t before/after): the accuracy (the answer word
 beats the other word of its relation), and, on the unseen pairs, the mean probability
 and log-probability of the answer word (`models.answer.beliefs`). Rows are weighted by
 the model's own set membership (`data.scenes.eval_masks`: seen and train pairs depend
 on its sweepable settings), so one compiled evaluation serves every model of a sweep.
 
-`unseen_min_acc` (the smaller of the two unseen-pair accuracies) is the progress
-metric: issue 12's target is both relations above 0.9 on unseen pairs.
+`unseen_min_acc` (the smallest unseen-pair accuracy over the relations) is the
+progress metric: issue 12's target is both relations above 0.9 on unseen pairs.
+
+With the spatial-ID loss on (`id_site` > 0), `id_loss_train` / `id_loss_unseen` are
+its value (`models.id_loss`) on probes built from the first `ID_EVAL_PAIRS` rows of the
+training-pair / unseen-pair set: how far the pairs' IDs are from the target, for
+labels trained in pairs and for validation labels.
 
 Axis names (`jaxmech.shapes`): N rows of a set.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
-from jaxmech.config import Settings
-from jaxmech.data.scenes import RELATIONS, SceneEvalSets, eval_masks
+from jaxmech.config import Config, Settings
+from jaxmech.data.scenes import SceneEvalSets, eval_masks
+from jaxmech.data.tasks import get_task
 from jaxmech.models.answer import beliefs, logits
+from jaxmech.models.id_loss import id_loss
 
 SETS = {"seen_pair": "seen", "unseen_pair": "unseen", "train_pair": "train", "single": "single"}
 BELIEF_SETS = ("unseen",)
+ID_SETS = {"train_pair": "id_loss_train", "unseen_pair": "id_loss_unseen"}
+ID_EVAL_PAIRS = 8
 
 
-def metric_names() -> tuple[str, ...]:
+def relations(config: Config) -> tuple[tuple[str, int], ...]:
+    """((metric name, relation id), ...) the task asks about."""
+    return get_task(config.task.task_kind).answer_relations
+
+
+def metric_names(config: Config) -> tuple[str, ...]:
     """The curves' metric columns, in order."""
+    rels = [name for name, _ in relations(config)]
     names = ["unseen_min_acc"]
-    names += [f"{short}_{r}_acc" for short in SETS.values() for r in RELATIONS]
-    names += [f"{s}_{r}_{b}" for s in BELIEF_SETS for r in RELATIONS for b in ("p", "logp")]
+    names += [f"{short}_{r}_acc" for short in SETS.values() for r in rels]
+    names += [f"{s}_{r}_{b}" for s in BELIEF_SETS for r in rels for b in ("p", "logp")]
+    if config.model.id_site > 0:
+        names += list(ID_SETS.values())
     return tuple(names)
 
 
@@ -40,17 +59,24 @@ def masked_mean(values_N, weight_N):
 
 def evaluate_scenes(params, evals: SceneEvalSets, tables, settings: Settings, config) -> dict:
     """{metric: []} for one model (`metric_names`); a pure function, vmapped by training."""
-    del tables, config
+    del tables
     masks = eval_masks(evals, settings)
+    rels = relations(config)
     out = {}
     for name, short in SETS.items():
         batch = getattr(evals, name).examples
         b = beliefs(logits(params, batch), jnp.asarray(batch.answer_B))
-        for r, rel in enumerate(RELATIONS):
+        for rel, r in rels:
             w = (masks[name] & (jnp.asarray(batch.relation_B) == r)).astype(jnp.float32)
             out[f"{short}_{rel}_acc"] = masked_mean(b["correct"], w)
             if short in BELIEF_SETS:
                 out[f"{short}_{rel}_p"] = masked_mean(b["p"], w)
                 out[f"{short}_{rel}_logp"] = masked_mean(b["logp"], w)
-    out["unseen_min_acc"] = jnp.minimum(out["unseen_h_acc"], out["unseen_v_acc"])
+    out["unseen_min_acc"] = jnp.stack([out[f"unseen_{rel}_acc"] for rel, _ in rels]).min()
+    if config.model.id_site > 0:
+        for name, metric in ID_SETS.items():
+            rows = jax.tree_util.tree_map(
+                lambda a: jnp.asarray(a)[:ID_EVAL_PAIRS], getattr(evals, name).examples
+            )
+            out[metric] = id_loss(params, rows, config.model.id_site, ID_EVAL_PAIRS)
     return out

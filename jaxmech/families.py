@@ -4,8 +4,10 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
 `get_family(kind)`. Training knows a model only through it:
 
   init_params(config, key) -> params         a plain pytree of arrays (one model)
-  loss(params, batch, tables, config) -> []  the training loss on one task batch
-                                               (differentiated w.r.t. params)
+  loss(params, batch, tables, settings, config) -> []
+                                             the training loss on one task batch
+                                               (differentiated w.r.t. params; settings
+                                               are the model's sweepable scalars)
   evaluate(params, evals, tables, settings, config) -> {metric: []}
                                              one model's metrics on the fixed eval sets
                                                (may return more keys than `metrics`)
@@ -126,8 +128,8 @@ register(
         init_params=ar_vlm.init_params,
         loss=answer.answer_loss,
         evaluate=evaluate_answers.evaluate_scenes,
-        metrics=lambda config: evaluate_answers.metric_names(),
-        task_kinds=("scenes",),
+        metrics=evaluate_answers.metric_names,
+        task_kinds=("scenes", "video"),
         progress_metric="unseen_min_acc",
     )
 )

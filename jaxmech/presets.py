@@ -64,7 +64,8 @@ BY_NAME = {p.name: p for p in PROTOCOLS}
 # (generalisation decays under a constant one). `vlm_window` adds seed 004's shape, a
 # window block followed by a global block. `vlm_deep` has 4 LM blocks, so that seed
 # 003's layer-by-layer analyses have middle layers to find (about 1.9x the cost per
-# model-step).
+# model-step). `vlm_video` is the same recipe on the video task (issue 14): the ViT
+# sees each frame alone, and the LM's three-part position ids carry the frame.
 VLM = {
     "task_kind": "scenes",
     "model_kind": "ar_vlm",
@@ -94,6 +95,12 @@ MODEL_PRESETS = {
     ),
     "vlm_deep": Protocol(
         "vlm_deep", "model", "toy VLM with 4 LM blocks", {**VLM, "lm_n_layers": 4}
+    ),
+    "vlm_video": Protocol(
+        "vlm_video",
+        "model",
+        "toy VLM on video: 4 frames of 4 cells, frames seen alone, time in three-part LM ids",
+        {**VLM, "task_kind": "video", "vit_frames": True, "lm_pos_ids": "mrope"},
     ),
 }
 

@@ -157,7 +157,7 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
         order_key=order_key,
     )
     loss_fn = family_for(config).loss
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, data.tables, config)
+    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, data.tables, settings, config)
     opt = make_optimizer(config, settings.lr, settings.weight_decay, budget)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -245,6 +245,7 @@ def program_config(config: Config) -> Config:
         single_frac=0.0,
         lr=1e-3,
         weight_decay=0.0,
+        id_weight=0.0,
     )
 
 
@@ -263,6 +264,21 @@ def _train_program(state, settings, budget, data, config: Config, n_chunks: int)
     # One compiled program for any settings values and budgets (arrays) of a given K.
     run = lambda st, s, b: run_chunks(st, s, data, config, n_chunks, b)  # noqa: E731
     return jax.vmap(run)(state, settings, budget)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _restart_program(params, settings, config: Config):
+    def one(p, s):
+        opt = make_optimizer(config, s.lr, s.weight_decay)
+        return TrainState(p, opt.init(p), jnp.int32(0), jnp.int32(-1))
+
+    return jax.vmap(one)(params, settings)
+
+
+def restart_state(config: Config, settings: Settings, params) -> TrainState:
+    """Step-0 states [K, ...] around given stacked params (fine-tuning trained models):
+    a fresh optimiser state, the step counter at 0; host NumPy, for `train_models`."""
+    return fetch(_restart_program(params, settings, program_config(config)))
 
 
 def pad_models(tree, k_padded: int):

@@ -28,8 +28,8 @@ def _probe_logits(params, images_BxL):
     return params["W"][positions_L, images_BxL].sum(1)  # [B, C]
 
 
-def _probe_loss(params, batch, tables, config):
-    del tables, config
+def _probe_loss(params, batch, tables, settings, config):
+    del tables, settings, config
     logp_BxC = jax.nn.log_softmax(_probe_logits(params, batch.images_BxL))
     return -jnp.take_along_axis(logp_BxC, batch.caption_ids_B[:, None], 1).mean()
 

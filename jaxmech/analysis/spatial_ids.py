@@ -21,10 +21,10 @@ import numpy as np
 
 from jaxmech.config import TaskConfig
 from jaxmech.data import scenes as sc
+from jaxmech.data.scenes import X_SLOT, Y_SLOT
 from jaxmech.models import vit2d
 from jaxmech.models.answer import logits
-
-X_SLOT, Y_SLOT = 1, 6  # the object words' question slots (`[is, X, A, or, B, of, Y, ?]`)
+from jaxmech.models.ar_vlm import site_name
 
 
 def probe_scenes(task: TaskConfig, labels, placements: int = 4, seed: int = 0, slot: int = X_SLOT):
@@ -72,8 +72,7 @@ def n_sites(params) -> int:
 def states_at(aux, n_blocks: int, pos: int) -> jax.Array:
     """[Y, N, D] the residual stream at token position `pos` at every site, from a
     capture run's intermediates (`models.answer.logits(..., capture=True)`)."""
-    names = [f"lm/resid_pre.{y}" for y in range(n_blocks)] + [f"lm/resid_post.{n_blocks - 1}"]
-    return jnp.stack([aux[name][:, pos] for name in names])
+    return jnp.stack([aux[site_name(y, n_blocks)][:, pos] for y in range(n_blocks + 1)])
 
 
 def object_word_states(params, batch, slot: int = X_SLOT) -> jax.Array:

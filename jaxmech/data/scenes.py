@@ -68,6 +68,8 @@ __all__ = [
     "SCENE_WORDS",
     "TOKEN",
     "Q_LEN",
+    "X_SLOT",
+    "Y_SLOT",
     "RELATIONS",
     "TWINS",
     "PRESENCE",
@@ -97,6 +99,7 @@ __all__ = [
 SCENE_WORDS = ("?", "is", "left", "right", "above", "below", "yes", "no", "or", "of", "mid")
 TOKEN = {w: i for i, w in enumerate(SCENE_WORDS)}
 Q_LEN = 8
+X_SLOT, Y_SLOT = 1, 6  # the object words' question slots (`[is, X, A, or, B, of, Y, ?]`)
 RELATIONS = ("h", "v")  # the evaluated relations; questions may also be PRESENCE
 PRESENCE = 2  # relation id of "is X yes or no of mid ?": is label X in the image?
 TWINS = ("mirror", "mirror_pos", "flip_facing", "recolour")
@@ -321,7 +324,7 @@ class SceneTables(NamedTuple):
 
 def _check(task: TaskConfig) -> None:
     """Scene-specific config checks (ConfigError naming the field)."""
-    if task.task_kind != "scenes":
+    if task.task_kind not in ("scenes", "video"):  # video: `data.video` on these tables
         raise ConfigError(
             f"task_kind = {task.task_kind!r} is invalid here: data.scenes needs 'scenes'"
         )
@@ -612,6 +615,8 @@ def _single_set(task: TaskConfig, tables: SceneTables, rng) -> SceneEvalSet:
     """Every label alone at each held-out cell, under each relation defined there."""
     labs, pos, _ = r1.held_out_singles(task, tables)
     ok = np.stack([np.asarray(_half_defined(task, pos, r)) for r in (0, 1)], 1)
+    ok &= tables.single_ok[1:].any((0, 1))  # a relation never asked in training is not here
+
     row, rel = np.nonzero(ok)
     keep = _choose(rng, len(row), task.eval_size)
     lab, cell, rel = labs[row][keep], pos[row][keep], rel[keep]
@@ -657,9 +662,10 @@ def build_eval_sets(task: TaskConfig, tables: SceneTables) -> SceneEvalSets:
 # debugging
 
 
-def describe(batch: SceneBatch, task: TaskConfig, i: int = 0) -> str:
+def describe(batch: SceneBatch, task: TaskConfig, i: int = 0, words=SCENE_WORDS) -> str:
     """Row i of a batch as text: the grid (label, colour letter, facing arrow per
-    object; `.` background), then the question and its answer."""
+    object; `.` background), then the question and its answer (`words`: the names of
+    the word ids, e.g. `data.video.VIDEO_WORDS`)."""
     labels, colours, facings = (np.asarray(a[i]) for a in batch[:3])
     arrow = {1: "<", 2: ">"}
     cells = [
@@ -673,7 +679,7 @@ def describe(batch: SceneBatch, task: TaskConfig, i: int = 0) -> str:
 
     def word(t):
         t = int(t)
-        return SCENE_WORDS[t] if t < len(SCENE_WORDS) else str(t - len(SCENE_WORDS) + 1)
+        return words[t] if t < len(words) else str(t - len(words) + 1)
 
     question = " ".join(word(t) for t in np.asarray(batch.question_BxQ[i]))
     return "\n".join(grid + [f"{question} -> {word(batch.answer_B[i])}"])

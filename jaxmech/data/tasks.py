@@ -15,6 +15,9 @@ other two run once on the host.
                                              finite-set tasks only (else None): items in
                                                one epoch and items per batch, for
                                                `train.step_budget`
+  answer_relations                           question tasks only: the relations asked,
+                                               as (metric name, relation id) pairs
+  words                                      question tasks only: the word ids' names
 
 What a batch holds is between the task and the model families that train on it: the
 caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is
@@ -33,7 +36,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from jaxmech.config import TASK_KINDS, ConfigError
-from jaxmech.data import relations1d, relations2d, relations3, scenes
+from jaxmech.data import relations1d, relations2d, relations3, scenes, video
 
 
 class CaptionBatch(NamedTuple):
@@ -57,6 +60,8 @@ class Task(NamedTuple):
     build_eval_sets: Callable
     sample_batch: Callable
     epoch_items: Callable | None = None
+    answer_relations: tuple = ()  # question tasks: ((metric name, relation id), ...)
+    words: tuple = ()  # question tasks: the names of the word ids
 
 
 def caption_sampler(module, positives: Callable | None = None) -> Callable:
@@ -97,7 +102,23 @@ TASKS: dict[str, Task] = {
     ),
     # questions about grid scenes for the autoregressive VLM: batches are
     # `scenes.SceneBatch`, eval sets `scenes.SceneEvalSets` (streaming only)
-    "scenes": Task("scenes", scenes.build_tables, scenes.build_eval_sets, scenes.sample_batch),
+    "scenes": Task(
+        "scenes",
+        scenes.build_tables,
+        scenes.build_eval_sets,
+        scenes.sample_batch,
+        answer_relations=(("h", 0), ("v", 1)),
+        words=scenes.SCENE_WORDS,
+    ),
+    # the scenes read as video: rows are frames, questions before / after (`data.video`)
+    "video": Task(
+        "video",
+        video.build_tables,
+        video.build_eval_sets,
+        video.sample_batch,
+        answer_relations=video.ANSWER_RELATIONS,
+        words=video.VIDEO_WORDS,
+    ),
 }
 assert tuple(TASKS) == TASK_KINDS, "config.TASK_KINDS and the task registry disagree"
 

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.scenes import TOKEN, SceneBatch
-from jaxmech.models import ar_vlm
+from jaxmech.models import ar_vlm, id_loss
 
 # The other answer word of each relation, indexed by token id (left <-> right,
 # above <-> below, yes <-> no; other ids map to 0 and are never answers).
@@ -59,11 +59,20 @@ def logits(params, batch: SceneBatch, edits=None, capture: bool = False):
     )
 
 
-def answer_loss(params, batch: SceneBatch, tables, config) -> jax.Array:
-    """Mean cross-entropy of the answer token (the family's training loss)."""
-    del tables, config
+def answer_loss(params, batch: SceneBatch, tables, settings, config) -> jax.Array:
+    """The family's training loss: the mean cross-entropy of the answer token, plus
+    `settings.id_weight` times the spatial-ID loss at LM site `id_site` when that is
+    set (`models.id_loss`; with id_site 0 the ID loss is not computed at all)."""
+    del tables
     logp_BxV = jax.nn.log_softmax(logits(params, batch), axis=-1)
-    return -jnp.take_along_axis(logp_BxV, batch.answer_B[:, None], axis=-1).mean()
+    ce = -jnp.take_along_axis(logp_BxV, batch.answer_B[:, None], axis=-1).mean()
+    if config.model.id_site == 0:
+        return ce
+    # At weight 0 no gradient enters the ID path at all (not even zeros, which XLA
+    # could sum with the answer's in another order): such a model trains as the plain.
+    w = settings.id_weight
+    sg = jax.tree_util.tree_map(lambda x: jnp.where(w > 0, x, jax.lax.stop_gradient(x)), params)
+    return ce + w * id_loss.id_loss(sg, batch, config.model.id_site)
 
 
 def beliefs(logits_BxV, answer_B) -> dict:

@@ -15,6 +15,10 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
           sincos_freqs [D/4], sincos_scale []   (sincos2d only)
           vit_rope_freqs, vit_rope_axis [R]     (rope2d only)
           vit_window [], vit_global [n_layers]  (window blocks only)
+          cell_frames [L]            each cell's video frame (vit_frames only; the
+                                     cells' rows are then 0: a frame is one row)
+          id_target [L, D]           the spatial-ID loss's target (id_site > 0 only:
+                                     `models.id_loss`)
 
 V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
 `models.vit2d` (cells, positions, windows). The LM reads `[L image tokens][Q question
@@ -22,7 +26,9 @@ tokens]` causally with RoPE on q and k. Its position ids are three per token (t,
 col), each frequency pair turned by one of them (`lm_mrope_axis`, interleaved t, row,
 col, ... so every part gets high and low frequencies; Qwen2-VL uses contiguous
 sections, which leaves the last part only the lowest frequencies). Sequential (LLaVA):
-all three ids of token s are s. Three-part (Qwen2-VL): image cell (r, c) has (0, r, c);
+all three ids of token s are s. Three-part (Qwen2-VL): image cell (r, c) has (0, r, c),
+or (f, 0, c) in a video (`vit_frames`: grid row f is frame f, and the ViT sees each
+frame alone with no row code, so time reaches the LM only through its position ids);
 question token j has `m + 1 + j` thrice, m the largest image id. With equal ids every
 pair turns by the same id, which is 1D RoPE.
 
@@ -100,11 +106,15 @@ def _check_config(config: Config) -> None:
 
 
 def static_params(config: Config) -> dict:
-    """`params["static"]` for `config` (module docstring), all f32."""
+    """`params["static"]` for `config` (module docstring), all f32 (the planted
+    `id_target` is drawn by `init_params`)."""
     m, t = config.model, config.task
     rows, cols = vit2d.cell_grid(t.grid_h, t.grid_w)
     R = m.d_head // 2
-    s = {
+    s = {}
+    if m.vit_frames:
+        s["cell_frames"], rows = rows, jnp.zeros_like(rows)
+    s |= {
         "cell_rows": rows,
         "cell_cols": cols,
         "lm_rope_freqs": m.rope_base ** (-2.0 * jnp.arange(R, dtype=jnp.float32) / m.d_head),
@@ -124,6 +134,16 @@ def static_params(config: Config) -> dict:
     return s
 
 
+def planted_id_target(key, rows_L, cols_L, d_model: int):
+    """[L, D] a linear grid ID, (column - mean) u + (row - mean) v with u, v orthonormal
+    random directions of the residual stream: the from-scratch target of
+    `models.id_loss`."""
+    g = jax.random.normal(key, (d_model, 2))
+    q, _ = jnp.linalg.qr(g)
+    rows, cols = rows_L - rows_L.mean(), cols_L - cols_L.mean()
+    return cols[:, None] * q[:, 0] + rows[:, None] * q[:, 1]
+
+
 def init_params(config: Config, key: jax.Array) -> dict:
     """A fresh params dict for `config` (module docstring; SPEC.md's initialisation:
     embeddings N(0, init_E^2), position tables N(0, init_P^2), W_Q/W_K/W_V/W_U N(0, 1/D),
@@ -137,7 +157,7 @@ def init_params(config: Config, key: jax.Array) -> dict:
         "facing_E": _normal(key, "vit/facing_E", (3, D), E),
     }
     if m.vit_pos == "learned2d":
-        vit["row_P"] = _normal(key, "vit/row_P", (t.grid_h, D), P)
+        vit["row_P"] = _normal(key, "vit/row_P", (1 if m.vit_frames else t.grid_h, D), P)
         vit["col_P"] = _normal(key, "vit/col_P", (t.grid_w, D), P)
     for i in range(m.n_layers):
         vit[f"block_{i}"] = init_block(key, f"vit/block_{i}", config)
@@ -153,7 +173,12 @@ def init_params(config: Config, key: jax.Array) -> dict:
     if m.layernorm:
         lm["lnf_w"], lm["lnf_b"] = jnp.ones((D,)), jnp.zeros((D,))
     lm["W_U"] = _normal(key, "lm/W_U", (D, V), D**-0.5)
-    return {"vit": vit, "proj": proj, "lm": lm, "static": static_params(config)}
+    static = static_params(config)
+    if m.id_site > 0:
+        rows, cols = vit2d.cell_grid(t.grid_h, t.grid_w)
+        k = jax.random.fold_in(key, zlib.crc32(b"static/id_target"))
+        static["id_target"] = planted_id_target(k, rows, cols, D)
+    return {"vit": vit, "proj": proj, "lm": lm, "static": static}
 
 
 # ---------------------------------------------------------------------------
@@ -170,10 +195,12 @@ def project(proj, x_BxLxD):
 def lm_position_ids(params, n_question: int):
     """The LM's default position ids, f32 [3, S] (t, row, col per token; module docstring)."""
     rows, cols = read(params, "cell_rows"), read(params, "cell_cols")
+    frames = read(params, "cell_frames") if "cell_frames" in params["static"] else 0.0 * rows
     L = rows.shape[0]
     seq = jnp.broadcast_to(jnp.arange(L + n_question, dtype=jnp.float32), (3, L + n_question))
-    text = jnp.maximum(rows.max(), cols.max()) + 1.0 + jnp.arange(n_question, dtype=jnp.float32)
-    image = jnp.stack([jnp.zeros_like(rows), rows, cols])
+    top = jnp.maximum(jnp.maximum(rows.max(), cols.max()), frames.max())
+    text = top + 1.0 + jnp.arange(n_question, dtype=jnp.float32)
+    image = jnp.stack([frames, rows, cols])
     mrope = jnp.concatenate([image, jnp.broadcast_to(text, (3, n_question))], axis=1)
     return jnp.where(read(params, "lm_mrope") > 0, mrope, seq)
 
@@ -227,7 +254,7 @@ def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
     S = x.shape[1]
     rotary = Rotary(lm_angles(params, Q, edits))
     x = edits("lm/resid_pre.0", x)
-    n = sum(1 for k in lm if k.startswith("block_"))
+    n = n_lm_blocks(params)
     for layer in range(n):
         last = layer == n - 1
         aux[f"lm/resid_pre.{layer}"] = x
@@ -247,6 +274,18 @@ def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
     final = edits("lm/final", x[:, -1])
     aux["lm/final"] = final
     return final
+
+
+def n_lm_blocks(params) -> int:
+    return sum(1 for k in params["lm"] if k.startswith("block_"))
+
+
+def site_name(site: int, n_blocks: int) -> str:
+    """The intermediate of LM site `site`: the residual entering block `site`, or the
+    last block's output for site = n_blocks (sites 0..n_blocks)."""
+    if not 0 <= site <= n_blocks:
+        raise ValueError(f"site = {site}: expected an LM site in [0, {n_blocks}]")
+    return f"lm/resid_pre.{site}" if site < n_blocks else f"lm/resid_post.{n_blocks - 1}"
 
 
 def unembed(params, resid_xD):

@@ -30,10 +30,10 @@ def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, positives_BxB=Non
     return 0.5 * (i2t + t2i)
 
 
-def batch_loss(params, batch, tables, config):
-    """`clip_loss` on a `data.tasks.CaptionBatch` (the family's loss; config unused:
-    every switch of the forward is read from params)."""
-    del config
+def batch_loss(params, batch, tables, settings, config):
+    """`clip_loss` on a `data.tasks.CaptionBatch` (the family's loss; settings and config
+    unused: every switch of the forward is read from params)."""
+    del settings, config
     return clip_loss(
         params, batch.images_BxL, batch.caption_ids_B, tables.captions, batch.positives_BxB
     )

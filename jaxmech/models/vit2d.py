@@ -21,6 +21,11 @@ Window blocks (Qwen2.5-VL style; `static/vit_window` w > 0 and `static/vit_globa
 w x w window of the physical grid (`floor(row / w), floor(col / w)`; position
 overrides do not move windows). Global blocks see every cell.
 
+Video (`static/cell_frames` [L] present, `vit_frames`): grid row f is frame f, every
+block attends within its frame only, and the cells' rows are 0 (a frame is one row
+of grid_w cells; a learned row table has one row): the ViT knows where in a frame,
+never when.
+
 Axis names (`jaxmech.shapes`): B images, L cells, D d_model, H heads, R frequency pairs.
 """
 
@@ -111,15 +116,25 @@ def position_parts(params, rows_L, cols_L):
 
 
 def window_visible(params, layer: int):
-    """bool [L, L] keys each query of block `layer` sees (None: no window blocks)."""
-    if "vit_window" not in params["static"]:
+    """bool [L, L] keys each query of block `layer` sees (None: every cell).
+
+    Window blocks see their own window (module docstring); in a video (`cell_frames`)
+    every block sees only its own frame, on top of that."""
+    static = params["static"]
+    if "vit_window" not in static and "cell_frames" not in static:
         return None
-    w = jnp.maximum(read(params, "vit_window"), 1.0)
-    rows, cols = read(params, "cell_rows"), read(params, "cell_cols")
-    wr, wc = jnp.floor(rows / w), jnp.floor(cols / w)
-    same = (wr[:, None] == wr[None, :]) & (wc[:, None] == wc[None, :])
-    open_all = (read(params, "vit_global")[layer] > 0) | (read(params, "vit_window") == 0)
-    return same | open_all
+    visible = True
+    if "vit_window" in static:
+        w = jnp.maximum(read(params, "vit_window"), 1.0)
+        rows, cols = read(params, "cell_rows"), read(params, "cell_cols")
+        wr, wc = jnp.floor(rows / w), jnp.floor(cols / w)
+        same = (wr[:, None] == wr[None, :]) & (wc[:, None] == wc[None, :])
+        open_all = (read(params, "vit_global")[layer] > 0) | (read(params, "vit_window") == 0)
+        visible = same | open_all
+    if "cell_frames" in static:
+        frames = read(params, "cell_frames")
+        visible = visible & (frames[:, None] == frames[None, :])
+    return visible
 
 
 def vit_positions(params, edits):

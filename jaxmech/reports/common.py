@@ -198,6 +198,18 @@ def needs_ar_vlm(config, path: str) -> str | None:
     return None
 
 
+def needs_space(config, path: str) -> str | None:
+    """The refusal of the VLM reports written for both spatial relations (left/right
+    and above/below): they do not read a video run (None: it applies)."""
+    why = needs_ar_vlm(config, path)
+    if why is None and config.task.task_kind != "scenes":
+        why = (
+            f"{path}: task_kind = {config.task.task_kind!r}: the report reads the scenes' "
+            "two spatial relations (a video run: experiments.temporal_ids, patching)"
+        )
+    return why
+
+
 def report_main(analyse, refusal):
     """The `main(argv)` of a report entry point: every folder of its `--run` flag
     (which the entry module defines: absl flags belong to one module) is checked by

@@ -30,7 +30,7 @@ from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.reports.common import (
     LoadedRun,
     fmt_ci,
-    needs_ar_vlm,
+    needs_space,
     open_report,
     write_csv,
     write_json,
@@ -38,7 +38,7 @@ from jaxmech.reports.common import (
 from jaxmech.reports.steering import RELATIONS, relation_questions
 from jaxmech.stats import mean_ci
 
-counterfactuals_refusal = needs_ar_vlm  # why the report does not apply (None: it does)
+counterfactuals_refusal = needs_space  # why the report does not apply (None: it does)
 MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
 
 

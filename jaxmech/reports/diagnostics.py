@@ -34,7 +34,7 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
     LoadedRun,
     fmt_ci,
-    needs_ar_vlm,
+    needs_space,
     open_report,
     write_csv,
     write_json,
@@ -45,7 +45,7 @@ from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
 
 
-diagnostics_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
+diagnostics_refusal = needs_space  # why the report does not apply to a run (None: it does)
 
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:

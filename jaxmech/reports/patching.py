@@ -1,11 +1,12 @@
 """Seed 003's mirror-swap patching on a results folder of toy VLMs (issue 13, part 1).
 
-On the unseen-pair left/right questions, every model x LM layer x token group x
-example is patched with the mirrored twin's residual stream, and with the recolour
+On the unseen-pair questions of the task's first relation (scenes: left/right; video:
+before/after, whose mirror twin is the time-reversed video), every model x LM layer x
+token group x example is patched with the mirrored twin's residual stream, and with the recolour
 twin's as the control, in one compiled call (`analysis.patching.patch_logp`). An
 example counts when the model answers it and its mirror right (the mirror must move
 the belief for a shift to mean anything); shifts are means over those examples, per
-answer word of the original (left / right) and over both.
+answer word of the original (left / right; before / after) and over both.
 
 Writes into `RUN/patching/`:
   shifts.csv    model, twin (mirror / recolour), layer, group, word, shift_logp,
@@ -25,6 +26,8 @@ import numpy as np
 
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.data.tasks import get_task
+from jaxmech.evaluate_answers import relations
 from jaxmech.reports.common import (
     LoadedRun,
     fmt_ci,
@@ -36,7 +39,15 @@ from jaxmech.reports.common import (
 from jaxmech.stats import mean_ci
 
 TWINS = ("mirror", "recolour")
-WORDS = {"left": TOKEN["left"], "right": TOKEN["right"], "both": None}
+
+
+def patched_relation(config) -> tuple[int, dict]:
+    """(relation id, {word name: answer token, "both": None}) of the questions patched:
+    the task's first relation (`evaluate_answers.relations`)."""
+    rel = relations(config)[0][1]
+    first = TOKEN["left"] + 2 * rel
+    names = get_task(config.task.task_kind).words
+    return rel, {names[first]: first, names[first + 1]: first + 1, "both": None}
 
 
 patching_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
@@ -47,12 +58,14 @@ def _rows(batch: SceneBatch, keep: np.ndarray) -> SceneBatch:
 
 
 def compute(run: LoadedRun) -> dict:
-    """{twin: patch_logp over K models} on the unseen-pair left/right questions, the
-    answer words [B] and the wall time of the one compiled call."""
+    """{twin: patch_logp over K models} on the unseen-pair questions of the patched
+    relation (`patched_relation`), the answer words [B], the word names and the wall
+    time of the one compiled call."""
     s = run.data.evals.unseen_pair
-    horizontal = np.asarray(s.examples.relation_B) == 0
-    ex = _rows(s.examples, horizontal)
-    twins = {t: _rows(getattr(s, t), horizontal) for t in TWINS}
+    rel, words = patched_relation(run.config)
+    asked = np.asarray(s.examples.relation_B) == rel
+    ex = _rows(s.examples, asked)
+    twins = {t: _rows(getattr(s, t), asked) for t in TWINS}
     groups = token_groups(ex.labels_BxL.shape[1], ex.question_BxQ.shape[1])
 
     def one_model(p):
@@ -63,6 +76,7 @@ def compute(run: LoadedRun) -> dict:
     return {
         "logp": jax.device_get(out),
         "answer": np.asarray(ex.answer_B),
+        "words": words,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -74,7 +88,7 @@ def shifts(res: dict) -> dict:
     m = res["logp"]["mirror"]
     kept_KxB = (m["orig"] > m["orig_other"]) & (m["twin_other"] > m["twin"])
     out = {}
-    for word, token in WORDS.items():
+    for word, token in res["words"].items():
         w_KxB = kept_KxB & (True if token is None else res["answer"][None] == token)
         n_K = w_KxB.sum(1)
         out[("n", word)] = n_K
@@ -95,6 +109,7 @@ def shifts(res: dict) -> dict:
 
 def shift_rows(sh: dict, models) -> list[dict]:
     k, n_layers, n_groups = sh[("mirror", "both", "logp")].shape
+    words = [key[1] for key in sh if key[0] == "n"]
     return [
         {
             "model": models[i],
@@ -108,7 +123,7 @@ def shift_rows(sh: dict, models) -> list[dict]:
         }
         for i in range(k)
         for twin in TWINS
-        for word in WORDS
+        for word in words
         for y in range(n_layers)
         for g in range(n_groups)
     ]
@@ -174,7 +189,7 @@ def analyse_patching_run(path: str, log=print) -> dict:
     write_csv(os.path.join(out, "shifts.csv"), rows)
     n = sh[("n", "both")]
     log(
-        f"{run.k} models; unseen-pair left/right examples kept (right on the example and "
+        f"{run.k} models; unseen-pair {'/'.join(list(res['words'])[:2])} examples kept (right on the example and "
         f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
         f"{res['wall_s']:.1f} s"
     )

@@ -37,6 +37,7 @@ from jaxmech.reports.common import (
     LoadedRun,
     fmt_ci,
     needs_ar_vlm,
+    needs_space,
     open_report,
     write_csv,
     write_json,
@@ -51,13 +52,17 @@ RELATIONS = ("horizontal", "vertical")
 CURVE_WORDS = (TOKEN["left"], TOKEN["right"], TOKEN["above"], TOKEN["below"])
 
 
+def depth_refusal(config, path: str) -> str | None:
+    """Why a VLM has no site to steer (None: it has one), or is not a VLM."""
+    why = needs_ar_vlm(config, path)
+    if why is None and config.model.lm_n_layers < 2:
+        why = f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site after an LM block and before the last"
+    return why
+
+
 def steering_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    if needs_ar_vlm(config, path):
-        return needs_ar_vlm(config, path)
-    if config.model.lm_n_layers < 2:
-        return f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site after an LM block and before the last"
-    return None
+    return needs_space(config, path) or depth_refusal(config, path)
 
 
 def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.ndarray:

@@ -31,7 +31,7 @@ from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
     fmt_ci,
-    needs_ar_vlm,
+    needs_space,
     open_report,
     write_csv,
     write_json,
@@ -58,8 +58,8 @@ SETS = {"unseen": "unseen_pair", "seen": "seen_pair"}
 
 def vit_terms_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    if needs_ar_vlm(config, path):
-        return needs_ar_vlm(config, path)
+    if needs_space(config, path):
+        return needs_space(config, path)
     if config.model.vit_pos == "rope2d":
         return f"{path}: vit_pos = 'rope2d' has no additive row / column codes to split"
     return None

@@ -1,0 +1,24 @@
+"""Seed 003's temporal IDs on toy video VLMs (issue 14, part 2).
+
+    python -m experiments.train --preset=vlm_video --seeds=8 --out=runs/video
+    python -m experiments.temporal_ids --run=runs/video
+    python -m experiments.patching --run=runs/video      # mirror = time reversal
+
+Per LM site, the object word's ID from probe videos, its frame part (the temporal ID:
+share of the ID, linearity in the frame index) and steering with it against
+norm-matched controls. Writes RUN/temporal_ids/{ids,flips,curves}.csv, summary.json,
+temporal_ids.png (`jaxmech.reports.temporal_ids`).
+"""
+
+from absl import flags
+
+from jaxmech.cli import run_main
+from jaxmech.reports.common import report_main
+from jaxmech.reports.temporal_ids import analyse_temporal_ids_run, temporal_refusal
+
+# checked by check_runs (absl's required=True would bind every entry point in one process)
+flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
+main = report_main(analyse_temporal_ids_run, temporal_refusal)
+
+if __name__ == "__main__":
+    run_main(main)

@@ -1,0 +1,160 @@
+"""The spatial-ID loss (`models.id_loss`, issue 14): zero at its target, gradient only
+below its site, weight 0 as the plain loss, the probe's layout, the config checks."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import tiny_vlm_config
+
+from jaxmech.config import ConfigError
+from jaxmech.data.tasks import get_task
+from jaxmech.families import trainable
+from jaxmech.models import answer, ar_vlm, id_loss
+from jaxmech.train import build_data, stack_settings, train_models
+
+
+@functools.lru_cache(maxsize=None)
+def _setup():
+    """(config, params, batch) of a tiny 3-block VLM with the ID loss at site 2."""
+    cfg = tiny_vlm_config(lm_n_layers=3, id_site=2, id_weight=1.0)
+    data = build_data(cfg)
+    batch = get_task("scenes").sample_batch(
+        data.tables, jax.random.key(1), cfg.settings(), cfg.task, 16
+    )
+    return cfg, jax.jit(ar_vlm.init_params, static_argnums=0)(cfg, jax.random.key(0)), batch
+
+
+def test_pair_probe_puts_x_at_every_cell_and_keeps_y():
+    cfg, _, batch = _setup()
+    probe = id_loss.pair_probe(batch, 2)
+    L = cfg.task.image_len
+    assert probe.labels_BxL.shape == (2 * L, L)
+    for p in range(2):
+        row = jax.tree_util.tree_map(lambda a: np.asarray(a)[-2 + p], batch)
+        x, y = row.question_BxQ[1] - 10, max(row.question_BxQ[6] - 10, 0)
+        y_cell = int(np.argmax(row.labels_BxL == y))
+        for c in range(L):
+            img = np.asarray(probe.labels_BxL[p * L + c])
+            assert img[c] == x
+            assert (img == y).sum() == (1 if y else 0)
+            if y and c != y_cell:
+                assert img[y_cell] == y
+        np.testing.assert_array_equal(probe.question_BxQ[p * L], row.question_BxQ)
+
+
+def test_loss_is_zero_at_its_target_and_positive_elsewhere():
+    cfg, params, batch = _setup()
+    states = id_loss.id_states(params, id_loss.pair_probe(batch, 1), 2)  # [1, L, D]
+    assert float(id_loss.id_loss(params, batch, 2, n_pairs=1)) > 0.05
+    at_target = {**params, "static": {**params["static"], "id_target": states[0]}}
+    assert abs(float(id_loss.id_loss(at_target, batch, 2, n_pairs=1))) < 1e-5
+    shifted = {**params, "static": {**params["static"], "id_target": states[0] + 3.0}}
+    assert abs(float(id_loss.id_loss(shifted, batch, 2, n_pairs=1))) < 1e-5  # centred
+
+
+def test_gradient_reaches_only_the_layers_below_the_site():
+    cfg, params, batch = _setup()
+    grads = jax.jit(jax.grad(lambda p: id_loss.id_loss(p, batch, 2)))(params)
+    norms = {
+        jax.tree_util.keystr(path): float(jnp.abs(g).max())
+        for path, g in jax.tree_util.tree_leaves_with_path(trainable(grads))
+    }
+    below = [k for k in norms if "block_0" in k or "block_1" in k or "'vit'" in k or "'proj'" in k]
+    above = [k for k in norms if "block_2" in k or "W_U" in k or "lnf" in k]
+    assert above and below
+    assert all(norms[k] == 0.0 for k in above), {k: norms[k] for k in above}
+    assert all(norms[k] > 0 for k in below if "'lm'" in k and "W_" in k)
+    assert norms["['vit']['label_E']"] > 0 and norms["['proj']['W']"] > 0
+
+
+def test_weight_zero_adds_nothing_to_loss_or_gradient():
+    cfg, params, batch = _setup()
+    with_site = cfg.replace(id_weight=0.0)
+    settings = with_site.settings()
+
+    def value_grad(c):  # eager: the answer's ops run alike in both
+        return jax.value_and_grad(lambda p: answer.answer_loss(p, batch, None, settings, c))(params)
+
+    (v1, g1), (v0, g0) = value_grad(with_site), value_grad(with_site.replace(id_site=0))
+    assert float(v1) == float(v0)
+    diff = jax.tree_util.tree_map(lambda a, b: float(jnp.abs(a - b).max()), g1, g0)
+    assert max(jax.tree_util.tree_leaves(diff)) == 0.0
+
+
+def test_weight_zero_trains_as_the_plain_model():
+    """Same data, init and loss; the programs differ (the ID path is compiled in), so
+    the params agree up to float rounding, not bit for bit (BUILD_NOTES, guarantees)."""
+    base = tiny_vlm_config(steps=10, eval_every=10)
+    out = []
+    for cfg in (base, base.replace(id_site=1, id_weight=0.0)):
+        settings = stack_settings([cfg.replace(seed=s % 2).settings() for s in range(4)])
+        out.append(trainable(train_models(cfg, settings)[0].params))
+    diff = jax.tree_util.tree_map(lambda a, b: float(np.abs(a - b).max()), *out)
+    assert max(jax.tree_util.tree_leaves(diff)) < 1e-4
+    moved = jax.tree_util.tree_map(lambda a: float(np.abs(a).max()), out[0])
+    assert max(jax.tree_util.tree_leaves(moved)) > 0
+
+
+def test_weight_is_sweepable_and_changes_training():
+    cfg = tiny_vlm_config(steps=10, eval_every=10, id_site=1)
+    both = [cfg.replace(id_weight=w).settings() for w in (0.0, 1.0)]
+    state, curves = train_models(cfg, stack_settings(both + both))  # 4: the shared program
+    assert {"id_loss_train", "id_loss_unseen"} <= set(curves)
+    assert curves["id_loss_train"][1, -1] < curves["id_loss_train"][0, -1]
+    same_seed = jax.tree_util.tree_map(lambda a: float(np.abs(a[0] - a[1]).max()), state.params)
+    assert same_seed["static"]["id_target"] == 0.0  # the target comes from the seed
+    assert same_seed["lm"]["E"] > 0
+
+
+def test_planted_target_is_a_centred_linear_grid():
+    cfg, params, _ = _setup()
+    t = np.asarray(params["static"]["id_target"])
+    g = t.reshape(cfg.task.grid_h, cfg.task.grid_w, -1)
+    np.testing.assert_allclose(t.mean(0), 0, atol=1e-6)
+    right, down = g[:, 1:] - g[:, :-1], g[1:] - g[:-1]
+    np.testing.assert_allclose(right, np.broadcast_to(right[0, 0], right.shape), atol=1e-5)
+    np.testing.assert_allclose(down, np.broadcast_to(down[0, 0], down.shape), atol=1e-5)
+    assert abs(float(right[0, 0] @ down[0, 0])) < 1e-5
+
+
+def test_bad_settings_name_the_field():
+    with pytest.raises(ConfigError, match="id_weight"):
+        tiny_vlm_config(id_weight=0.5)
+    with pytest.raises(ConfigError, match="id_site"):
+        tiny_vlm_config(id_site=2)  # the tiny LM has 1 block: sites 0..1
+    with pytest.raises(ValueError, match="id_site"):
+        _, params, batch = _setup()
+        id_loss.id_loss(params, batch, 0)
+
+
+def test_finetune_writes_a_paired_run_and_its_report(tmp_path):
+    from jaxmech.reports import id_loss as report
+    from jaxmech.reports.common import open_run
+    from jaxmech.sweep import expand, run_grid
+
+    quiet = lambda *a, **k: None  # noqa: E731
+    base = str(tmp_path / "base")
+    run_grid(expand(tiny_vlm_config(steps=10, eval_every=10), {}, seeds=2), base, log=quiet)
+    with pytest.raises(ValueError, match="weights"):
+        report.finetune(base, str(tmp_path / "x"), [0.5], {"id_site": 1}, log=quiet)
+    assert not (tmp_path / "x").exists()  # refused before anything was written
+    out = str(tmp_path / "ft")
+    overrides = {"id_site": 1, "steps": 10, "eval_every": 10, "lr": 1e-3}
+    report.finetune(base, out, [0.0, 1.0], overrides, log=quiet)
+    run, ft = open_run(base, log=quiet), open_run(out, log=quiet)
+    assert ft.k == 4 and list(np.asarray(ft.settings.id_weight)) == [0, 1, 0, 1]
+    np.testing.assert_array_equal(np.asarray(ft.settings.seed), [0, 0, 1, 1])
+    targets = report.extract_targets(run, 1)
+    got = np.asarray(ft.params["static"]["id_target"])
+    np.testing.assert_allclose(got[::2], targets, atol=1e-6)  # the ID extracted beforehand
+    np.testing.assert_allclose(got[1::2], targets, atol=1e-6)
+    moved = np.abs(np.asarray(ft.params["lm"]["E"])[::2] - np.asarray(run.params["lm"]["E"]))
+    assert 0 < moved.max() < 0.1  # continued from the base model, not from scratch
+    summary = report.analyse_id_loss_run(out, log=quiet)
+    assert summary["id_loss_train@1"]["pairs"] == 2
+    assert (tmp_path / "ft" / "id_loss" / "curves.png").exists()
+    with pytest.raises(ValueError, match="id_site = 0"):
+        report.analyse_id_loss_run(base, log=quiet)
