@@ -12,8 +12,8 @@ on its sweepable settings), so one compiled evaluation serves every model of a s
 progress metric: issue 12's target is both relations above 0.9 on unseen pairs.
 
 With the spatial-ID loss on (`id_site` > 0), `id_loss_train` / `id_loss_unseen` are
-its value (`models.id_loss`) on probes built from the first `ID_EVAL_PAIRS` rows of the
-training-pair / unseen-pair set: how far the pairs' IDs are from the target, for
+its value (`models.id_loss`) on probes built from `ID_EVAL_PAIRS` rows spread over the
+training-pair / unseen-pair set (`id_eval_rows`): how far the pairs' IDs are from the target, for
 labels trained in pairs and for validation labels.
 
 Axis names (`jaxmech.shapes`): N rows of a set.
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.config import Config, Settings
 from jaxmech.data.scenes import SceneEvalSets, eval_masks
@@ -34,6 +35,12 @@ SETS = {"seen_pair": "seen", "unseen_pair": "unseen", "train_pair": "train", "si
 BELIEF_SETS = ("unseen",)
 ID_SETS = {"train_pair": "id_loss_train", "unseen_pair": "id_loss_unseen"}
 ID_EVAL_PAIRS = 8
+
+
+def id_eval_rows(n_rows: int) -> np.ndarray:
+    """The ID_EVAL_PAIRS rows of an eval set whose pairs probe the ID loss: spread evenly
+    over the set (its rows are sorted by pair, so the first few share one pair)."""
+    return np.linspace(0, n_rows - 1, ID_EVAL_PAIRS).astype(np.int32)
 
 
 def relations(config: Config) -> tuple[tuple[str, int], ...]:
@@ -76,7 +83,7 @@ def evaluate_scenes(params, evals: SceneEvalSets, tables, settings: Settings, co
     if config.model.id_site > 0:
         for name, metric in ID_SETS.items():
             rows = jax.tree_util.tree_map(
-                lambda a: jnp.asarray(a)[:ID_EVAL_PAIRS], getattr(evals, name).examples
+                lambda a: jnp.asarray(a)[id_eval_rows(a.shape[0])], getattr(evals, name).examples
             )
             out[metric] = id_loss(params, rows, config.model.id_site, ID_EVAL_PAIRS)
     return out

@@ -83,7 +83,7 @@ def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_ru
     in-process run compiles first, so the subprocesses hit the shared XLA cache."""
     full, steps = vlm_run, STEPS
     loaded = results.load_run(full)
-    assert set(metric_names()) <= set(loaded.results[0])
+    assert set(metric_names(loaded.config)) <= set(loaded.results[0])
     assert all(np.isfinite(r["unseen_min_acc"]) for r in loaded.results)
     assert loaded.params["lm"]["E"].shape[0] == 2  # stacked over the two models
     part = str(tmp_path / "part")
