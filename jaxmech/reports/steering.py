@@ -94,7 +94,8 @@ def examples(run: LoadedRun):
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
     """Per model and site y >= 1: flip margins (`steering.flip_margins`) [K, Y', ...]
-    and curve logits [K, Y', L, B, 4]; with the examples' relations."""
+    and curve logits [K, Y', L, B, 4]; with the examples' relations and the IDs
+    `delta` [K, Y, L, D] of every site."""
     t = run.config.task
     probe, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
     ex, source, target = examples(run)
@@ -111,11 +112,16 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
             for y in sites
         ]
         stack = lambda *xs: jnp.stack(xs)  # noqa: E731
-        return jax.tree_util.tree_map(stack, *out)
+        return (*jax.tree_util.tree_map(stack, *out), delta)
 
     keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
-    flips, curves = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
-    return {"flips": flips, "curves": curves, "relation": np.asarray(ex.relation_B)}
+    flips, curves, delta = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
+    return {
+        "flips": flips,
+        "curves": curves,
+        "relation": np.asarray(ex.relation_B),
+        "delta": np.asarray(delta),
+    }
 
 
 def flip_rates(res: dict) -> dict:

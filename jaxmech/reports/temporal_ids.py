@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import os
 
-import jax
 import numpy as np
 
 from jaxmech import plots
-from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import steering as st
 from jaxmech.data.video import TIME
 from jaxmech.evaluate_answers import relations
@@ -76,16 +74,10 @@ def id_stats(delta_YxLxD, n_frames: int) -> dict:
 
 
 def compute(run: LoadedRun) -> dict:
-    """Per model: the IDs' statistics at every site and the steering results."""
-    t = run.config.task
-    probe, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
-
-    def ids(p):
-        return si.spatial_ids(si.object_word_states(p, probe), label, cell, t.image_len)
-
-    delta = np.asarray(jax.lax.map(jax.jit(ids), run.params))  # [K, Y, L, D]
-    stats = [id_stats(d, t.grid_h) for d in delta]
+    """Per model: the steering results (`reports.steering.compute`) and the statistics
+    of its IDs at every site."""
     res = steering.compute(run)
+    stats = [id_stats(d, run.config.task.grid_h) for d in res["delta"]]
     return {"ids": {k: np.stack([s[k] for s in stats]) for k in stats[0]}, **res}
 
 
