@@ -54,7 +54,7 @@ def program_bytes(config: Config, k: int) -> int:
     state = jax.eval_shape(lambda s: init_program(s, config), stacked)
     budget = jax.ShapeDtypeStruct((k,), jnp.int32)
     data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
-    compiled = _train_program.lower(state, stacked, budget, data, prog, 1).compile()
+    compiled = _train_program.lower(state, stacked, budget, data, prog).compile()
     m = compiled.memory_analysis()
     total = (
         m.argument_size_in_bytes

@@ -3,8 +3,10 @@
 `train_models(config, settings)` trains K models, each with its own seed and sweepable
 values (`config.Settings` of arrays `[K]`), in one compiled program whose model axis is
 sharded over every device present (a one-axis `models` mesh; one device works too).
-Evaluation runs inside the scan every `eval_every` steps, so the curves come back with
-the final params.
+The compiled unit is one segment: `eval_every` steps (a `lax.scan`) then an evaluation;
+a run of n evaluations calls it n times with the state left on the devices. So a run of
+any length, a resumed run and a checkpointed sweep all reuse one program per config and
+model count (compiling is most of a short run's time, and all of the test suite's).
 
 Training knows the model only through its family (`jaxmech.families`: init, loss,
 evaluation, metric names) and the data only through its task (`data.tasks`: tables,
@@ -24,6 +26,7 @@ index and settings (`diverged_models`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, NamedTuple
 
@@ -34,7 +37,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.config import SWEEPABLE, Config, Settings, TrainConfig
 from jaxmech.data.tasks import get_task
 from jaxmech.families import Family, family_for, trainable
 
@@ -182,30 +185,23 @@ def evaluate_state(state: TrainState, settings: Settings, data: Data, family: Fa
     return {**ev, "param_norm": _tree_norm(state.params), "step": state.step}
 
 
-def run_chunks(
-    state: TrainState, settings: Settings, data: Data, config: Config, n_chunks: int, budget=None
-):
-    """`n_chunks` x (`eval_every` steps, then an evaluation) for one model.
+def run_segment(state: TrainState, settings: Settings, data: Data, config: Config, budget=None):
+    """`eval_every` steps, then an evaluation, for one model.
 
     `budget`: the model's steps (default `step_budget(settings, config)`).
 
-    Returns (state, curves) with curves a dict of `[n_chunks]` arrays (`curve_fields`
-    plus `step`, and any further keys the family's evaluate returns): losses and norms
-    are means over the chunk's steps.
+    Returns (state, curves) with curves a dict of scalars (`curve_fields` plus `step`,
+    and any further keys the family's evaluate returns): losses and norms are means over
+    the segment's steps.
     """
-    family = family_for(config)
-
-    def chunk(state, _):
-        state, m = jax.lax.scan(
-            lambda s, _: train_step(s, settings, data, config, budget),
-            state,
-            None,
-            length=config.train.eval_every,
-        )
-        out = evaluate_state(state, settings, data, family, config)
-        return state, {**out, **{k: v.mean() for k, v in m.items()}}
-
-    return jax.lax.scan(chunk, state, None, length=n_chunks)
+    state, m = jax.lax.scan(
+        lambda s, _: train_step(s, settings, data, config, budget),
+        state,
+        None,
+        length=config.train.eval_every,
+    )
+    out = evaluate_state(state, settings, data, family_for(config), config)
+    return state, {**out, **{k: v.mean() for k, v in m.items()}}
 
 
 def model_mesh() -> jax.sharding.Mesh:
@@ -249,6 +245,14 @@ def program_config(config: Config) -> Config:
     )
 
 
+def init_config(config: Config) -> Config:
+    """The config an init program is keyed on: the training group at its defaults. A
+    fresh state reads only the model and task (the optimiser's state is zeros shaped
+    like the params), so runs that differ in steps, batch or optimiser constants share
+    one init program (it compiles for 5-10 s on a 2-core CPU)."""
+    return dataclasses.replace(config, train=TrainConfig())
+
+
 @functools.partial(jax.jit, static_argnames=("config",))
 def _init_program(settings, config: Config):
     return jax.vmap(lambda s: init_state(config, s))(settings)
@@ -256,13 +260,14 @@ def _init_program(settings, config: Config):
 
 def init_program(settings, config: Config):
     """Step-0 states [K, ...] of K models (settings arrays [K]), in one compiled call."""
-    return _init_program(settings, program_config(config))
+    return _init_program(settings, init_config(config))
 
 
-@functools.partial(jax.jit, static_argnames=("config", "n_chunks"))
-def _train_program(state, settings, budget, data, config: Config, n_chunks: int):
-    # One compiled program for any settings values and budgets (arrays) of a given K.
-    run = lambda st, s, b: run_chunks(st, s, data, config, n_chunks, b)  # noqa: E731
+@functools.partial(jax.jit, static_argnames=("config",))
+def _train_program(state, settings, budget, data, config: Config):
+    # One compiled segment for any settings values, budgets (arrays) and run length of a
+    # given K; curves come back as {name: [K]}.
+    run = lambda st, s, b: run_segment(st, s, data, config, b)  # noqa: E731
     return jax.vmap(run)(state, settings, budget)
 
 
@@ -328,7 +333,8 @@ def train_models(
       settings: `Settings` of arrays [K] (see `stack_settings`).
       data: shared tables and validation sets (default: built from config.task).
       state: a stacked `TrainState` to continue from (default: fresh init).
-      n_chunks: chunks of `eval_every` steps to run (default: up to `steps`).
+      n_chunks: segments of `eval_every` steps (each then evaluated) to run (default:
+        up to `steps`); each is one call of the same compiled program.
       mesh: device mesh (default: all devices).
 
     Returns:
@@ -343,11 +349,13 @@ def train_models(
             f"{config.train.epochs}: a run's models must all stream (0) or all train on the "
             "finite set (> 0), as the config says"
         )
-    data = build_data(config) if data is None else data
-    k = int(np.asarray(settings.seed).shape[0])
     done = 0 if state is None else int(np.asarray(state.step).max())
     if n_chunks is None:
         n_chunks = (config.train.steps - done) // config.train.eval_every
+    if n_chunks < 1:
+        raise ValueError(f"n_chunks = {n_chunks}: nothing to train (steps done: {done})")
+    data = build_data(config) if data is None else data
+    k = int(np.asarray(settings.seed).shape[0])
     mesh = model_mesh() if mesh is None else mesh
     n_dev = mesh.devices.size
     k_pad = -(-k // n_dev) * n_dev
@@ -361,11 +369,15 @@ def train_models(
         state_d = _to_global(pad_models(state, k_pad), shard)
     data_d = _to_global(data, replicated)
     budget_d = _to_global(pad_models(np.asarray(step_budget(settings, config)), k_pad), shard)
-    state_out, curves = _train_program(
-        state_d, settings_d, budget_d, data_d, program_config(config), n_chunks
-    )
+    prog = program_config(config)
+    segments = []
+    for _ in range(n_chunks):  # the state stays on the devices between segments
+        state_d, curves = _train_program(state_d, settings_d, budget_d, data_d, prog)
+        segments.append(curves)
+    state_out = fetch(state_d)
+    curves = {n: np.stack([c[n] for c in fetch(segments)], axis=1) for n in segments[0]}
     trim = lambda tree: jax.tree_util.tree_map(lambda x: x[:k], tree)  # noqa: E731
-    return trim(fetch(state_out)), trim(fetch(curves))
+    return trim(state_out), trim(curves)
 
 
 def diverged_models(diverged_step, settings: Settings) -> list[str]:

@@ -1,17 +1,44 @@
-"""Shared test setup: one persistent XLA compilation cache for the tests and the CLI
-subprocesses they start (each distinct program compiles once per session), the tiny
+"""Shared test setup: how the suite compiles (one persistent XLA compilation cache for
+the xdist workers and the CLI subprocesses they start, machine code at -O0), the tiny
 configs most tests train (shared, so their compiled programs are reused), and an
 interrupting log callback for resume tests."""
 
 import os
 import tempfile
 
+# Set before JAX starts; xdist workers and the CLI subprocesses the tests start inherit
+# the environment, so a program compiled by one is a cache hit for the others.
 _CACHE = os.environ.get("JAXMECH_CACHE_DIR") or tempfile.mkdtemp(prefix="jaxmech-test-xla-")
 os.environ["JAXMECH_CACHE_DIR"] = _CACHE
+
+# The suite is compile-bound (BUILD_NOTES, "The test suite"): LLVM at -O0 compiles the
+# same XLA programs (HLO passes, fusion, layouts unchanged) in about half the time, into
+# slower machine code whose float rounding may differ from a default build's. Every test
+# compares runs within the suite, never with numbers from a default build.
+# JAXMECH_TEST_OPT=default runs the suite at XLA's default level instead.
+_O0 = "--xla_backend_optimization_level=0"
+if os.environ.get("JAXMECH_TEST_OPT") != "default" and _O0 not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_O0}".strip()
+
+
+def subprocess_env(devices: int | None = None) -> dict:
+    """The environment for a CLI subprocess: this one's (the shared compile cache, the
+    XLA flags), with `devices` fake CPU devices if given."""
+    env = dict(os.environ)
+    if devices is not None:
+        flag = f"--xla_force_host_platform_device_count={devices}"
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+    return env
+
+
+import jax  # noqa: E402
 
 from jaxmech.cli import enable_compilation_cache  # noqa: E402
 
 enable_compilation_cache()
+# Every program goes to the cache, also the small ones of eager ops (~5000 in a run, half
+# the compile time): what one worker compiled, the other and the subprocesses read.
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 # The tiny 1D task and model most training tests use (flat config overrides).
 TINY = dict(

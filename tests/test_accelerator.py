@@ -9,7 +9,7 @@ import sys
 
 import jax
 import pytest
-from conftest import TINY, tiny_config
+from conftest import TINY, subprocess_env, tiny_config
 
 from jaxmech import sizing
 
@@ -45,7 +45,7 @@ def test_the_default_chunk_is_measured_on_accelerators_and_fixed_on_cpu(monkeypa
 
 def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
     out = str(tmp_path / "accel")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    env = subprocess_env(devices=2)
     cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", "--accel_ks=2,100000000"]
     cmd += [f"--accel_out={out}", *TINY_FLAGS, "--steps=20", "--eval_every=10"]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

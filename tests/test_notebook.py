@@ -1,12 +1,14 @@
 """The Colab notebook (`experiments/colab_seed_study.ipynb`, issue 16) runs top to
 bottom: its code cells are executed in order, as a user would, at the smallest sizes
-(shell lines, `!` and `%`, are skipped: they install the package in Colab)."""
+(shell lines, `!` and `%`, are skipped: they install the package in Colab), with the
+suite's tiny model, so its programs are those the other tiny tests compile."""
 
 import json
 import os
 
 import matplotlib
 import pytest
+from conftest import TINY
 
 NOTEBOOK = os.path.join(os.path.dirname(__file__), "..", "experiments", "colab_seed_study.ipynb")
 
@@ -31,6 +33,7 @@ def test_the_notebook_runs_top_to_bottom_at_the_smallest_sizes(tmp_path, monkeyp
     out = str(tmp_path / "study")
     monkeypatch.setenv("JAXMECH_NOTEBOOK_SIZE", "smallest")
     monkeypatch.setenv("JAXMECH_NOTEBOOK_OUT", out)
+    monkeypatch.setenv("JAXMECH_NOTEBOOK_MODEL", json.dumps(TINY))
     monkeypatch.setattr(plt, "show", lambda *a, **k: plt.close("all"))
     cells = code_cells(NOTEBOOK)
     assert len(cells) >= 6 and any("decompose" in c for c in cells)

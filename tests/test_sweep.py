@@ -17,6 +17,7 @@ from conftest import (
     kill_after_first_checkpoint,
     quiet,
     stop_after,
+    subprocess_env,
     tiny_config,
 )
 
@@ -116,7 +117,7 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
     one = str(tmp_path / "one")
     run_grid(_grid(), one, chunk_size=4, log=lambda *_: None)
     four = str(tmp_path / "four")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env = subprocess_env(devices=4)
     proc = subprocess.run(
         _sweep_cmd(four, "--steps=40", "--eval_every=10", "--chunk_size=4"),
         cwd=ROOT,

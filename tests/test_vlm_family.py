@@ -64,7 +64,9 @@ def _sweep_cli(out, steps):
     )
 
 
-STEPS, EVERY = 60, 20  # three checkpoints: a kill after the first leaves two to redo
+# three checkpoints: a kill after the first leaves two to redo; eval_every as in
+# TINY_VLM, so the run reuses the compiled segment of the other tiny VLM tests
+STEPS, EVERY = 30, 10
 
 
 @pytest.fixture(scope="module")

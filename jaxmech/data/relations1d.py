@@ -169,13 +169,18 @@ def finite_order(key: jax.Array, stream_pos, n):
     salt = jax.random.bits(key, (), jnp.uint32)
     epoch, x = stream_pos // n, stream_pos % n
     n_u = n.astype(jnp.uint32)
-    for r in range(SHUFFLE_ROUNDS):
+
+    def swap_or_not(r, x):
+        r = r.astype(jnp.uint32)
         round_salt = _mix32(salt ^ _mix32(epoch.astype(jnp.uint32) * jnp.uint32(64) + r))
         k = (_mix32(round_salt) % n_u).astype(jnp.int32)
         partner = (k - x) % n
         bit = _mix32(round_salt ^ jnp.maximum(x, partner).astype(jnp.uint32)) & 1
-        x = jnp.where(bit == 1, partner, x)
-    return x
+        return jnp.where(bit == 1, partner, x)
+
+    # a loop, not 32 unrolled rounds: integer ops, so the same items either way, and the
+    # unrolled rounds were half of a finite-set training program's compile time
+    return jax.lax.fori_loop(0, SHUFFLE_ROUNDS, swap_or_not, x)
 
 
 class BatchKeys(NamedTuple):
