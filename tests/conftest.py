@@ -14,11 +14,19 @@ os.environ["JAXMECH_CACHE_DIR"] = _CACHE
 # The suite is compile-bound (BUILD_NOTES, "The test suite"): LLVM at -O0 compiles the
 # same XLA programs (HLO passes, fusion, layouts unchanged) in about half the time, into
 # slower machine code whose float rounding may differ from a default build's. Every test
-# compares runs within the suite, never with numbers from a default build.
-# JAXMECH_TEST_OPT=default runs the suite at XLA's default level instead.
+# compares runs within the suite, never with numbers from a default build. The slow set
+# (any -m other than the default 'not slow') is run-time-bound and keeps XLA's default
+# level, as does JAXMECH_TEST_OPT=default.
 _O0 = "--xla_backend_optimization_level=0"
-if os.environ.get("JAXMECH_TEST_OPT") != "default" and _O0 not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_O0}".strip()
+
+
+def pytest_configure(config):
+    # before any test computes (JAX reads XLA_FLAGS when its backend starts), and
+    # before xdist starts its workers, which inherit the environment
+    suite = config.getoption("markexpr") == "not slow"
+    flags = os.environ.get("XLA_FLAGS", "")
+    if suite and os.environ.get("JAXMECH_TEST_OPT") != "default" and _O0 not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_O0}".strip()
 
 
 def subprocess_env(devices: int | None = None) -> dict:

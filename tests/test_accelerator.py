@@ -44,6 +44,8 @@ def test_the_default_chunk_is_measured_on_accelerators_and_fixed_on_cpu(monkeypa
 
 
 def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
+    """~60 s: a subprocess on 2 fake devices (none of the parent's programs apply) that
+    compiles the footprint's two programs and the check's three training segments."""
     out = str(tmp_path / "accel")
     env = subprocess_env(devices=2)
     cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", "--accel_ks=2,100000000"]

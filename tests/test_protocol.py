@@ -91,6 +91,9 @@ def test_verdict_reads_the_two_contrasts():
 
 
 def test_tiny_study_trains_analyses_reports_and_resumes(tmp_path):
+    """~20 s: trains (150 finite-set steps), dissects, reports and reruns a one-protocol
+    study end to end (the finite-set segment, the ablation table and EP-gradient
+    programs)."""
     base = Config().replace(**TINY)
     cells = ((3, 3), (5, 3))
     prots = [BY_NAME["finite_e20"]]  # the finite path; streaming sweeps are tested elsewhere

@@ -114,6 +114,7 @@ def _sweep_cmd(out, *extra):
 
 
 def test_sharded_over_four_devices_equals_one_device(tmp_path):
+    """~25 s: a CLI subprocess on 4 fake devices compiles its own sharded programs."""
     one = str(tmp_path / "one")
     run_grid(_grid(), one, chunk_size=4, log=lambda *_: None)
     four = str(tmp_path / "four")
@@ -132,6 +133,8 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 
 
 def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
+    """~25 s: two CLI subprocesses (each ~2.5 s of imports, then the shared cache's
+    programs) and 10 checkpoints each."""
     steps = ["--steps=100", "--eval_every=10"]
     out = str(tmp_path / "killed")
     proc = subprocess.Popen(

@@ -12,6 +12,7 @@ from jaxmech import results
 from jaxmech.config import Config, ConfigError
 from jaxmech.sweep import SweepMismatchError, expand, parse_spec, run_grid
 from jaxmech.train import (
+    TrainState,
     _train_program,
     build_data,
     diverged_models,
@@ -88,6 +89,16 @@ def test_resume_equals_uninterrupted():
     # one compiled segment serves both runs: bit for bit
     for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_run_with_nothing_left_to_train_is_refused_before_any_compute():
+    s = _settings(SMALL, seed=[0])
+    with pytest.raises(ValueError, match="n_chunks = 0"):
+        train_models(SMALL, s, n_chunks=0)
+    # a state at the run's last step (only its step counter is read before the refusal)
+    finished = TrainState(None, None, np.full((1,), SMALL.train.steps, np.int32), np.int32(-1))
+    with pytest.raises(ValueError, match="nothing to train"):
+        train_models(SMALL, s, state=finished)
 
 
 def test_tiny_models_learn_the_labels_in_a_few_hundred_steps():
