@@ -74,10 +74,10 @@ def evaluate_scenes(params, evals: SceneEvalSets, tables, settings: Settings, co
     # program (whose compile it dominated), the same per-row logits up to rounding
     joined = jax.tree_util.tree_map(lambda *a: jnp.concatenate(a), *sets)
     every = beliefs(logits(params, joined), jnp.asarray(joined.answer_B))
-    ends = np.cumsum([len(batch.answer_B) for batch in sets])
+    bounds = np.cumsum([0] + [len(batch.answer_B) for batch in sets])
     out = {}
-    for (name, short), batch, end in zip(SETS.items(), sets, ends):
-        b = {k: v[end - len(batch.answer_B) : end] for k, v in every.items()}
+    for (name, short), batch, lo, hi in zip(SETS.items(), sets, bounds[:-1], bounds[1:]):
+        b = {k: v[lo:hi] for k, v in every.items()}
         for rel, r in rels:
             w = (masks[name] & (jnp.asarray(batch.relation_B) == r)).astype(jnp.float32)
             out[f"{short}_{rel}_acc"] = masked_mean(b["correct"], w)

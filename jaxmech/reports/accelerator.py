@@ -112,7 +112,7 @@ def time_shares(config: Config, k: int, n_chunks: int) -> dict:
     try:
         grid = expand(config.replace(steps=steps), {}, seeds=k)
         walls = []
-        for name in ("warm", "timed"):  # the first compiles the sweep's own programs
+        for name in ("warm", "timed"):  # the first warms the checkpoint and host paths
             t = time.perf_counter()
             run_grid(grid, os.path.join(tmp, name), chunk_size=k, log=lambda *_: None)
             walls.append(time.perf_counter() - t)
