@@ -26,9 +26,7 @@ def main(argv):
     del argv
     setup_runtime()
     try:  # every folder is checked before any compute
-        runs = check_runs(
-            FLAGS.run, lambda c, r: rope_refusal(c.model.vision_pos, r, c.task.task_kind)
-        )
+        runs = check_runs(FLAGS.run, rope_refusal)
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     for r in runs:

@@ -4,18 +4,25 @@ A spec is `a:b` (inclusive range), `a:b:step`, a comma list `1,3,5`, or one valu
 Several swept fields form a grid (every combination), times `seeds` seeds each. Every
 value is checked by constructing the Config it implies, so an out-of-range value fails
 with the field's own message before anything is compiled.
+
+`run_grid` trains a grid resumably (chunks, checkpoints, lock). Its models start from a
+fresh init, or with `init_from=InitFrom(run, models, static)` from the trained params
+of a finished results folder (fine-tuning: `reports.id_loss.finetune`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
+import operator
 import os
 import shutil
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -31,6 +38,7 @@ from jaxmech.train import (
     diverged_models,
     init_program,
     pad_models,
+    restart_state,
     stack_settings,
     step_budget,
     train_models,
@@ -203,16 +211,257 @@ def _program_text(p: dict) -> str:
     return f"chunks of {p['chunk_size']} model(s) on {p['devices']} {p['backend']} device(s)"
 
 
-def identity(grid: Grid, chunk: int | None = None) -> dict:
+class InitFrom(NamedTuple):
+    """Where a sweep's models start: the trained params of a finished results folder
+    instead of a fresh init (`run_grid(..., init_from=...)`).
+
+    run: the base run, a finished results folder (`results.load_run`) of the grid's
+      model family (`model_kind`) whose params fit the grid config's models.
+    models: one entry per model of the grid, in the grid's order: the index of the base
+      model (results.csv `model`, the params' row) it starts from. A base model may
+      start several grid models; a diverged one starts none.
+    static: optional per-model constants of `params["static"]` that replace or add to
+      the base's: {name: array [K, ...]} for the grid's K models, each a constant the
+      grid config's models have (e.g. `id_target` when `id_site > 0`). Values are cast
+      to the constant's dtype. For `check_init_from` alone a value may be a
+      `jax.ShapeDtypeStruct` (checked by shape, before the values are computed).
+
+    Each model starts at step 0 from its params with a fresh optimiser state
+    (`train.restart_state`); its seed still draws its batches.
+    """
+
+    run: str
+    models: tuple[int, ...]
+    static: Mapping[str, Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """A resolved `InitFrom`: the starting params and what `sweep.json` records."""
+
+    params: Any  # host NumPy [n_chunks * chunk, ...] (padded by repeating the last model)
+    record: dict  # `identity`'s "init_from" (see `_start`)
+
+
+def params_fingerprint(tree) -> str:
+    """sha256 over a params tree: each leaf's path, dtype, shape and bytes, in order."""
+    h = hashlib.sha256()
+    for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        x = np.ascontiguousarray(np.asarray(x))
+        h.update(f"{jax.tree_util.keystr(path)} {x.dtype.str} {x.shape}\n".encode())
+        h.update(x.tobytes())
+    return h.hexdigest()
+
+
+def _shape(x) -> tuple:
+    return tuple(x.shape) if hasattr(x, "shape") else np.shape(x)
+
+
+def _check_base(grid: Grid, init_from, out: str | None) -> None:
+    """Checks `init_from`'s type and its base run's folder (not `out`; a finished
+    results folder, from config.json alone) and family."""
+    if not isinstance(init_from, InitFrom):
+        raise TypeError(
+            f"init_from = {init_from!r}: expected a sweep.InitFrom(run, models, static)"
+        )
+    run = init_from.run
+    if not isinstance(run, (str, os.PathLike)):
+        raise ValueError(f"init_from.run = {run!r}: expected the path of a results folder")
+    mine = {os.path.abspath(out), os.path.abspath(outdir.staging_path(out))} if out else set()
+    if os.path.abspath(run) in mine:
+        raise ValueError(
+            f"init_from.run = {run!r} is the sweep's own output folder: a sweep cannot start "
+            "from the folder it writes; choose another --out"
+        )
+    try:
+        kind = results.load_config(run).model.model_kind
+    except ValueError as e:
+        raise ValueError(f"init_from.run: {e}") from None
+    if kind != grid.config.model.model_kind:
+        raise ValueError(
+            f"init_from.run = {run!r} holds model_kind = {kind!r} models, this grid trains "
+            f"{grid.config.model.model_kind!r}: a model starts only from params of its own "
+            "family"
+        )
+
+
+def _check_models(models, k: int) -> list[int]:
+    """`init_from.models` as K ints (their range is checked against the base run)."""
+    try:
+        if isinstance(models, (str, bytes)) or any(isinstance(m, bool) for m in models):
+            raise TypeError
+        models = [operator.index(m) for m in models]
+    except TypeError:
+        raise ValueError(
+            f"init_from.models = {models!r}: expected one base model index (an integer) per "
+            "model of the grid"
+        ) from None
+    if len(models) != k:
+        raise ValueError(
+            f"init_from.models has {len(models)} entries for the grid's {k} model(s): give "
+            "one base model index per model of the grid"
+        )
+    return models
+
+
+def _check_in_base(models: list[int], base: results.Run, run: str) -> None:
+    """Every base model index names a model of the base run that did not diverge."""
+    n_base = len(np.asarray(base.settings.seed))
+    rows = {int(r["model"]): r for r in base.results if "model" in r}
+    for i, m in enumerate(models):
+        if not 0 <= m < n_base:
+            raise ValueError(
+                f"init_from.models[{i}] = {m} is out of range: {run!r} has {n_base} "
+                f"model(s), 0..{n_base - 1}"
+            )
+        div = int(rows.get(m, {}).get("diverged_step", -1))
+        if div >= 0:
+            raise ValueError(
+                f"init_from.models[{i}] = {m}: base model {m} of {run!r} diverged at step "
+                f"{div}; its params are the last finite ones, not a trained model"
+            )
+
+
+def _check_static(static: dict, like_static: dict, k: int) -> None:
+    """Each override names one of the grid's constants, with one row per model."""
+    for name, v in static.items():
+        if name not in like_static:
+            raise ValueError(
+                f"init_from.static[{name!r}]: not a constant of this grid's models "
+                f"(params['static'] holds {', '.join(sorted(like_static)) or 'nothing'})"
+            )
+        want = (k, *like_static[name].shape[1:])
+        if _shape(v) != want:
+            raise ValueError(
+                f"init_from.static[{name!r}] has shape {_shape(v)}: expected {want} (one "
+                "row per model of the grid, then the constant's shape)"
+            )
+
+
+def _fit_problems(start, like, static: dict) -> list[str]:
+    """How params `start` [K, ...] (static overrides merged in) differ from the grid's
+    init `like` [1, ...]: missing or extra leaves, per-model shapes, dtypes."""
+    flat = lambda t: {  # noqa: E731
+        jax.tree_util.keystr(p): x for p, x in jax.tree_util.tree_flatten_with_path(t)[0]
+    }
+    got, want = flat(start), flat(like)
+    overridden = {f"['static']['{n}']" for n in static}  # cast to the init's dtype later
+    problems = [f"{n} missing" for n in want if n not in got]
+    problems += [f"{n} is not in this grid's models" for n in got if n not in want]
+    for n in (n for n in want if n in got):
+        if _shape(got[n])[1:] != want[n].shape[1:]:
+            problems.append(f"{n} has shape {_shape(got[n])[1:]}, expected {want[n].shape[1:]}")
+        elif n not in overridden and got[n].dtype != want[n].dtype:
+            problems.append(f"{n} is {got[n].dtype}, expected {want[n].dtype}")
+    return problems
+
+
+def _check_start(grid: Grid, init_from, out: str | None = None):
+    """(base run's absolute path, the grid's models' base params [K, ...] as host
+    NumPy, the static overrides, the grid's init params' shapes [1, ...]) after every
+    check of `init_from`; a ValueError naming the argument (`init_from.run`, `.models`,
+    `.static`) for anything wrong. No compute: it reads the base folder and traces the
+    init's shapes."""
+    _check_base(grid, init_from, out)
+    run, k = init_from.run, len(grid.settings)
+    models = _check_models(init_from.models, k)
+    try:
+        base = results.load_run(run)
+    except ValueError as e:
+        raise ValueError(f"init_from.run: {e}") from None
+    _check_in_base(models, base, run)
+    one = stack_settings(list(grid.settings[:1]))
+    like = jax.eval_shape(lambda s: init_program(s, grid.config), one).params
+    static = dict(init_from.static or {})
+    _check_static(static, like.get("static", {}) if isinstance(like, dict) else {}, k)
+    params = jax.tree_util.tree_map(lambda x: np.asarray(x)[np.asarray(models, int)], base.params)
+    merged = {**params, "static": {**params.get("static", {}), **static}} if static else params
+    problems = _fit_problems(merged, like, static)
+    if problems:
+        hint = " (a missing constant can be given in init_from.static)"
+        raise ValueError(
+            f"init_from.run = {run!r}: its params do not fit the models of this grid's "
+            f"config: {'; '.join(problems[:4])}"
+            + (hint if any("missing" in p and "static" in p for p in problems) else "")
+        )
+    return os.path.abspath(run), params, static, like
+
+
+def check_init_from(grid: Grid, init_from: InitFrom) -> None:
+    """Checks `init_from` against `grid` as `run_grid` does, without computing: raises
+    ValueError naming the argument (`init_from.run`, `.models`, `.static`)."""
+    _check_start(grid, init_from)
+
+
+def _start(grid: Grid, init_from: InitFrom, n_padded: int, out: str | None) -> _Start:
+    """The starting params of every model (padded to `n_padded`) and their record."""
+    path, params, static, like = _check_start(grid, init_from, out)
+    cast = {}
+    for name, v in static.items():
+        if isinstance(v, jax.ShapeDtypeStruct):
+            raise ValueError(
+                f"init_from.static[{name!r}] is a shape ({v}), not values: give the arrays "
+                "to train (shapes are for check_init_from)"
+            )
+        cast[name] = np.asarray(v, like["static"][name].dtype)
+    start = {**params, "static": {**params["static"], **cast}} if cast else params
+    record = {
+        "run": path,
+        "models": [operator.index(m) for m in init_from.models],
+        "static": sorted(cast),
+        "base_sha256": params_fingerprint(params),  # the base models' params, as stored
+        "sha256": params_fingerprint(start),  # what training starts from
+    }
+    return _Start(pad_models(start, n_padded), record)
+
+
+def _start_difference(old: dict | None, new: dict | None) -> str | None:
+    """What a folder's `init_from` record (None: a fresh init) holds instead of `new`."""
+    if old == new:
+        return None
+    if new is None:
+        return f"a sweep started from the params of {old['run']!r} (init_from), not a fresh init"
+    if old is None:
+        return f"a sweep from a fresh init, not one started from {new['run']!r} (init_from)"
+    if old["run"] != new["run"]:
+        return (
+            f"a sweep started from {old['run']!r} (folder), not from {new['run']!r} (init_from.run)"
+        )
+    if old["models"] != new["models"]:
+        return f"a sweep started from other models of {new['run']!r} (init_from.models)"
+    if old["static"] != new["static"]:
+        return (
+            f"a sweep with other static overrides ({', '.join(old['static']) or 'none'} "
+            f"(folder) vs {', '.join(new['static']) or 'none'}; init_from.static)"
+        )
+    if old["base_sha256"] != new["base_sha256"]:
+        return (
+            f"a sweep started from other params: the base run {new['run']!r} changed since "
+            f"this sweep began (its models' params: sha256 {old['base_sha256'][:12]}... "
+            f"(folder) vs {new['base_sha256'][:12]}... now; was it trained again?)"
+        )
+    return (
+        f"a sweep started from other static constants (init_from.static values: sha256 "
+        f"{old['sha256'][:12]}... (folder) vs {new['sha256'][:12]}... now)"
+    )
+
+
+def identity(grid: Grid, chunk: int | None = None, start: dict | None = None) -> dict:
     """What a sweep folder must match to be resumed: the config, every model's settings
-    and the program (`program_record`; chunk default `default_chunk_size`)."""
-    return {
+    and the program (`program_record`; chunk default `default_chunk_size`); with
+    `start` (a sweep from trained params: `_Start.record`) also "init_from": the base
+    run's absolute path, the base model of each model, the overridden static names
+    and sha256 fingerprints of the base models' params and of the starting params."""
+    ident = {
         "format": 1,
         "config": json.loads(grid.config.to_json()),
         "swept": list(grid.swept),
         "settings": [s._asdict() for s in grid.settings],
         "program": program_record(chunk or default_chunk_size(grid.config)),
     }
+    if start is not None:  # a fresh sweep's sweep.json keeps exactly the keys above
+        ident["init_from"] = start
+    return ident
 
 
 def sweep_difference(stored: dict, ident: dict) -> str | None:
@@ -222,7 +471,8 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
     Compared as configs and settings, not as text: a field added to the code since the
     folder was written takes its default, so an old sweep still resumes (or is found
     finished) when its values are the defaults. A folder written before programs were
-    recorded matches any program.
+    recorded matches any program. A sweep from trained params matches only the same
+    start (`identity`'s "init_from": base run, models, fingerprints).
     """
     if stored == ident:
         return None
@@ -238,6 +488,9 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
         fill = lambda s: {n: s.get(n, defaults[n]) for n in SWEEPABLE}  # noqa: E731
         if [fill(s) for s in stored["settings"]] != [fill(s) for s in ident["settings"]]:
             return "a different sweep (other models: swept values or seeds)"
+        start = _start_difference(stored.get("init_from"), ident.get("init_from"))
+        if start:
+            return start
     except (ConfigError, KeyError, TypeError, AttributeError, ValueError):
         return "a sweep.json this version cannot read"
     program = stored.get("program", ident["program"])
@@ -290,6 +543,7 @@ class _Plan:
     budget: np.ndarray  # [n_chunks * chunk] steps each model trains
     fields: tuple[str, ...]  # curve fields (the family's metrics and training signals)
     progress_metric: str | None
+    start: _Start | None = None  # trained params the models start from (None: fresh init)
 
     @property
     def k(self) -> int:
@@ -306,7 +560,13 @@ class _Plan:
         return min(self.chunk, self.k - c * self.chunk)
 
 
-def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None) -> _Plan:
+def _make_plan(
+    grid: Grid,
+    chunk_size: int | None,
+    checkpoint_every: int | None,
+    init_from: InitFrom | None = None,
+    out: str | None = None,
+) -> _Plan:
     cfg = grid.config
     every = cfg.train.eval_every if checkpoint_every is None else checkpoint_every
     if every < 1 or every % cfg.train.eval_every:
@@ -323,8 +583,17 @@ def _make_plan(grid: Grid, chunk_size: int | None, checkpoint_every: int | None)
     # steps each model trains (finite-set budgets; `steps` when streaming)
     budget = np.minimum(np.asarray(step_budget(padded, cfg)), cfg.train.steps)
     family = family_for(cfg)
+    start = None if init_from is None else _start(grid, init_from, n_chunks * chunk, out)
     return _Plan(
-        grid, chunk, n_chunks, every, padded, budget, curve_fields(cfg), family.progress_metric
+        grid,
+        chunk,
+        n_chunks,
+        every,
+        padded,
+        budget,
+        curve_fields(cfg),
+        family.progress_metric,
+        start,
     )
 
 
@@ -421,6 +690,9 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
     settings_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.settings)
     budget_c = plan.budget[plan.chunk_slice(c)][: plan.n_real(c)]
     state, curves = _restore_chunk(plan, c, ckpt_dir, log)
+    if state is None and plan.start is not None:  # step 0 from the trained params
+        params_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.start.params)
+        state = restart_state(cfg, settings_c, params_c)
     step = 0 if state is None else int(np.asarray(state.step).max())
     progress.done += int(np.minimum(budget_c, step).sum())
     evals_done = step // eval_every
@@ -464,6 +736,9 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
     diverged = diverged_models(state.diverged_step, all_settings)
     for line in diverged:
         log("WARNING: " + line)
+    extra = {"swept": list(plan.grid.swept), "wall_s": wall, "program": plan.program}
+    if plan.start is not None:  # "base": the run the models started from
+        extra |= {"base": plan.start.record["run"], "init_from": plan.start.record}
     rows = results.write_files(
         work,
         cfg,
@@ -471,7 +746,7 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
         state.params,
         curves,
         state.diverged_step,
-        extra={"swept": list(plan.grid.swept), "wall_s": wall, "program": plan.program},
+        extra=extra,
         steps_trained=steps_trained,
     )
     shutil.rmtree(os.path.join(work, "checkpoints"))
@@ -486,6 +761,7 @@ def run_grid(
     overwrite: bool = False,
     chunk_size: int | None = None,
     checkpoint_every: int | None = None,
+    init_from: InitFrom | None = None,
     log=print,
 ) -> dict:
     """Trains every model of `grid` and writes the results folder `out`, resumably.
@@ -502,14 +778,21 @@ def run_grid(
     then the new sweep is built in a staging sibling (resumed if interrupted) that
     replaces `out` only when finished (`outdir`).
 
+    `init_from` (`InitFrom`): the models start from trained params of a finished run
+    (each from its base model's, with optional `static` constants replaced) at step 0
+    with a fresh optimiser state, instead of a fresh init; everything else is as above.
+    It is checked before any compute (`check_init_from`; a ValueError naming the
+    argument), and recorded in `sweep.json` with fingerprints of the starting params,
+    so that a resume against a changed base run is refused (SweepMismatchError).
+
     Returns {"rows", "curves", "wall_s", "diverged" (one line per diverged model),
     "trained_steps", "program" (`program_record`)}.
     """
-    plan = _make_plan(grid, chunk_size, checkpoint_every)
+    plan = _make_plan(grid, chunk_size, checkpoint_every, init_from, out)
     outdir.check_usable(out)
     lock = outdir.locked(out, log) if jax.process_index() == 0 else contextlib.nullcontext()
     with lock:
-        ident = identity(grid, plan.chunk)
+        ident = identity(grid, plan.chunk, None if plan.start is None else plan.start.record)
         work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
         if finished:
             outdir.publish(work, out)  # a finished --overwrite whose swap was interrupted
@@ -524,10 +807,11 @@ def run_grid(
 def _train_all(plan: _Plan, work: str, out: str, log) -> dict:
     """Trains (or resumes) every chunk in `work`, then writes and publishes the results."""
     cfg = plan.grid.config
+    start = "" if plan.start is None else f" from the params of {plan.start.record['run']}"
     log(
         f"sweep: {plan.k} model(s) in {plan.n_chunks} chunk(s) of {plan.chunk} x "
-        f"{cfg.train.steps} steps on {jax.device_count()} {jax.default_backend()} device(s); "
-        f"checkpoints every {plan.every} steps"
+        f"{cfg.train.steps} steps{start} on {jax.device_count()} {jax.default_backend()} "
+        f"device(s); checkpoints every {plan.every} steps"
     )
     data = build_data(cfg)
     progress = _Progress(plan)

@@ -16,7 +16,7 @@ from jaxmech.analysis.vit_terms import vit_logit_terms
 from jaxmech.config import Config
 from jaxmech.data.scenes import SCENE_WORDS, label_token
 from jaxmech.models import ar_vlm
-from jaxmech.models.edits import VIT_TERMS, VLMEdits, vit_term_mask
+from jaxmech.models.edits import VIT_TERMS, Edits, term_mask
 from jaxmech.models.vlm_checks import edit_names
 
 GH, GW, Q, B = 3, 4, 8, 3
@@ -96,7 +96,7 @@ def _position_jacobian(p, x):
     layout (sequential and mrope ids differ only in `static` values) shares one program."""
 
     def per_position(delta):
-        _, aux = run(p, x, edits=VLMEdits(add={"lm/resid_pre.0": delta}), capture=True)
+        _, aux = run(p, x, edits=Edits(add={"lm/resid_pre.0": delta}), capture=True)
         logits = ar_vlm.unembed(p, aux["lm/resid_post.1"])  # [B, S, V]
         return logits.sum(axis=(0, 2))
 
@@ -121,12 +121,12 @@ def test_lm_rope_depends_on_offsets_only(pos_ids):
     base = np.asarray(ar_vlm.lm_position_ids(p, Q))
     logits, aux = run(p, x, capture=True)
     shift = np.asarray([[5.0], [-2.0], [7.5]])  # each of (t, row, col) its own shift
-    moved, aux_m = run(p, x, edits=VLMEdits(lm_pos_ids=jnp.asarray(base + shift)), capture=True)
+    moved, aux_m = run(p, x, edits=Edits(lm_pos_ids=jnp.asarray(base + shift)), capture=True)
     close(aux_m["lm/attn_scores.0"], aux["lm/attn_scores.0"], 1e-4)
     close(moved, logits, 1e-4)
     swapped = base.copy()
     swapped[:, [0, S - 1]] = swapped[:, [S - 1, 0]]  # not a common shift: logits move
-    other = run(p, x, edits=VLMEdits(lm_pos_ids=jnp.asarray(swapped)))
+    other = run(p, x, edits=Edits(lm_pos_ids=jnp.asarray(swapped)))
     assert np.abs(np.asarray(other - logits)).max() > 1e-3
 
 
@@ -135,10 +135,10 @@ def test_rope2d_depends_on_row_and_col_offsets_only():
     x = inputs()
     rows, cols = (jnp.asarray(a, jnp.float32) for a in cell_rows_cols())
     _, aux = run(p, x, capture=True)
-    _, aux_m = run(p, x, edits=VLMEdits(vit_rows=rows + 1.5, vit_cols=cols - 2.0), capture=True)
+    _, aux_m = run(p, x, edits=Edits(vit_rows=rows + 1.5, vit_cols=cols - 2.0), capture=True)
     for name in ("vit/attn_scores.0", "vit/attn_scores.1", "proj/out"):
         close(aux_m[name], aux[name], 1e-4)
-    for edit in (VLMEdits(vit_rows=GH - 1 - rows), VLMEdits(vit_cols=GW - 1 - cols)):
+    for edit in (Edits(vit_rows=GH - 1 - rows), Edits(vit_cols=GW - 1 - cols)):
         _, aux_e = run(p, x, edits=edit, capture=True)
         assert (
             np.abs(np.asarray(aux_e["vit/attn_scores.0"] - aux["vit/attn_scores.0"])).max() > 1e-3
@@ -163,7 +163,7 @@ def test_mirrored_column_override_equals_physical_mirror(vit_pos):
     rows, cols = cell_rows_cols()
     perm = rows * GW + (GW - 1 - cols)  # cell j shows the content of its mirror cell
     mirror_cols = jnp.asarray(GW - 1 - cols, jnp.float32)
-    _, aux_o = run(p, x, edits=VLMEdits(vit_cols=mirror_cols), capture=True)
+    _, aux_o = run(p, x, edits=Edits(vit_cols=mirror_cols), capture=True)
     physical = tuple(a[:, perm] for a in x[:3]) + (x[3],)
     _, aux_p = run(p, physical, capture=True)
     close(aux_o["vit/resid_post.1"][:, perm], aux_p["vit/resid_post.1"], 1e-4)
@@ -187,16 +187,16 @@ def test_noop_edits_are_bit_identical(kw):
     ids = ar_vlm.lm_position_ids(p, Q)
     names = edit_names(p)
     noops = [
-        VLMEdits(vit_rows=rows, vit_cols=cols),
-        VLMEdits(lm_pos_ids=ids),
-        VLMEdits(image_order=jnp.arange(L)),
-        VLMEdits(add={n: jnp.zeros(()) for n in names}),
-        VLMEdits(replace={"proj/out": (False, 0.0), "vit/q.1": (False, 0.0)}),
+        Edits(vit_rows=rows, vit_cols=cols),
+        Edits(lm_pos_ids=ids),
+        Edits(image_order=jnp.arange(L)),
+        Edits(add={n: jnp.zeros(()) for n in names}),
+        Edits(replace={"proj/out": (False, 0.0), "vit/q.1": (False, 0.0)}),
     ]
     if kw.get("lm_pos_ids", "sequential") == "sequential":
-        noops.append(VLMEdits(lm_pos_ids=jnp.arange(S, dtype=jnp.float32)))
+        noops.append(Edits(lm_pos_ids=jnp.arange(S, dtype=jnp.float32)))
     if kw.get("vit_pos", "learned2d") != "rope2d":
-        noops.append(VLMEdits(vit_term_keep=jnp.ones((2, 16))))
+        noops.append(Edits(term_keep={"vit": jnp.ones((2, 16))}))
     for edit in noops:
         np.testing.assert_array_equal(np.asarray(run(p, x, edits=edit)), plain)
 
@@ -211,7 +211,7 @@ def test_vmap_over_params_and_edits_equals_loop():
     stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *models)
     orders = jnp.stack([jnp.arange(L), jnp.arange(L)[::-1], jnp.roll(jnp.arange(L), 3)])
     x = inputs()
-    each = lambda p, o: run(p, x, edits=VLMEdits(image_order=o))  # noqa: E731
+    each = lambda p, o: run(p, x, edits=Edits(image_order=o))  # noqa: E731
     batched = jax.jit(jax.vmap(each))(stacked, orders)
     for k in range(3):
         close(batched[k], each(models[k], orders[k]), 2e-4)  # jit vs eager: float rounding
@@ -235,10 +235,12 @@ def test_vit_terms_sum_to_first_block_logits(kw):
 def test_term_keep_removes_terms(kw):
     p = params(**kw)
     x = inputs()
-    _, aux = run(p, x, edits=VLMEdits(vit_term_keep=jnp.zeros((2, 16))), capture=True)
+    _, aux = run(p, x, edits=Edits(term_keep={"vit": jnp.zeros((2, 16))}), capture=True)
     close(aux["vit/attn_scores.0"], 0.0, 1e-4)
     gone = ["CK", "RK", "KK", "BK", "KC", "KR", "KB"]  # every column-position term
-    _, aux = run(p, x, edits=VLMEdits(vit_term_keep=vit_term_mask(2, gone)), capture=True)
+    _, aux = run(
+        p, x, edits=Edits(term_keep={"vit": term_mask(2, gone, terms=VIT_TERMS)}), capture=True
+    )
     terms = vit_logit_terms(p, *x[:3])
     left = sum(terms[t] for t in VIT_TERMS if t not in gone)
     close(aux["vit/attn_scores.0"], left, 1e-4)
@@ -249,8 +251,8 @@ def test_image_order_equals_permuting_projector_output():
     x = inputs()
     plain, aux = run(p, x, capture=True)
     order = jnp.asarray(cell_rows_cols()[0] * GW + (GW - 1 - cell_rows_cols()[1]))
-    edited = run(p, x, edits=VLMEdits(image_order=order))
-    patched = run(p, x, edits=VLMEdits(replace={"proj/out": (True, aux["proj/out"][:, order])}))
+    edited = run(p, x, edits=Edits(image_order=order))
+    patched = run(p, x, edits=Edits(replace={"proj/out": (True, aux["proj/out"][:, order])}))
     close(edited, patched, 1e-6)
     assert np.abs(np.asarray(edited - plain)).max() > 1e-3
 
@@ -299,17 +301,17 @@ def test_errors_name_the_argument():
         (x[:2] + (x[2] + 3, x[3]), {}, "facings_BxL"),
         (x[:3] + (x[3][:2],), {}, "question_BxQ"),
         (x[:3] + (x[3] + 20,), {}, "question_BxQ"),
-        (x, {"edits": VLMEdits(add={"lm/resid_pre.9": 0.0})}, "edits.add"),
-        (x, {"edits": VLMEdits(vit_rows=jnp.zeros(5))}, "edits.vit_rows"),
-        (x, {"edits": VLMEdits(lm_pos_ids=jnp.zeros((2, S)))}, "edits.lm_pos_ids"),
-        (x, {"edits": VLMEdits(image_order=jnp.zeros(L, jnp.int32))}, "image_order"),
-        (x, {"edits": VLMEdits(vit_term_keep=jnp.ones((2, 9)))}, "edits.vit_term_keep"),
+        (x, {"edits": Edits(add={"lm/resid_pre.9": 0.0})}, "edits.add"),
+        (x, {"edits": Edits(vit_rows=jnp.zeros(5))}, "edits.vit_rows"),
+        (x, {"edits": Edits(lm_pos_ids=jnp.zeros((2, S)))}, "edits.lm_pos_ids"),
+        (x, {"edits": Edits(image_order=jnp.zeros(L, jnp.int32))}, "image_order"),
+        (x, {"edits": Edits(term_keep={"vit": jnp.ones((2, 9))})}, "edits.term_keep\\['vit'\\]"),
     ]
     for args, kw, name in bad:
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
             ar_vlm.forward(p, *args, **kw)
-    with pytest.raises(ValueError, match="vit_term_keep"):
-        run(params(vit_pos="rope2d"), x, edits=VLMEdits(vit_term_keep=jnp.ones((2, 16))))
+    with pytest.raises(ValueError, match="term_keep"):
+        run(params(vit_pos="rope2d"), x, edits=Edits(term_keep={"vit": jnp.ones((2, 16))}))
     stacked = jax.tree_util.tree_map(lambda a: a[None], p)
     with pytest.raises(ValueError, match="stacked"):
         run(stacked, x)

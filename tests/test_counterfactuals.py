@@ -10,72 +10,86 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.data import scenes as sc
-from jaxmech.models import answer, vit2d
-from jaxmech.models.edits import VLMEdits
+from jaxmech.data import spec as sp
+from jaxmech.families.toy_vlm.view import toy_view
+from jaxmech.families.vlm_view import examples, margin
+from jaxmech.models import ar_vlm, vit2d
+from jaxmech.models.edits import Edits
 
 
 def _setup(**overrides):
     config = tiny_vlm_config(grid_h=3, grid_w=4, **overrides)
-    from jaxmech.models import ar_vlm
-
     params = ar_vlm.init_params(config, jax.random.PRNGKey(2))
     s = sc.build_eval_sets(config.task, sc.build_tables(config.task)).unseen_pair
-    return config, params, s
+    view = toy_view(config)
+    return config, params, view, examples(view, sc.eval_specs(config.task, s)["examples"])
 
 
-def _pick(cfs, name):
-    return jax.tree_util.tree_map(lambda x: x[cfa.COUNTERFACTUALS.index(name)], cfs)
+def _pick(cfs, name, names=cfa.COUNTERFACTUALS):
+    return jax.tree_util.tree_map(lambda x: x[names.index(name)], cfs)
+
+
+def _versions(view, ex):
+    rendered = [view.render(v)[0] for v in cfa.scene_versions(view.grid, ex.spec)]
+    return jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *rendered)
+
+
+def _plain_margin(view, params, ex, edits=None):
+    return margin(view.forward(params, ex.inputs, edits)[0], ex.answer_B, ex.other_B)
 
 
 def test_mirrors_are_involutions_and_the_image_mirror_is_the_scene_mirror():
-    config, params, s = _setup()
-    cfs = cfa.build(params, config.task)
-    for name in ("image_w", "image_h", "order_w", "order_h", "lm_ids_w", "vit_w", "vit_h"):
-        cf = _pick(cfs, name)
-        twice, _ = cfa.apply(cfa.apply(s.examples, cf)[0], cf)
-        for a, b in zip(twice, s.examples):
+    config, params, view, ex = _setup()
+    cfs = cfa.build(view, params, ex.spans)
+    L = config.task.image_len
+    for name in ("order_w", "order_h"):
+        order = _pick(cfs, name).order
+        np.testing.assert_array_equal(order[order], np.arange(L))
+    for mirror in (sp.mirror, sp.mirror_height):
+        twice = mirror(view.grid, mirror(view.grid, ex.spec))
+        for a, b in zip(twice, ex.spec):
             np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(cf.order[cf.order], np.arange(config.task.image_len))
     vc = _pick(cfs, "vit_w").vit_cols
     np.testing.assert_array_equal(config.task.grid_w - 1 - vc, vit2d.read(params, "cell_cols"))
     ids = _pick(cfs, "lm_ids_h").lm_ids
-    L = config.task.image_len
     np.testing.assert_array_equal(ids[:, :L][:, sc.height_mirror_cells(config.task)], _pick(cfs, "plain").lm_ids[:, :L])  # fmt: skip
-    moved, _ = cfa.apply(s.examples, _pick(cfs, "image_w"))
-    mirrored = sc.mirror(s.examples, config.task)
+    versions = _versions(view, ex)
+    mirrored = sc.mirror(ex.inputs, config.task)
+    image_w = cfa.SCENES.index(("w", True))  # positions mirrored and facings flipped
     for f in ("labels_BxL", "colours_BxL", "facings_BxL"):
-        np.testing.assert_array_equal(getattr(moved, f), getattr(mirrored, f))
+        np.testing.assert_array_equal(getattr(versions, f)[image_w], getattr(mirrored, f))
+    assert int(_pick(cfs, "image_w").scene) == image_w
 
 
 def test_the_plain_counterfactual_is_a_no_op():
-    config, params, s = _setup()
+    config, params, view, ex = _setup()
     # column codes 100x their init scale, so that mirroring them visibly matters
     params = {**params, "vit": {**params["vit"], "col_P": 100 * params["vit"]["col_P"]}}
-    cfs = cfa.build(params, config.task, ("plain", "vit_w"))
-    m = cfa.margins(params, s.examples, cfs)
-    plain = answer.margin(answer.logits(params, s.examples), jnp.asarray(s.examples.answer_B))
+    cfs = cfa.build(view, params, ex.spans, ("plain", "vit_w"))
+    m = cfa.margins(view, params, _versions(view, ex), ex.answer_B, ex.other_B, cfs)
+    plain = _plain_margin(view, params, ex)
     np.testing.assert_allclose(m[0], plain, atol=1e-5)
     assert np.abs(np.asarray(m[1] - plain)).max() > 1e-4  # the mirror does something
 
 
 @pytest.mark.parametrize("vit_pos", ["learned2d", "rope2d"])
 def test_mirrored_codes_equal_the_position_mirrored_image_token_for_token(vit_pos):
-    config, params, s = _setup(vit_pos=vit_pos, n_layers=2, lm_n_layers=2)
+    config, params, view, e = _setup(vit_pos=vit_pos, n_layers=2, lm_n_layers=2)
     perm = sc.mirror_cells(config.task)
     cols = vit2d.read(params, "cell_cols")
-    ex = s.examples
+    ex = e.inputs
     moved = sc.mirror_pos(ex, config.task)  # positions mirrored, facings kept
-    edits = VLMEdits(vit_cols=config.task.grid_w - 1 - cols)
+    edits = Edits(vit_cols=config.task.grid_w - 1 - cols)
     out, _ = vit2d.vit_forward(params, ex.labels_BxL, ex.colours_BxL, ex.facings_BxL, edits)
     ref, _ = vit2d.vit_forward(
-        params, moved.labels_BxL, moved.colours_BxL, moved.facings_BxL, VLMEdits()
+        params, moved.labels_BxL, moved.colours_BxL, moved.facings_BxL, Edits()
     )
     np.testing.assert_allclose(out[:, perm], ref, atol=1e-5)
     # and with the image tokens entering the LM in mirrored order, the whole model
     # answers as it does on the position-mirrored image
-    both = VLMEdits(vit_cols=config.task.grid_w - 1 - cols, image_order=jnp.asarray(perm))
+    both = Edits(vit_cols=config.task.grid_w - 1 - cols, image_order=jnp.asarray(perm))
     np.testing.assert_allclose(
-        answer.logits(params, ex, both), answer.logits(params, moved), atol=1e-5
+        view.forward(params, ex, both)[0], view.forward(params, moved)[0], atol=1e-5
     )
 
 
@@ -87,39 +101,37 @@ def test_binding_failures_name_the_same_word_for_both_orders():
     # right both ways; same word (the X-Y truth) twice; same word (the other) twice;
     # wrong both ways (a consistently swapped layout, not a binding failure)
     assert cfa.binding_failures(m, swapped).tolist() == [False, True, True, False]
-    config, params, s = _setup()
-    sw = cfa.swap_objects(s.examples)
-    q, q2 = np.asarray(s.examples.question_BxQ), np.asarray(sw.question_BxQ)
+    config, params, view, ex = _setup()
+    sw = examples(view, sp.swap_named(ex.spec))
+    q, q2 = np.asarray(ex.inputs.question_BxQ), np.asarray(sw.inputs.question_BxQ)
     np.testing.assert_array_equal(q2[:, 1], q[:, 6])
     np.testing.assert_array_equal(q2[:, 6], q[:, 1])
-    np.testing.assert_array_equal(sw.answer_B, answer.partner(jnp.asarray(s.examples.answer_B)))
+    np.testing.assert_array_equal(sw.inputs.labels_BxL, ex.inputs.labels_BxL)  # same scenes
+    np.testing.assert_array_equal(sw.answer_B, ex.other_B)
 
 
 def test_unknown_counterfactual_names_are_refused():
-    config, params, _ = _setup()
+    config, params, view, ex = _setup()
     with pytest.raises(ValueError, match="unknown counterfactuals"):
-        cfa.build(params, config.task, ("plain", "vit_mirror"))
+        cfa.build(view, params, ex.spans, ("plain", "vit_mirror"))
 
 
 def test_a_rope_mirror_in_every_block_is_the_whole_mirror_and_blocks_split_it():
-    config, params, s = _setup(vit_pos="rope2d", n_layers=2, lm_n_layers=2)
-    names = cfa.names_for(params)
+    config, params, view, ex = _setup(vit_pos="rope2d", n_layers=2, lm_n_layers=2)
+    names = cfa.names_for(view, params)
     assert {"vit_w@0", "vit_w@1", "vit_h@1"} <= set(names)
-    cfs = cfa.build(params, config.task, ("vit_w", "vit_w@0", "vit_w@1", "plain"))
+    cfs = cfa.build(view, params, ex.spans, ("vit_w", "vit_w@0", "vit_w@1", "plain"))
     assert cfs.vit_cols.shape == (4, 2, config.task.image_len)  # per block
-    m = cfa.margins(params, s.examples, cfs)
+    m = cfa.margins(view, params, _versions(view, ex), ex.answer_B, ex.other_B, cfs)
     full = jnp.asarray(config.task.grid_w - 1 - vit2d.read(params, "cell_cols"))
-    ref = answer.margin(
-        answer.logits(params, s.examples, VLMEdits(vit_cols=full)),
-        jnp.asarray(s.examples.answer_B),
-    )
+    ref = _plain_margin(view, params, ex, Edits(vit_cols=full))
     np.testing.assert_allclose(m[0], ref, atol=1e-5)  # [n_blocks, L] == [L] everywhere
     assert np.abs(np.asarray(m[1] - m[0])).max() > 1e-6  # one block is not all blocks
     # the learned table has no per-block positions: refused, naming the field
-    learned_config, learned, _ = _setup()
+    learned_config, learned, lview, lex = _setup()
     per_block = jnp.zeros((1, learned_config.task.image_len))
     with pytest.raises(ValueError, match="vit_cols"):
-        answer.logits(learned, s.examples, VLMEdits(vit_cols=per_block))
+        lview.forward(learned, lex.inputs, Edits(vit_cols=per_block))
 
 
 def test_the_table_counts_agreement_with_the_mirror_and_changes():
@@ -146,4 +158,4 @@ def test_the_table_counts_agreement_with_the_mirror_and_changes():
     assert [e["errors"] for e in errors] == [0, 0]  # no plain errors: nothing to share
     from jaxmech.config import Config
 
-    assert "ar_vlm" in report.counterfactuals_refusal(Config(), "RUN")
+    assert "has no counterfactuals report" in report.counterfactuals_refusal(Config(), "RUN")

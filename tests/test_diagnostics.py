@@ -9,6 +9,9 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
+from jaxmech.data.spec import take
+from jaxmech.families.toy_vlm.view import toy_view
+from jaxmech.families.vlm_view import examples
 from jaxmech.models import ar_vlm
 from jaxmech.reports import diagnostics as report
 
@@ -43,14 +46,16 @@ def test_signed_deviation_points_towards_the_right_answer():
 def test_occlusion_blanks_one_cell_and_random_cells_avoid_the_objects():
     config = tiny_vlm_config()
     s = sc.build_eval_sets(config.task, sc.build_tables(config.task)).unseen_pair
+    spec = sc.eval_specs(config.task, s)["examples"]
     cells = jnp.asarray(s.cells_Nx3[:, :2])
-    out = dg.occlude(s.examples, cells[:, 0])
+    out = toy_view(config).render(dg.occlusions(spec, jax.random.PRNGKey(0), 9)[0])[0]
     B = cells.shape[0]
     assert (np.asarray(out.labels_BxL)[np.arange(B), cells[:, 0]] == 0).all()
     changed = np.asarray(out.labels_BxL) != np.asarray(s.examples.labels_BxL)
     assert (changed.sum(1) == 1).all()  # exactly the object's cell
     for f in ("colours_BxL", "facings_BxL"):
         assert (np.asarray(getattr(out, f))[np.arange(B), cells[:, 0]] == 0).all()
+    np.testing.assert_array_equal(out.question_BxQ, s.examples.question_BxQ)  # still named
     draws = np.stack([dg.random_free_cells(jax.random.PRNGKey(i), cells, 9) for i in range(200)])
     assert (
         not (draws == np.asarray(cells[:, 0])).any()
@@ -61,18 +66,19 @@ def test_occlusion_blanks_one_cell_and_random_cells_avoid_the_objects():
 
 def test_diagnose_runs_and_occluding_a_free_cell_changes_nothing():
     config = tiny_vlm_config(lm_n_layers=2)
-    t = config.task
+    t, view = config.task, toy_view(config)
     params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
     s = sc.build_eval_sets(t, sc.build_tables(t)).unseen_pair
-    keep = np.asarray(s.examples.relation_B) < 2
-    ex = sc.SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in s.examples))
-    cells = jnp.asarray(s.cells_Nx3[keep, :2])
+    spec = sc.eval_specs(t, s)["examples"]
+    ex = examples(view, take(spec, np.asarray(spec.relation_B) < 2))
     labels = range(1, t.n_labels + 1)
-    probes = [si.probe_scenes(t, labels, 2, slot=s) for s in (si.X_SLOT, si.Y_SLOT)]
+    probes = [si.probe(view, labels, 2, named_first=first) for first in (True, False)]
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    occ = dg.occlusions(ex.spec, jax.random.PRNGKey(1), view.grid.cells)
+    occ = jax.tree_util.tree_map(stack, *(view.render(o)[0] for o in occ))
     # the probes' labels and cells are host arrays (the report closes over them too)
-    diagnose = jax.jit(lambda p, k: dg.diagnose(p, ex, cells, probes, k, (t.grid_h, t.grid_w)))
-    out = diagnose(params, jax.random.PRNGKey(1))
-    B = int(keep.sum())
+    out = jax.jit(lambda p, o: dg.diagnose(view, p, ex, probes, o))(params, occ)
+    B = len(ex.answer_B)
     assert out["deviation"].shape == (2, B) and out["occluded"].shape == (len(dg.OCCLUSIONS), B)
     assert np.isfinite(np.asarray(out["deviation"])).all()
     # the scenes hold two objects only, so the random cell is background already

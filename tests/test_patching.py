@@ -9,6 +9,9 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data import scenes as sc
+from jaxmech.data.spec import Grid
+from jaxmech.families.toy_vlm.view import spans, toy_view
+from jaxmech.families.vlm_view import examples
 from jaxmech.models import ar_vlm
 
 
@@ -25,9 +28,9 @@ def test_belief_shift_on_hand_made_log_probabilities():
 
 
 def test_token_groups():
-    g = token_groups(9, 8)
-    assert g.shape == (len(GROUPS), 17)
-    group = dict(zip(GROUPS, g))
+    g = token_groups(spans(Grid(3, 3), 2))
+    assert g.shape == (len(GROUPS), 2, 17)
+    group = dict(zip(GROUPS, g[:, 1]))
     assert group["image"][:9].all() and not group["image"][9:].any()
     assert group["question"][9:].all() and not group["question"][:9].any() and group["all"].all()
     assert np.flatnonzero(group["objects"]).tolist() == [10, 15]  # the X and Y words
@@ -39,23 +42,30 @@ def model_and_set():
     config = tiny_vlm_config(lm_n_layers=2)
     params = ar_vlm.init_params(config, jax.random.PRNGKey(3))
     tables = sc.build_tables(config.task)
-    return params, sc.build_eval_sets(config.task, tables).unseen_pair
+    s = sc.build_eval_sets(config.task, tables).unseen_pair
+    view = toy_view(config)
+    specs = sc.eval_specs(config.task, s)
+    return view, params, examples(view, specs["examples"]), view.render(specs["mirror"])[0]
+
+
+def _patch(view, params, ex, twin_inputs):
+    run = lambda p, a, b, g, x, y: patch_logp(view, p, a, b, g, x, y)  # noqa: E731
+    groups = token_groups(ex.spans)
+    return jax.jit(run)(params, ex.inputs, twin_inputs, groups, ex.answer_B, ex.other_B)
 
 
 def test_patching_a_run_with_itself_is_a_no_op(model_and_set):
-    params, s = model_and_set
-    groups = token_groups(s.examples.labels_BxL.shape[1], sc.Q_LEN)
-    out = jax.jit(patch_logp)(params, s.examples, s.examples, groups)
-    assert out["patched"].shape == (2, len(GROUPS), len(s.examples.answer_B))
+    view, params, ex, _ = model_and_set
+    out = _patch(view, params, ex, ex.inputs)
+    assert out["patched"].shape == (2, len(GROUPS), len(ex.answer_B))
     np.testing.assert_allclose(
         out["patched"], np.broadcast_to(out["orig"], out["patched"].shape), atol=1e-5
     )
 
 
 def test_patching_every_token_at_layer_0_gives_the_twin_run(model_and_set):
-    params, s = model_and_set
-    groups = token_groups(s.examples.labels_BxL.shape[1], sc.Q_LEN)
-    out = jax.jit(patch_logp)(params, s.examples, s.mirror, groups)
+    view, params, ex, mirror = model_and_set
+    out = _patch(view, params, ex, mirror)
     np.testing.assert_allclose(out["patched"][0, GROUPS.index("all")], out["twin"], atol=1e-5)
     # and a patch of the question alone at layer 0 changes nothing: the question's
     # embeddings do not depend on the image

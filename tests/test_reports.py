@@ -152,7 +152,7 @@ def test_reports_refuse_runs_they_do_not_apply_to(tiny_run):
 
     with pytest.raises(ValueError, match="vision_pos = 'learned'.*needs vision_pos = 'rope'"):
         analyse_rope_run(tiny_run)
-    with pytest.raises(ValueError, match="task_kind = '1d'.*'2d' and 'three'"):
+    with pytest.raises(ValueError, match="task_kind = '1d' has no relations report"):
         analyse_relations_run(tiny_run)
     with pytest.raises(ValueError, match="does not exist"):
         analyse_rope_run(tiny_run + "_missing")
@@ -279,7 +279,8 @@ def test_mechanism_entry_point_refuses_bad_runs_before_any_compute(tmp_path):
         run = _fake_run(tmp_path / kind, Config().replace(task_kind=kind))
         msg = _usage_error(entry, f"--run={run}")
         assert f"task_kind = {kind!r}" in msg and f"experiments.relations --run={run}" in msg
-    assert "1D task" in rope_refusal("rope", "r", "2d")
+    msg = rope_refusal(Config().replace(task_kind="2d", vision_pos="rope"), "r")
+    assert "task_kind = '2d' has no rope report" in msg
     bad = {
         "broken": ("{", RESULTS_CSV, "has a broken config.json"),
         "missing": (None, None, "has no results.csv"),

@@ -4,12 +4,13 @@ recovered, and the probe scenes are what the extraction assumes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
-from jaxmech.models import answer, ar_vlm
+from jaxmech.families.toy_vlm.view import toy_view
+from jaxmech.families.vlm_view import cell_tokens
+from jaxmech.models import ar_vlm
 
 
 def test_a_planted_linear_id_is_recovered_with_its_rank():
@@ -46,17 +47,18 @@ def test_grid_axes_of_a_planted_grid():
 
 def test_probe_scenes_and_states():
     config = tiny_vlm_config(lm_n_layers=2)
-    task = config.task
-    batch, label, cell = si.probe_scenes(task, range(1, task.n_labels + 1), placements=2)
+    task, view = config.task, toy_view(config)
+    pr = si.probe(view, range(1, task.n_labels + 1), placements=2)
+    batch, label, cell = pr.inputs, pr.label_N, pr.cell_N
     N = task.n_labels * task.image_len * 2
     assert batch.labels_BxL.shape == (N, task.image_len)
     assert (batch.labels_BxL[np.arange(N), cell] == label).all()
     assert ((batch.labels_BxL > 0).sum(1) == 2).all()
-    assert (batch.question_BxQ[:, si.X_SLOT] == sc.label_token(label)).all()
+    assert (batch.question_BxQ[:, sc.X_SLOT] == sc.label_token(label)).all()
     params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
-    states = si.object_word_states(params, batch)
-    assert states.shape == (si.n_sites(params), N, config.model.d_model) == (3, N, 16)
-    basis = si.position_basis(params)
+    states = si.word_states(view, params, batch, pr.spans.x_B)
+    assert states.shape == (si.n_sites(view, params), N, config.model.d_model) == (3, N, 16)
+    basis = view.position_basis(params)
     assert basis.shape == (task.image_len, 2 * config.model.d_model)
 
 
@@ -64,26 +66,26 @@ def test_analytic_ids_without_mlp_the_attention_writes_the_whole_block_id():
     """In a block without an MLP the residual gains exactly the attention's output, so
     the ID of the attention output is the block's whole ID; and the peak is a weight."""
     config = tiny_vlm_config(lm_n_layers=2, mlp=False)
-    task = config.task
+    task, view = config.task, toy_view(config)
     params = ar_vlm.init_params(config, jax.random.PRNGKey(1))
-    batch, label, cell = si.probe_scenes(task, range(1, task.n_labels + 1), placements=2)
-    _, aux = answer.logits(params, batch, capture=True)
-    a = si.analytic_ids(params, aux, label, cell)
+    pr = si.probe(view, range(1, task.n_labels + 1), placements=2)
+    label, cell, L = pr.label_N, pr.cell_N, task.image_len
+    _, aux = view.forward(params, pr.inputs, capture=True)
+    a = si.analytic_ids(params, aux, pr.spans.x_B, cell_tokens(pr.spans, cell), label, cell, L)
     assert a["pred"].shape == a["attn"].shape == (2, task.image_len, config.model.d_model)
     np.testing.assert_allclose(a["attn"], a["total"], atol=1e-5)
     np.testing.assert_allclose(si.id_cosine(a["attn"], a["total"]), 1.0, atol=1e-4)
     assert ((a["peak"] > 0) & (a["peak"] < 1)).all()
-    ids = si.spatial_ids(si.object_word_states(params, batch), label, cell, task.image_len)
+    ids = si.spatial_ids(si.word_states(view, params, pr.inputs, pr.spans.x_B), label, cell, L)
     np.testing.assert_allclose(a["total"].sum(0), ids[-1] - ids[0], atol=1e-5)
 
 
 def test_probe_scenes_can_name_the_probed_label_as_y():
-    task = tiny_vlm_config().task
-    labels = range(1, task.n_labels + 1)
-    bx, lx, cx = si.probe_scenes(task, labels, placements=2)
-    by, ly, cy = si.probe_scenes(task, labels, placements=2, slot=si.Y_SLOT)
-    np.testing.assert_array_equal(bx.labels_BxL, by.labels_BxL)  # the same scenes
-    assert (by.question_BxQ[:, si.Y_SLOT] == sc.label_token(ly)).all()
-    np.testing.assert_array_equal(by.question_BxQ[:, si.X_SLOT], bx.question_BxQ[:, si.Y_SLOT])
-    with pytest.raises(ValueError, match="slot"):
-        si.probe_scenes(task, labels, slot=2)
+    view = toy_view(tiny_vlm_config())
+    labels = range(1, view.n_labels + 1)
+    bx = si.probe(view, labels, placements=2)
+    by = si.probe(view, labels, placements=2, named_first=False)
+    np.testing.assert_array_equal(bx.inputs.labels_BxL, by.inputs.labels_BxL)  # same scenes
+    q_x, q_y = bx.inputs.question_BxQ, by.inputs.question_BxQ
+    assert (q_y[:, sc.Y_SLOT] == sc.label_token(by.label_N)).all()
+    np.testing.assert_array_equal(q_y[:, sc.X_SLOT], q_x[:, sc.Y_SLOT])

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 from conftest import tiny_vlm_config
 
-from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import steering as st
 from jaxmech.data import scenes as sc
-from jaxmech.models import answer, ar_vlm
-from jaxmech.models.edits import VLMEdits
+from jaxmech.families.toy_vlm.view import toy_view
+from jaxmech.families.vlm_view import examples
+from jaxmech.models import ar_vlm
+from jaxmech.models.edits import Edits
 from jaxmech.reports import steering as report
 from jaxmech.stats import correlation_ci, mann_whitney_u
 
@@ -21,21 +22,21 @@ def model_and_set():
     config = tiny_vlm_config(lm_n_layers=2)
     params = ar_vlm.init_params(config, jax.random.PRNGKey(5))
     s = sc.build_eval_sets(config.task, sc.build_tables(config.task)).unseen_pair
-    return config, params, s
+    view = toy_view(config)
+    return config, params, view, examples(view, sc.eval_specs(config.task, s)["examples"])
 
 
 def test_steering_with_a_zero_vector_is_a_no_op(model_and_set):
-    config, params, s = model_and_set
-    B, D = s.examples.answer_B.shape[0], config.model.d_model
-    plain = answer.logits(params, s.examples)
-    steered = st.steered_logits(params, s.examples, 1, jnp.zeros((B, D)))
+    config, params, view, ex = model_and_set
+    B, D = ex.answer_B.shape[0], config.model.d_model
+    plain, _ = view.forward(params, ex.inputs)
+    steered = st.steered_logits(view, params, ex.inputs, ex.spans, 1, jnp.zeros((B, D)))
     np.testing.assert_array_equal(steered, plain)  # eager: x + 0 is x
     # and alpha 0 leaves every margin, the ID's and the controls', at the plain one
-    delta = jax.random.normal(jax.random.PRNGKey(0), (s.examples.labels_BxL.shape[1], D))
-    cells = jnp.asarray(s.cells_Nx3[:, 0])
-    out = jax.jit(st.flip_margins, static_argnums=2)(
-        params, s.examples, 1, delta, cells, (cells + 1) % 9, jnp.asarray([0.0, 1.0]), jax.random.PRNGKey(1)
-    )  # fmt: skip
+    delta = jax.random.normal(jax.random.PRNGKey(0), (view.grid.cells, D))
+    cells = jnp.asarray(ex.spec.cells_BxK[:, 0])
+    run = lambda p, d, c, a, k: st.flip_margins(view, p, ex, 1, d, c, (c + 1) % 9, a, k)  # noqa: E731
+    out = jax.jit(run)(params, delta, cells, jnp.asarray([0.0, 1.0]), jax.random.PRNGKey(1))
     for kind in st.KINDS:
         np.testing.assert_allclose(out[kind][0], out["plain"], atol=1e-5)
         assert np.abs(np.asarray(out[kind][1] - out["plain"])).max() > 1e-4  # alpha 1 moves
@@ -43,22 +44,17 @@ def test_steering_with_a_zero_vector_is_a_no_op(model_and_set):
 
 
 def test_the_vector_lands_on_the_object_word_only(model_and_set):
-    config, params, s = model_and_set
-    B, D = s.examples.answer_B.shape[0], config.model.d_model
+    config, params, view, ex = model_and_set
+    B, D = ex.answer_B.shape[0], config.model.d_model
     v = jax.random.normal(jax.random.PRNGKey(2), (B, D))
-    added = st.at_word(v, 9, sc.Q_LEN)
+    added = st.at_word(v, ex.spans.x_B, ex.spans.length)
     assert added.shape == (B, 9 + sc.Q_LEN, D)
-    np.testing.assert_array_equal(added[:, 9 + si.X_SLOT], v)
+    np.testing.assert_array_equal(added[:, 9 + sc.X_SLOT], v)
     assert float(jnp.abs(added).sum()) == pytest.approx(float(jnp.abs(v).sum()), rel=1e-6)
-    # at the site, the edited residual is the plain one plus v at X's word: patching
-    # that residual in gives the same logits
-    _, aux = answer.logits(params, s.examples, capture=True)
-    _, aux_steered = answer.logits(
-        params,
-        s.examples,
-        VLMEdits(add={"lm/resid_pre.1": added}),
-        capture=True,
-    )
+    # at the site, the edited residual is the plain one plus v at X's word
+    _, aux = view.forward(params, ex.inputs, capture=True)
+    edits = Edits(add={"lm/resid_pre.1": added})
+    _, aux_steered = view.forward(params, ex.inputs, edits, capture=True)
     np.testing.assert_allclose(
         aux_steered["lm/resid_pre.1"], aux["lm/resid_pre.1"] + added, atol=1e-6
     )
@@ -87,7 +83,7 @@ def test_adversarial_targets_cross_to_the_far_edge_beyond_y():
     # 4 x 4 grid; cells row-major: (row, col) -> 4 row + col
     cells = np.array([[5, 7, -1], [14, 3, -1], [6, 4, -1], [1, 13, -1]])
     relation = np.array([0, 1, 0, 1])
-    got = report.adversarial_targets(cells, relation, 4, 4)
+    got = st.adversarial_targets(cells, relation, 4, 4)
     # X (1,1) left of Y (1,3): to (1,3); X (3,2) below Y (0,3): to row 0, col 2;
     # X (1,2) right of Y (1,0): to (1,0); X (0,1) above Y (3,1): to row 3, col 1
     assert got.tolist() == [7, 2, 4, 13]
@@ -105,7 +101,7 @@ def test_flip_rates_count_flips_among_answers_right_before():
             "rel_norm": np.array([[[[0.5, 1.5, 9.0, 2.0]]]]),
         },
     }
-    fr = report.flip_rates(res)
+    fr = st.flip_rates(res)
     assert fr[("n", "horizontal")].tolist() == [[2]] and fr[("n", "vertical")].tolist() == [[1]]
     assert fr[("id", "horizontal")][0, 0, 0] == 0.5 and fr[("id", "vertical")][0, 0, 0] == 1.0
     assert fr[("noise", "horizontal")][0, 0, 0] == 0.0

@@ -1,8 +1,11 @@
-"""Sweeps: devices, interruption and resume, refusal of foreign folders, CLI errors."""
+"""Sweeps: devices, interruption and resume, refusal of foreign folders, CLI errors;
+sweeps from a trained run's params (`init_from`)."""
 
 import glob
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -21,9 +24,9 @@ from conftest import (
     tiny_config,
 )
 
-from jaxmech import results
-from jaxmech.config import Config
-from jaxmech.sweep import SweepMismatchError, expand, run_grid
+from jaxmech import checkpoint, results
+from jaxmech.config import Config, Settings
+from jaxmech.sweep import Grid, InitFrom, SweepMismatchError, expand, run_grid
 
 TINY_FLAGS = [f"--{k}={v}" for k, v in TINY.items() if k != "n_pair_labels"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -258,3 +261,158 @@ def test_a_model_gives_the_same_numbers_in_sweeps_of_different_sizes(tmp_path):
     # resuming with another chunk size would mix programs: refused, naming both
     with pytest.raises(SweepMismatchError, match=r"chunks of 4 .*not chunks of 2"):
         run_grid(_grid(steps=20, n_pair="3,5", seeds=3), crowd, chunk_size=2, log=quiet)
+
+
+# --- sweeps from trained params (init_from) -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory):
+    """(base, other): two finished 2-model runs of the tiny config (seeds 0, 1 and 2, 3),
+    the trained params init_from sweeps start from."""
+    root = tmp_path_factory.mktemp("bases")
+    out = []
+    for name, first in (("base", 0), ("other", 2)):
+        grid = expand(tiny_config(steps=20), {"n_pair": "5"}, seeds=2, first_seed=first)
+        run_grid(grid, str(root / name), log=quiet)
+        out.append(str(root / name))
+    return tuple(out)
+
+
+def _from_grid(steps=30):
+    return expand(tiny_config(steps=steps), {"n_pair": "5"}, seeds=2)
+
+
+def test_init_from_starts_every_model_from_its_base_models_params(bases, tmp_path):
+    """With lr 0 the models never move: the folder's params are the chosen base models'
+    (the static override in place), and every evaluation repeats the base's last one."""
+    from jaxmech.sweep import identity, params_fingerprint
+
+    base = results.load_run(bases[0])
+    with open(os.path.join(bases[0], "sweep.json")) as f:  # a fresh sweep: keys as ever
+        assert list(json.load(f)) == ["format", "config", "swept", "settings", "program"]
+    assert list(identity(_from_grid())) == ["format", "config", "swept", "settings", "program"]
+    models = (1, 0, 1)
+    config = tiny_config(steps=20)
+    own = [Settings(*(np.asarray(col)[m].item() for col in base.settings)) for m in models]
+    grid = Grid(config, (), tuple(s._replace(lr=0.0) for s in own))  # by hand: lr 0
+    scale = np.asarray([2.0, 3.0, 4.0], np.float32)
+    init = InitFrom(bases[0], models, {"logit_scale_max": scale})
+    out = str(tmp_path / "still")
+    run_grid(grid, out, init_from=init, log=quiet)
+    got = results.load_run(out)
+    pick = lambda t: jax.tree_util.tree_map(lambda x: np.asarray(x)[list(models)], t)  # noqa: E731
+    start = pick(base.params)
+    start = {**start, "static": {**start["static"], "logit_scale_max": scale}}
+    flat = jax.tree_util.tree_flatten_with_path(start)[0]
+    for (path, x), y in zip(flat, jax.tree_util.tree_leaves(got.params)):
+        np.testing.assert_array_equal(x, y, err_msg=jax.tree_util.keystr(path))
+    last = {int(r["model"]): r for r in base.results}
+    metrics = ("single_acc", "seen_acc", "unseen_acc", "labelset_acc")
+    for r in got.curves:
+        for m in metrics:
+            assert r[m] == last[models[r["model"]]][m], (r, m)
+    with open(os.path.join(out, "sweep.json")) as f:
+        record = json.load(f)["init_from"]
+    assert record["run"] == os.path.abspath(bases[0]) and record["models"] == list(models)
+    assert record["static"] == ["logit_scale_max"]
+    assert record["base_sha256"] == params_fingerprint(pick(base.params))
+    assert record["sha256"] == params_fingerprint(start)
+    _, meta = checkpoint.restore(os.path.join(out, "params"))
+    assert meta["base"] == os.path.abspath(bases[0]) and meta["init_from"] == record
+
+
+def test_init_from_resumes_and_refuses_a_changed_base(bases, tmp_path):
+    """Interrupted, resumed: the uninterrupted run's CSVs byte for byte and params bit
+    for bit; a resume against a changed base (or other base models, or no init_from)
+    is refused before any compute, naming what differs."""
+    base, other = bases
+    copy = str(tmp_path / "base")
+    shutil.copytree(base, copy)
+    grid, init = _from_grid(), InitFrom(copy, (1, 0))
+    full = str(tmp_path / "full")
+    run_grid(grid, full, init_from=init, log=quiet)
+    part = str(tmp_path / "part")
+    with pytest.raises(Interrupted):
+        run_grid(grid, part, init_from=init, log=stop_after(1))  # at step 10 of 30
+    listing = sorted(os.listdir(part))
+    shutil.rmtree(copy)
+    shutil.copytree(other, copy)  # the base trained again, differently
+    with pytest.raises(SweepMismatchError, match=r"base run .* changed since"):
+        run_grid(grid, part, init_from=init, log=quiet)
+    shutil.rmtree(copy)
+    shutil.copytree(base, copy)
+    with pytest.raises(SweepMismatchError, match=r"other models of .*init_from.models"):
+        run_grid(grid, part, init_from=init._replace(models=(0, 1)), log=quiet)
+    with pytest.raises(SweepMismatchError, match=r"started from the params of .*not a fresh"):
+        run_grid(grid, part, log=quiet)
+    assert sorted(os.listdir(part)) == listing  # nothing was changed
+    resumed = run_grid(grid, part, init_from=init, log=quiet)  # the base as it was
+    assert resumed["trained_steps"] == 2 * 20
+    for name in ("results.csv", "curves.csv", "sweep.json"):
+        assert file_bytes(os.path.join(part, name)) == file_bytes(os.path.join(full, name)), name
+    _params_equal(full, part)
+    a, b = results.load_run(full), results.load_run(part)
+    for x, y in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
+        np.testing.assert_array_equal(x, y)
+    assert run_grid(grid, part, init_from=init, log=quiet)["trained_steps"] == 0  # finished
+
+
+def _diverged_copy(base: str, folder: str) -> str:
+    """A copy of `base` whose results.csv says model 0 diverged at step 7."""
+    shutil.copytree(base, folder)
+    rows = results.load_run(base).results
+    rows[0]["diverged_step"] = 7
+    results.write_csv(os.path.join(folder, "results.csv"), rows)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing", r"init_from.run: path = .*nope' does not exist"),
+        ("not_init_from", r"init_from = .*: expected a sweep.InitFrom"),
+        ("out_of_range", r"init_from.models\[1\] = 2 is out of range: .* has 2 model"),
+        ("negative", r"init_from.models\[0\] = -1 is out of range"),
+        ("count", r"init_from.models has 1 entries for the grid's 2 model"),
+        ("not_ints", r"init_from.models = .*expected one base model index"),
+        ("family", r"model_kind = 'dual_encoder' models, this grid trains 'ar_vlm'"),
+        ("shape", r"init_from.run = .*do not fit .*\['E'\] has shape"),
+        ("static_name", r"init_from.static\['nope'\]: not a constant .*logit_scale_max"),
+        ("static_shape", r"init_from.static\['logit_scale_max'\] has shape \(3,\)"),
+        ("own_out", r"init_from.run = .* is the sweep's own output folder"),
+        ("diverged", r"init_from.models\[0\] = 0: base model 0 of .* diverged at step 7"),
+    ],
+)
+def test_bad_init_from_is_refused_before_compute(bases, tmp_path, case, message):
+    """Every bad argument is named before anything is compiled or written."""
+    from conftest import tiny_vlm_config
+
+    base, grid, out = bases[0], _from_grid(), str(tmp_path / "never")
+    init = {
+        "missing": InitFrom(str(tmp_path / "nope"), (0, 1)),
+        "not_init_from": base,
+        "out_of_range": InitFrom(base, (0, 2)),
+        "negative": InitFrom(base, (-1, 0)),
+        "count": InitFrom(base, (0,)),
+        "not_ints": InitFrom(base, ("0", "1")),
+        "family": InitFrom(base, (0, 1)),
+        "shape": InitFrom(base, (0, 1)),
+        "static_name": InitFrom(base, (0, 1), {"nope": np.zeros(2)}),
+        "static_shape": InitFrom(base, (0, 1), {"logit_scale_max": np.zeros(3)}),
+        "own_out": InitFrom(base, (0, 1)),
+        "diverged": InitFrom(_diverged_copy(base, str(tmp_path / "div")), (0, 1))
+        if case == "diverged"
+        else None,
+    }[case]
+    if case == "family":
+        grid = expand(tiny_vlm_config(), {}, seeds=2)
+    if case == "shape":
+        grid = expand(tiny_config(steps=30, d_model=24, d_embed=24), {"n_pair": "5"}, seeds=2)
+    if case == "own_out":
+        out = base
+    error = TypeError if case == "not_init_from" else ValueError
+    listing = sorted(os.listdir(tmp_path))
+    with pytest.raises(error, match=message):
+        run_grid(grid, out, init_from=init, log=quiet)
+    assert sorted(os.listdir(tmp_path)) == listing  # nothing written

@@ -107,7 +107,7 @@ def test_bad_layouts_per_pair_names_the_field():
 
 def test_temporal_id_extraction_recovers_a_planted_id():
     from jaxmech.analysis import spatial_ids as si
-    from jaxmech.reports.temporal_ids import id_stats, temporal_ids
+    from jaxmech.analysis.temporal_ids import id_stats, temporal_ids
 
     rng = np.random.default_rng(0)
     D, n_labels, reps = 12, 5, 3
@@ -162,7 +162,8 @@ def test_time_reports_run_on_a_video_run(video_run):
     assert os.path.exists(os.path.join(video_run, "temporal_ids", "temporal_ids.png"))
     pat = patching.analyse_patching_run(video_run, log=quiet)
     assert {r["word"] for r in pat["rows"]} == {"before", "after", "both"}
-    assert "time" in temporal_ids.temporal_refusal(tiny_vlm_config(lm_n_layers=2), "scenes")
+    msg = temporal_ids.temporal_refusal(tiny_vlm_config(lm_n_layers=2), "scenes")
+    assert "task_kind = 'scenes' has no temporal_ids report" in msg
 
 
 def test_spatial_reports_refuse_a_video_run_by_name():

@@ -1,13 +1,16 @@
-"""Seed 004's counterfactuals on the toy VLM (issue 15): which path decides a relation,
-the content (facings), the ViT's position codes, or the LM's token order and ids?
+"""Seed 004's counterfactuals (issue 15), for any VLM family: which path decides a
+relation, the content (facings), the ViT's position codes, or the LM's token order and
+ids?
 
-Every counterfactual is data of one shape (`Counterfactual`): a permutation of the
-image's cells and a facing flip applied to the examples, and overrides of the ViT's row
-and column codes, the LM's position ids and the order in which image tokens enter the
-LM, each at its identity when unchanged. A table of them is one vmap over stacked
-`Counterfactual`s (`margins`), and a table over models one `lax.map` around it. In a
-rope2d ViT the positions act in every block and are given per block, which adds the
-localisation (`names_for`): `vit_w@b`, `vit_h@b` mirror the codes in block b only.
+Every counterfactual is data of one shape (`Counterfactual`): which version of the
+scenes it shows (`SCENES`: plain, mirrored, positions mirrored with facings kept,
+facings flipped; specs transformed by `data.spec` and rendered by the family), and
+overrides of the ViT's row and column positions, the LM's position ids and the order
+in which image tokens enter the LM, each at its identity when unchanged. A table of
+them is one vmap over stacked `Counterfactual`s (`margins`), and a table over models
+one `lax.map` around it. Where the ViT's positions act in every block (rotary), they
+are given per block, which adds the localisation (`names_for`): `vit_w@b`, `vit_h@b`
+mirror the positions in block b only. A family enters only through its VLM view.
 
 The names (`COUNTERFACTUALS`; _w: width, _h: height):
 
@@ -24,11 +27,12 @@ The names (`COUNTERFACTUALS`; _w: width, _h: height):
   facing_order_ids_w ... and the LM ids mirrored too
 
 A model's answer under a counterfactual is read as the margin of the example's own
-answer word over the other word of its relation (`models.answer.margin`): the sign says
-which of the two it chose, so two counterfactuals agree when their margins have the
-same sign.
+answer word over the other word of its relation (`families.vlm_view.margin`): the sign
+says which of the two it chose, so two counterfactuals agree when their margins have
+the same sign.
 
-Axis names (`jaxmech.shapes`): B examples, L cells, S LM tokens, C counterfactuals.
+Axis names (`jaxmech.shapes`): B examples, I image tokens, P ViT tokens, S LM tokens,
+C counterfactuals.
 """
 
 from __future__ import annotations
@@ -39,16 +43,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.analysis.spatial_ids import X_SLOT, Y_SLOT
-from jaxmech.config import TaskConfig
-from jaxmech.data import scenes as sc
-from jaxmech.models import ar_vlm, vit2d
-from jaxmech.models.answer import logits, margin, partner
-from jaxmech.models.edits import VLMEdits
+from jaxmech.data import spec as sp
+from jaxmech.data.spec import SceneSpec
+from jaxmech.families.vlm_view import Spans, VLMView, margin
+from jaxmech.models.edits import Edits
 
 # What each counterfactual changes: cells ("w" / "h" mirror), flip (facings), vit
-# ("w" / "h" mirror of the column / row codes, "half": columns + 0.5), ids (the image
-# tokens' LM position ids mirrored), order (the image tokens' order into the LM).
+# ("w" / "h" mirror of the column / row positions, "half": columns + 0.5), ids (the
+# image tokens' LM position ids mirrored), order (the image tokens' order into the LM).
 CHANGES = {
     "plain": {},
     "image_w": {"cells": "w", "flip": True},
@@ -66,117 +68,107 @@ CHANGES = {
     "facing_order_ids_w": {"flip": True, "order": "w", "ids": "w"},
 }
 COUNTERFACTUALS = tuple(CHANGES)
+# The versions of the scenes a counterfactual shows: (cells, flip) -> index.
+SCENES = ((None, False), ("w", True), ("h", False), ("w", False), (None, True))
 
 
-def names_for(params) -> tuple[str, ...]:
-    """`COUNTERFACTUALS`, and for a rope2d ViT (its positions act in every block) the
-    ViT mirrors applied in one block at a time: `vit_w@b`, `vit_h@b` for block b."""
-    if vit2d.position_kind(params) != "rope2d":
-        return COUNTERFACTUALS
-    blocks = range(vit2d.n_vit_blocks(params))
-    return COUNTERFACTUALS + tuple(f"vit_{a}@{b}" for a in "wh" for b in blocks)
+def names_for(view: VLMView, params) -> tuple[str, ...]:
+    """`COUNTERFACTUALS`, and where the ViT's positions act in every block (rotary)
+    the ViT mirrors applied in one block at a time: `vit_w@b`, `vit_h@b` for block b."""
+    n_blocks = view.vit_blocks(params)
+    return COUNTERFACTUALS + tuple(f"vit_{a}@{b}" for a in "wh" for b in range(n_blocks))
 
 
 class Counterfactual(NamedTuple):
     """One counterfactual (or C stacked): what happens to the examples and the forward.
 
-    cells [L] int: the image becomes `image[:, cells]` (a mirror permutation or the
-    identity); flip_facing [] bool; vit_rows, vit_cols [L] (a rope2d ViT: [n_blocks,
-    L]) float: the positions the ViT sees; lm_ids [3, S] float: the LM's position ids; order [L] int: the LM reads
-    image token `order[i]` at image slot i.
+    scene [] int: the version of the scenes shown (`SCENES`); vit_rows, vit_cols [P]
+    (per block: [n_blocks, P]) float: the positions the ViT sees; lm_ids [3, S] float:
+    the LM's position ids; order [I] int: the LM reads image token `order[i]` at image
+    slot i.
     """
 
-    cells: jax.Array
-    flip_facing: jax.Array
+    scene: jax.Array
     vit_rows: jax.Array
     vit_cols: jax.Array
     lm_ids: jax.Array
     order: jax.Array
 
 
-def build(params, task: TaskConfig, names=COUNTERFACTUALS) -> Counterfactual:
+def scene_versions(grid: sp.Grid, spec: SceneSpec) -> list[SceneSpec]:
+    """The examples in every version of `SCENES` (render each, stack, hand to `margins`)."""
+    move = {None: lambda s: s, "w": lambda s: sp.mirror_pos(grid, s)}
+    move["h"] = lambda s: sp.mirror_height(grid, s)
+    return [(sp.flip_facing if flip else lambda s: s)(move[c](spec)) for c, flip in SCENES]
+
+
+def token_mirrors(spans: Spans) -> dict:
+    """{"w", "h": [I]} the image token at the mirrored (row, col) of each image token in
+    the token grid (`Spans.image_trc_Ix3`)."""
+    trc = np.asarray(spans.image_trc_Ix3)
+    h, w = trc[:, 1].max() + 1, trc[:, 2].max() + 1
+    index = {tuple(x): i for i, x in enumerate(trc.tolist())}
+    flip = {"w": lambda t, r, c: (t, r, w - 1 - c), "h": lambda t, r, c: (t, h - 1 - r, c)}
+    return {a: np.asarray([index[f(*x)] for x in trc.tolist()], np.int32) for a, f in flip.items()}
+
+
+def _vit_positions(view: VLMView, params, name: str):
+    """(rows, cols) the ViT sees under counterfactual `name`: [P], or [n_blocks, P]."""
+    rows, cols, (h, w) = view.vit_positions(params)
+    mirrored = {"w": (rows, w - 1 - cols), "h": (h - 1 - rows, cols), "half": (rows, cols + 0.5)}
+    mirrored[None] = (rows, cols)
+    n_blocks = view.vit_blocks(params)
+    if "@" not in name:
+        vr, vc = mirrored[CHANGES[name].get("vit")]
+        if not n_blocks:
+            return vr, vc
+        return jnp.tile(vr, (n_blocks, 1)), jnp.tile(vc, (n_blocks, 1))
+    axis, block = name[4], int(name.split("@")[1])  # "vit_w@1"
+    vr, vc = (jnp.tile(x, (n_blocks, 1)) for x in (rows, cols))
+    mr, mc = mirrored[axis]
+    return vr.at[block].set(mr), vc.at[block].set(mc)
+
+
+def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counterfactual:
     """The named counterfactuals stacked [C, ...] for one model's params (its default
-    positions and LM ids; host NumPy in, jnp out)."""
-    known = names_for(params)
+    positions and LM ids) and the examples' spans (host NumPy in, jnp out)."""
+    known = names_for(view, params)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown counterfactuals {unknown}; known: {', '.join(known)}")
-    L = task.image_len
-    ident = np.arange(L, dtype=np.int32)
-    perm = {"w": sc.mirror_cells(task), "h": sc.height_mirror_cells(task)}
-    rows = vit2d.read(params, "cell_rows")
-    cols = vit2d.read(params, "cell_cols")
-    ids = ar_vlm.lm_position_ids(params, sc.Q_LEN)  # [3, S]
-
-    vit = {
-        "w": (rows, task.grid_w - 1 - cols),
-        "h": (task.grid_h - 1 - rows, cols),
-        "half": (rows, cols + 0.5),
-        None: (rows, cols),
-    }
-
-    rotary = vit2d.position_kind(params) == "rope2d"
-    n_blocks = vit2d.n_vit_blocks(params)
-
-    def positions(name):
-        """(rows, cols) the ViT sees: [L], or [n_blocks, L] in a rope2d ViT."""
-        if "@" not in name:
-            vr, vc = vit[CHANGES[name].get("vit")]
-            if not rotary:
-                return vr, vc
-            return jnp.tile(vr, (n_blocks, 1)), jnp.tile(vc, (n_blocks, 1))
-        axis, block = name[4], int(name.split("@")[1])  # "vit_w@1"
-        vr, vc = (jnp.tile(x, (n_blocks, 1)) for x in (rows, cols))
-        mr, mc = vit[axis]
-        return vr.at[block].set(mr), vc.at[block].set(mc)
+    perm = token_mirrors(spans)
+    ident = np.arange(len(spans.cell_I), dtype=np.int32)
+    image = np.asarray(spans.image_BxI)[0]  # one image size per batch
+    ids = view.lm_position_ids(params, spans)  # [3, S]
 
     def one(name):
         c = CHANGES.get(name, {})
-        pick = lambda key: ident if c.get(key) is None else perm[c[key]]  # noqa: E731
-        vr, vc = positions(name)
-        lm = ids if c.get("ids") is None else ids.at[:, :L].set(ids[:, perm[c["ids"]]])
+        vr, vc = _vit_positions(view, params, name)
+        lm = ids
+        if c.get("ids") is not None:
+            lm = ids.at[:, image].set(ids[:, image[perm[c["ids"]]]])
+        order = ident if c.get("order") is None else perm[c["order"]]
         return Counterfactual(
-            jnp.asarray(pick("cells")), jnp.asarray(c.get("flip", False)),
+            jnp.asarray(SCENES.index((c.get("cells"), c.get("flip", False)))),
             jnp.asarray(vr, jnp.float32), jnp.asarray(vc, jnp.float32),
-            jnp.asarray(lm, jnp.float32), jnp.asarray(pick("order")),
+            jnp.asarray(lm, jnp.float32), jnp.asarray(order),
         )  # fmt: skip
 
     return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *(one(n) for n in names))
 
 
-def apply(batch: sc.SceneBatch, cf: Counterfactual) -> tuple[sc.SceneBatch, VLMEdits]:
-    """The examples and edits of one counterfactual (answers left as the examples')."""
-    take = lambda x: jnp.asarray(x)[:, cf.cells]  # noqa: E731
-    moved = batch._replace(
-        labels_BxL=take(batch.labels_BxL),
-        colours_BxL=take(batch.colours_BxL),
-        facings_BxL=take(batch.facings_BxL),
-    )
-    flipped = sc.flip_facing(moved).facings_BxL
-    moved = moved._replace(facings_BxL=jnp.where(cf.flip_facing, flipped, moved.facings_BxL))
-    edits = VLMEdits(
-        vit_rows=cf.vit_rows, vit_cols=cf.vit_cols, lm_pos_ids=cf.lm_ids, image_order=cf.order
-    )
-    return moved, edits
-
-
-def margins(params, batch: sc.SceneBatch, cfs: Counterfactual) -> jax.Array:
-    """[C, B] the answer margin of every example under every counterfactual."""
-    answer = jnp.asarray(batch.answer_B)
+def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfactual):
+    """[C, B] the answer margin of every example under every counterfactual; `versions`:
+    the rendered `scene_versions` stacked (leading axis: `SCENES`)."""
 
     def one(cf):
-        moved, edits = apply(batch, cf)
-        return margin(logits(params, moved, edits), answer)
+        inputs = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[cf.scene], versions)
+        edits = Edits(
+            vit_rows=cf.vit_rows, vit_cols=cf.vit_cols, lm_pos_ids=cf.lm_ids, image_order=cf.order
+        )
+        return margin(view.forward(params, inputs, edits)[0], answer_B, other_B)
 
     return jax.vmap(one)(cfs)
-
-
-def swap_objects(batch: sc.SceneBatch) -> sc.SceneBatch:
-    """The same scenes asked about the objects the other way round (`is Y ... of X ?`),
-    answers the other word of the relation."""
-    q = jnp.asarray(batch.question_BxQ)
-    q = q.at[:, X_SLOT].set(q[:, Y_SLOT]).at[:, Y_SLOT].set(q[:, X_SLOT])
-    return batch._replace(question_BxQ=q, answer_B=partner(jnp.asarray(batch.answer_B)))
 
 
 def binding_failures(margin_B, swapped_margin_B) -> jax.Array:

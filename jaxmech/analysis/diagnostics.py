@@ -1,4 +1,4 @@
-"""Spatial IDs as a diagnostic of the toy VLM's errors (seed 003, issue 13, part 4).
+"""Spatial IDs as a diagnostic of a VLM's errors (seed 003, issue 13, part 4).
 
 * ID deviation: at a site y, each object word's state minus its label's centre (the
   mean state of that label over all cells, from probe scenes naming the label in that
@@ -16,6 +16,9 @@
   symbolic image a random cell away from the objects is background already, so its
   occlusion is exactly a no-op: the control checks the pipeline, not the model.
 
+A family enters only through its VLM view (`families.vlm_view`); occlusions are scene
+specs with a cell left undrawn (`data.spec.occlude`), rendered by the family.
+
 Axis names (`jaxmech.shapes`): B examples, L cells, D d_model, Y sites, O occlusions.
 """
 
@@ -25,8 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.data.scenes import SceneBatch, label_token
-from jaxmech.models.answer import logits, margin
+from jaxmech.data.spec import SceneSpec, occlude
+from jaxmech.families.vlm_view import Examples, VLMView, margin
 
 OCCLUSIONS = ("x", "y", "random")
 
@@ -47,17 +50,6 @@ def signed_deviation(believed_x, believed_y, true_x, true_y, relation_B) -> jax.
     return jnp.sign(true) * (pick(believed_x - believed_y) - true)
 
 
-def occlude(batch: SceneBatch, cell_B) -> SceneBatch:
-    """`batch` with each example's cell `cell_B` blanked to background."""
-    hit = jnp.arange(batch.labels_BxL.shape[1])[None, :] == jnp.asarray(cell_B)[:, None]
-    blank = lambda x: jnp.where(hit, 0, jnp.asarray(x))  # noqa: E731
-    return batch._replace(
-        labels_BxL=blank(batch.labels_BxL),
-        colours_BxL=blank(batch.colours_BxL),
-        facings_BxL=blank(batch.facings_BxL),
-    )
-
-
 def random_free_cells(key, cells_Bx2, n_cells: int) -> jax.Array:
     """[B] a uniform random cell other than the two given per example."""
     draw = jax.random.randint(key, cells_Bx2.shape[:1], 0, n_cells - 2)
@@ -65,37 +57,46 @@ def random_free_cells(key, cells_Bx2, n_cells: int) -> jax.Array:
     return draw + (draw >= lo) + (draw + (draw >= lo) >= hi)
 
 
-def _slot_ids(params, probe, slot: int, grid):
-    """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one slot's word."""
-    p_batch, p_label, p_cell = probe
-    L = p_batch.labels_BxL.shape[1]
-    means = si.cell_means(si.object_word_states(params, p_batch, slot), p_label, p_cell, L)
+def occlusions(spec: SceneSpec, key, n_cells: int) -> list[SceneSpec]:
+    """The examples with X's cell, Y's cell and a random free cell blanked
+    (`OCCLUSIONS`; `key` draws the random cell)."""
+    cells = jnp.asarray(spec.cells_BxK)[:, :2]
+    rand = random_free_cells(key, cells, n_cells)
+    return [occlude(spec, c) for c in (cells[:, 0], cells[:, 1], rand)]
+
+
+def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid):
+    """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one word."""
+    states = si.word_states(view, params, probe.inputs, pos_N)
+    means = si.cell_means(states, probe.label_N, probe.cell_N, grid.cells)
     delta = si.ids_from_means(means)
     return (delta, means.mean(2), *si.grid_axes(delta, *grid))
 
 
-def diagnose(params, batch, cells_Bx2, probes, key, grid: tuple[int, int]) -> dict:
-    """One model's diagnostics on `batch` (questions about X and Y at `cells_Bx2`).
+def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs) -> dict:
+    """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
-      probes: two (SceneBatch, label_N, cell_N) from `spatial_ids.probe_scenes`, naming
-        the probed label as X and as Y (host arrays: close over them under jit); every
-        label 1..n must be probed. key: PRNG key of the random occlusion. grid: (H, W),
-        static.
+      view: the family's VLM view; params: one model's params.
+      probes: two `spatial_ids.Probe`s naming the probed label first (X) and second
+        (Y) (host arrays: close over them under jit); every label 1..n must be probed.
+      occluded_inputs: the examples under each of `OCCLUSIONS` (`occlusions`), rendered
+        and stacked [O, ...].
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
-    L = batch.labels_BxL.shape[1]
-    q = jnp.asarray(batch.question_BxQ)
-    plain, aux = logits(params, batch, capture=True)  # the one forward of the examples
+    grid, sp = view.grid, ex.spans
+    plain, aux = view.forward(params, ex.inputs, capture=True)  # one forward of the examples
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
-    for probe, slot, cell in zip(probes, (si.X_SLOT, si.Y_SLOT), cells_Bx2.T):
-        delta, centres, h, v = _slot_ids(params, probe, slot, grid)
-        state = si.states_at(aux, si.n_sites(params) - 1, L + slot)
-        label = q[:, slot] - label_token(1)  # 0-based: the centres' order
+    words = ((sp.x_B, probes[0].spans.x_B), (sp.y_B, probes[1].spans.y_B))
+    for slot, (probe, (pos_B, probe_pos)) in enumerate(zip(probes, words)):
+        delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, grid)
+        state = si.states_at(aux, view.n_lm_blocks(params), pos_B)
+        label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
+        cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
         sites = range(1, delta.shape[0])
         coords.append(
             (
@@ -106,14 +107,16 @@ def diagnose(params, batch, cells_Bx2, probes, key, grid: tuple[int, int]) -> di
             )
         )
     (bx, tx), (by, ty) = coords
-    deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, batch.relation_B)
-    answer = jnp.asarray(batch.answer_B)
-    rand = random_free_cells(key, cells_Bx2, L)
-    occ = [cells_Bx2[:, 0], cells_Bx2[:, 1], rand]
+    rel = jnp.asarray(ex.spec.relation_B)
+    deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, rel)
+
+    def occluded(inputs):
+        return margin(view.forward(params, inputs)[0], ex.answer_B, ex.other_B)
+
     return {
         "deviation": deviation,
         "believed": bx - by,
         "true": tx - ty,
-        "occluded": jnp.stack([margin(logits(params, occlude(batch, c)), answer) for c in occ]),
-        "margin": margin(plain, answer),
+        "occluded": jax.lax.map(occluded, occluded_inputs),
+        "margin": margin(plain, ex.answer_B, ex.other_B),
     }

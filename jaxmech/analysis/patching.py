@@ -1,4 +1,4 @@
-"""Mirror-swap activation patching on the toy VLM (seed 003, issue 13).
+"""Mirror-swap activation patching (seed 003, issue 13), for any VLM family.
 
 Run an example and its counterfactual twin (the width mirror; the recolour twin as the
 control) with the same question; at one LM layer, replace the example's residual
@@ -14,13 +14,14 @@ denominator is the mirror's (a recolour leaves the answer, so its own denominato
 ~0): the control's shift says how much of the mirror's effect a patch of equal size
 but no spatial content produces.
 
-Sites: `lm/resid_pre.{layer}` for every LM block (the residual entering it). Token
-groups (`GROUPS`): the image tokens, the question tokens, the two object words (X at
-question slot 1, Y at slot 6), the last token (the `?` whose logits give the answer),
-and every token.
+A family enters only through its VLM view (`families.vlm_view`): its forward, its
+spans and its LM's blocks. Sites: `lm/resid_pre.{layer}` for every LM block (the
+residual entering it). Token groups (`GROUPS`, from the spans): the image tokens, the
+question tokens, the two object words (the last sub-token of each), the answer
+position, and every token.
 
-Axis names (`jaxmech.shapes`): B examples, S = L + Q LM tokens, G token groups,
-Y patch layers, V vocabulary.
+Axis names (`jaxmech.shapes`): B examples, S LM tokens, G token groups, Y patch
+layers, V vocabulary.
 """
 
 from __future__ import annotations
@@ -29,21 +30,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.analysis.spatial_ids import X_SLOT, Y_SLOT
-from jaxmech.data.scenes import SceneBatch
-from jaxmech.models.answer import logits, partner
-from jaxmech.models.edits import VLMEdits
+from jaxmech.families.vlm_view import Spans, VLMView
+from jaxmech.models.edits import Edits
 
 GROUPS = ("image", "question", "objects", "last", "all")
-OBJECT_SLOTS = (X_SLOT, Y_SLOT)
 
 
-def token_groups(n_cells: int, n_question: int) -> np.ndarray:
-    """[G, S] bool: which LM positions each group (`GROUPS`) patches."""
-    S = n_cells + n_question
-    pos = np.arange(S)
-    objects = np.isin(pos, [n_cells + s for s in OBJECT_SLOTS])
-    return np.stack([pos < n_cells, pos >= n_cells, objects, pos == S - 1, np.ones(S, bool)])
+def token_groups(spans: Spans) -> np.ndarray:
+    """[G, B, S] bool: which LM positions each group (`GROUPS`) patches, per example."""
+    B, S = np.asarray(spans.question_BxS).shape
+    pos = np.arange(S)[None, :]
+    at = lambda p_B: pos == np.asarray(p_B)[:, None]  # noqa: E731
+    image = (pos[..., None] == np.asarray(spans.image_BxI)[:, None, :]).any(-1)
+    objects = at(spans.x_B) | at(spans.y_B)
+    every = np.ones((B, S), bool)
+    return np.stack([image, np.asarray(spans.question_BxS), objects, at(spans.answer_B), every])
 
 
 def belief_shift(orig, patched, twin, eps: float = 1e-6):
@@ -54,46 +55,42 @@ def belief_shift(orig, patched, twin, eps: float = 1e-6):
     return jnp.where(ok, (orig - patched) / jnp.where(ok, denom, 1.0), jnp.nan)
 
 
-def n_patch_layers(params) -> int:
-    """Y: the LM blocks, one site (`lm/resid_pre.{layer}`) each."""
-    return sum(1 for k in params["lm"] if k.startswith("block_"))
-
-
 def _answer_logp(logits_xBxV, answer_B):
     logp = jax.nn.log_softmax(logits_xBxV, axis=-1)
     idx = jnp.broadcast_to(answer_B[:, None], logp.shape[:-1] + (1,))
     return jnp.take_along_axis(logp, idx, axis=-1)[..., 0]
 
 
-def patch_logp(params, batch: SceneBatch, twin: SceneBatch, groups_GxS) -> dict:
+def patch_logp(view: VLMView, params, inputs, twin_inputs, groups_GxBxS, answer_B, other_B) -> dict:
     """Log-probabilities of each example's own answer word, plain and patched.
 
     Args:
-      params: one VLM's params (vmap over stacked ones).
-      batch: the examples; twin: their twins (same questions), e.g. `SceneEvalSet.mirror`.
-      groups_GxS: bool token groups (`token_groups`).
+      view: the family's VLM view; params: one model's params (vmap over stacked ones).
+      inputs, twin_inputs: the examples and their twins rendered by `view.render` (the
+        same questions, so the same spans), e.g. the mirror twins.
+      groups_GxBxS: bool token groups (`token_groups` of the examples' spans).
+      answer_B, other_B: each example's answer word and the other word of its relation
+        (`families.vlm_view.answer_ids`).
 
     Returns:
       {"orig": [B], "twin": [B], "patched": [Y, G, B]} log p(answer_B) under the full
       softmax: the example, the twin, and the example with `lm/resid_pre.{y}` at group
       g's positions taken from the twin's run; "orig_other", "twin_other" [B]: the log
-      p of the other word of the relation (`models.answer.partner`), to tell which
-      examples each run answers right.
+      p of the other word, to tell which examples each run answers right.
     """
-    answer = jnp.asarray(batch.answer_B)
-    other = partner(answer)
-    twin_logits, twin_aux = logits(params, twin, capture=True)
-    orig_logits = logits(params, batch)
+    answer, other = jnp.asarray(answer_B), jnp.asarray(other_B)
+    twin_logits, twin_aux = view.forward(params, twin_inputs, capture=True)
+    orig_logits, _ = view.forward(params, inputs)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
     per_layer = []
-    for y in range(n_patch_layers(params)):
+    for y in range(view.n_lm_blocks(params)):
         name = f"lm/resid_pre.{y}"
 
-        def patched(mask_S, name=name):
-            edits = VLMEdits(replace={name: (mask_S[None, :, None], twin_aux[name])})
-            return logits(params, batch, edits)
+        def patched(mask_BxS, name=name):
+            edits = Edits(replace={name: (mask_BxS[:, :, None], twin_aux[name])})
+            return view.forward(params, inputs, edits)[0]
 
-        per_layer.append(_answer_logp(jax.vmap(patched)(jnp.asarray(groups_GxS)), answer))
+        per_layer.append(_answer_logp(jax.vmap(patched)(jnp.asarray(groups_GxBxS)), answer))
     return {
         "orig": orig,
         "twin": twin_lp,

@@ -1,7 +1,7 @@
-"""Steering the toy VLM with its spatial IDs (seed 003, issue 13, part 3).
+"""Steering a VLM with its spatial IDs (seed 003, issue 13, part 3), for any family.
 
-At one LM site `lm/resid_pre.{y}`, add to the object word X's residual (question slot
-`spatial_ids.X_SLOT`) the ID difference
+At one LM site `lm/resid_pre.{y}`, add to the object word X's residual (its last
+sub-token, `Spans.x_B`) the ID difference
 
     alpha * (Delta_y(target) - Delta_y(source))
 
@@ -15,35 +15,42 @@ Controls, each matched per example to the steering vector's norm: Gaussian noise
 a Gaussian direction projected off the ID subspace (`id_span_projector`: the span of
 `Delta_y` over the cells that holds `energy` of its variance).
 
-Axis names (`jaxmech.shapes`): B examples, L cells, D d_model, V vocabulary, A alphas.
+A family enters only through its VLM view (`families.vlm_view`).
+
+Axis names (`jaxmech.shapes`): B examples, S LM tokens, L cells, D d_model, V
+vocabulary, A alphas.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from jaxmech.analysis.spatial_ids import X_SLOT
-from jaxmech.data.scenes import SceneBatch
-from jaxmech.models.answer import logits, margin
-from jaxmech.models.edits import VLMEdits
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.data.spec import RELATIONS
+from jaxmech.families.vlm_view import VLMView, margin, rows_at
+from jaxmech.models.edits import Edits
 
 KINDS = ("id", "noise", "orthogonal")
+ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
+REF_ALPHA = 5.0  # the paper's grid-searched value
+CURVE_ALPHA = 1.0  # moving X's ID exactly to the target's (no extrapolation)
 
 
-def at_word(vectors_BxD, n_cells: int, n_question: int, slot: int = X_SLOT):
-    """[B, S, D]: each example's vector at question slot `slot`, zeros elsewhere."""
+def at_word(vectors_BxD, pos_B, length: int):
+    """[B, S, D]: each example's vector at its position pos_B[b], zeros elsewhere."""
     B, D = vectors_BxD.shape
-    out = jnp.zeros((B, n_cells + n_question, D), vectors_BxD.dtype)
-    return out.at[:, n_cells + slot].set(vectors_BxD)
+    out = jnp.zeros((B, length, D), vectors_BxD.dtype)
+    return out.at[jnp.arange(B), jnp.asarray(pos_B)].set(vectors_BxD)
 
 
-def steered_logits(params, batch: SceneBatch, site: int, vectors_BxD, slot: int = X_SLOT):
-    """[B, V] the logits with `vectors_BxD` added to `lm/resid_pre.{site}` at the word
-    in question slot `slot` (a zero vector is a no-op)."""
-    L, Q = batch.labels_BxL.shape[1], batch.question_BxQ.shape[1]
-    edits = VLMEdits(add={f"lm/resid_pre.{site}": at_word(vectors_BxD, L, Q, slot)})
-    return logits(params, batch, edits)
+def steered_logits(view: VLMView, params, inputs, spans, site: int, vectors_BxD, pos_B=None):
+    """[B, V] the logits with `vectors_BxD` added to `lm/resid_pre.{site}` at each
+    example's position `pos_B` (default: X's word; a zero vector is a no-op)."""
+    pos_B = spans.x_B if pos_B is None else pos_B
+    edits = Edits(add={f"lm/resid_pre.{site}": at_word(vectors_BxD, pos_B, spans.length)})
+    return view.forward(params, inputs, edits)[0]
 
 
 def id_span_projector(delta_LxD, energy: float = 0.99):
@@ -66,23 +73,23 @@ def matched_noise(key, like_BxD, projector_DxD=None):
     return z * norm / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-30)
 
 
-def flip_margins(params, batch, site, delta_LxD, source_B, target_B, alphas, key) -> dict:
+def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key) -> dict:
     """Answer margins under ID steering and its two norm-matched controls.
 
     Args:
-      params: one VLM's params; batch: the examples [B]; site: y in `lm/resid_pre.{y}`
-        (a Python int: static under jit).
+      view: the family's VLM view; params: one model's params; ex: the examples
+        (`Examples`: inputs, spans, answer and other word [B]); site: y in
+        `lm/resid_pre.{y}` (a Python int: static under jit).
       delta_LxD: the model's ID at that site; source_B, target_B: cells (X's own cell,
         the cell to steer it to).
       alphas: [A] multipliers; key: PRNG key of the controls.
 
     Returns:
-      {"plain": [B], kind: [A, B] for kind in KINDS} margins (`models.answer.margin`); "rel_norm"
+      {"plain": [B], kind: [A, B] for kind in KINDS} margins (`margin`); "rel_norm"
       [A, B]: |added vector| / |X's residual at the site|.
     """
-    answer = jnp.asarray(batch.answer_B)
-    plain, aux = logits(params, batch, capture=True)
-    x_BxD = aux[f"lm/resid_pre.{site}"][:, batch.labels_BxL.shape[1] + X_SLOT]
+    plain, aux = view.forward(params, ex.inputs, capture=True)
+    x_BxD = rows_at(aux[f"lm/resid_pre.{site}"], ex.spans.x_B)
     step_BxD = delta_LxD[target_B] - delta_LxD[source_B]
     projector = id_span_projector(delta_LxD)
     k_noise, k_orth = jax.random.split(key)
@@ -91,25 +98,93 @@ def flip_margins(params, batch, site, delta_LxD, source_B, target_B, alphas, key
 
     def at(alpha):
         return {
-            kind: margin(steered_logits(params, batch, site, alpha * v), answer)
+            kind: margin(
+                steered_logits(view, params, ex.inputs, ex.spans, site, alpha * v),
+                ex.answer_B,
+                ex.other_B,
+            )
             for kind, v in zip(KINDS, (step_BxD, noise, orth))
         }
 
     out = jax.lax.map(at, jnp.asarray(alphas, jnp.float32))
     rel = jnp.linalg.norm(step_BxD, axis=-1) / jnp.maximum(jnp.linalg.norm(x_BxD, axis=-1), 1e-30)
     return out | {
-        "plain": margin(plain, answer),
+        "plain": margin(plain, ex.answer_B, ex.other_B),
         "rel_norm": jnp.asarray(alphas, jnp.float32)[:, None] * rel[None],
     }
 
 
-def id_curve(params, batch, site, delta_LxD, source_B, alpha, words):
+def id_curve(view, params, ex, site, delta_LxD, source_B, alpha, words):
     """[L, B, W] the logits of `words` (token ids [W]) with X steered from its cell to
     every cell in turn (`alpha * (Delta(target) - Delta(source))`)."""
     words = jnp.asarray(words)
 
     def to(target):
         v = alpha * (delta_LxD[target] - delta_LxD[source_B])
-        return steered_logits(params, batch, site, v)[:, words]
+        return steered_logits(view, params, ex.inputs, ex.spans, site, v)[:, words]
 
     return jax.lax.map(to, jnp.arange(delta_LxD.shape[0]))
+
+
+def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.ndarray:
+    """[N] the cell X is steered to: the far column on the other side of Y in X's row
+    (left/right questions), the far row on the other side of Y in X's column
+    (above/below)."""
+    (xr, xc), (yr, yc) = np.divmod(cells_Nx3[:, 0], grid_w), np.divmod(cells_Nx3[:, 1], grid_w)
+    h_col = np.where(xc < yc, grid_w - 1, 0)
+    v_row = np.where(xr < yr, grid_h - 1, 0)
+    return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
+
+
+def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0) -> dict:
+    """Per model and LM site y >= 1 (before it the object word has seen no image):
+    flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
+    the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`), with
+    the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
+    scenes of every label (`spatial_ids.probe`)."""
+    pr = si.probe(view, range(1, view.n_labels + 1))
+    sites = range(1, view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K)))
+    words = np.asarray(view.answer_words)[:2].ravel()  # left, right, above, below
+    L = view.grid.cells
+
+    def one_model(args):
+        p, key = args
+        states = si.word_states(view, p, pr.inputs, pr.spans.x_B)
+        delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
+        out = [
+            (
+                flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key),
+                id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words),
+            )
+            for y in sites
+        ]
+        stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+        return (*jax.tree_util.tree_map(stack, *out), delta)
+
+    k = len(jax.tree_util.tree_leaves(params_K)[0])
+    keys = jax.random.split(jax.random.PRNGKey(seed), k)
+    flips, curves, delta = jax.device_get(jax.lax.map(jax.jit(one_model), (params_K, keys)))
+    return {
+        "flips": flips,
+        "curves": curves,
+        "relation": np.asarray(ex.spec.relation_B),
+        "delta": np.asarray(delta),
+    }
+
+
+def flip_rates(res: dict) -> dict:
+    """{(kind, relation): [K, Y', A] flip rates}, {("n", relation): [K, Y']} answers
+    right before steering, {("rel_norm", relation): [K, Y', A]} mean relative norms."""
+    f = res["flips"]
+    right = f["plain"] > 0  # [K, Y', B]
+    out = {}
+    for r, name in enumerate(RELATIONS):
+        w = right & (res["relation"] == r)[None, None]
+        n = w.sum(-1)
+        out[("n", name)] = n
+        den = np.maximum(n, 1)[..., None]
+        for kind in KINDS:
+            flipped = w[:, :, None] & (f[kind] < 0)
+            out[(kind, name)] = flipped.sum(-1) / den
+        out[("rel_norm", name)] = (f["rel_norm"] * w[:, :, None]).sum(-1) / den
+    return out

@@ -11,8 +11,8 @@ logits are
 e.g. `RR` (row code attending to row code: the vertical gradient), `KK` (horizontal),
 `CK` (a content query reading column codes). With LayerNorm the parts are LayerNorm's
 per-token linear split at this input (`models.attention.ln_parts`, as
-`analysis.decompose`): exact sums, first-order ablations. `models.edits.VLMEdits.
-vit_term_keep` removes terms inside the forward in the same `VIT_TERMS` order.
+`analysis.decompose`): exact sums, first-order ablations. `Edits.term_keep["vit"]`
+removes terms inside the forward in the same `VIT_TERMS` order (`models.edits`).
 
 Axis names (`jaxmech.shapes`): B images, H heads, L cells (queries x keys).
 """
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from jaxmech.models import vit2d
 from jaxmech.models.attention import block_input, logit_terms
-from jaxmech.models.edits import VIT_TERMS, VLMEdits
+from jaxmech.models.edits import VIT_TERMS, Edits
 from jaxmech.models.vit2d import read
 from jaxmech.models.vlm_checks import check_cells, check_edits, check_params
 
@@ -34,7 +34,7 @@ def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=No
     Args:
       params: one VLM's params (`models.ar_vlm`; vmap over stacked ones).
       labels_BxL, colours_BxL, facings_BxL: int cells, as `ar_vlm.forward` takes them.
-      vit_rows, vit_cols: optional float [L] position overrides (`VLMEdits`).
+      vit_rows, vit_cols: optional float [L] position overrides (`Edits`).
 
     Returns:
       dict of [B, H, L, L] (rows queries, columns keys): "CC", "CR", ..., "BB"
@@ -48,7 +48,7 @@ def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=No
             "vit_logit_terms: this ViT uses rope2d (no additive row / column codes), so "
             "the C / R / K split does not apply"
         )
-    edits = VLMEdits(vit_rows=vit_rows, vit_cols=vit_cols)
+    edits = Edits(vit_rows=vit_rows, vit_cols=vit_cols)
     check_edits(params, edits, 1)
     aux = {}
     parts = vit2d.vit_inputs(params, labels_BxL, colours_BxL, facings_BxL, edits, aux)

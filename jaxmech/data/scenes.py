@@ -62,7 +62,9 @@ import numpy as np
 
 from jaxmech.config import ConfigError, Settings, TaskConfig
 from jaxmech.data import relations1d as r1
+from jaxmech.data import spec
 from jaxmech.data.relations2d import draw_pair_layout
+from jaxmech.data.spec import Grid, SceneSpec
 
 __all__ = [
     "SCENE_WORDS",
@@ -132,51 +134,28 @@ class SceneBatch(NamedTuple):
     relation_B: jax.Array
 
 
-class SceneObjects(NamedTuple):
-    """A scene before rendering: K = 3 slots per row (first-named object, second-named
-    object, distractor); a slot with label 0 is absent (a single-object question names
-    `mid` as its second object and has no distractor), and a first-named label at cell
-    -1 is named by the question but not in the image (answer `no`; the object shown is
-    then in the distractor slot).
-
-    cells_BxK, labels_BxK, colours_BxK, facings_BxK int32; relation_B int32.
-    """
-
-    cells_BxK: jax.Array
-    labels_BxK: jax.Array
-    colours_BxK: jax.Array
-    facings_BxK: jax.Array
-    relation_B: jax.Array
+# A scene before rendering: K = 3 slots per row (first-named object, second-named object,
+# distractor), the scene spec of every VLM family (`data.spec`). A single-object question
+# names `mid` as its second object and has no distractor; a first-named label at cell -1
+# is named but not in the image (answer `no`; the object shown is in the distractor slot).
+SceneObjects = SceneSpec
 
 
 # ---------------------------------------------------------------------------
 # geometry, rendering and questions (NumPy or jnp inputs; jittable)
 
 
+def grid_of(task: TaskConfig) -> Grid:
+    """The task's cell grid (`data.spec.Grid`)."""
+    return Grid(task.grid_h, task.grid_w)
+
+
 def _coord(task: TaskConfig, cell, relation):
-    """The coordinate a relation compares: the column (0, horizontal) or row (1)."""
-    return jnp.where(relation == 0, cell % task.grid_w, cell // task.grid_w)
-
-
-def _extent(task: TaskConfig, relation):
-    return jnp.where(relation == 0, task.grid_w, task.grid_h)
+    return spec.coord(grid_of(task), cell, relation)
 
 
 def _half_defined(task: TaskConfig, cell, relation):
-    """Whether the cell lies in a half of the grid along the relation (not the middle
-    column / row of an odd grid), i.e. whether the single-object question is defined."""
-    return 2 * _coord(task, cell, relation) + 1 != _extent(task, relation)
-
-
-def _first_word(task: TaskConfig, objects: SceneObjects):
-    """[B] bool: the answer is the first word (left / above). Pairs compare the named
-    objects' coordinates; singles ask the half of the grid the object is in."""
-    rel = objects.relation_B
-    a = _coord(task, objects.cells_BxK[:, 0], rel)
-    b = _coord(task, objects.cells_BxK[:, 1], rel)
-    single = objects.labels_BxK[:, 1] == 0
-    side = jnp.where(single, 2 * a + 1 < _extent(task, rel), a < b)
-    return side | (rel == PRESENCE)  # presence: "yes" unless X is absent (`render`)
+    return spec.half_defined(grid_of(task), cell, relation)
 
 
 def question_tokens(relation_B, first_label_B, second_label_B):
@@ -197,7 +176,7 @@ def render(task: TaskConfig, objects: SceneObjects) -> SceneBatch:
         return jnp.where(here_BxLxK, attr_BxK[:, None, :], 0).sum(-1).astype(jnp.int32)
 
     rel = objects.relation_B.astype(jnp.int32)
-    answer = TOKEN["left"] + 2 * rel + 1 - _first_word(task, objects).astype(jnp.int32)
+    answer = TOKEN["left"] + 2 * rel + 1 - spec.first_word(grid_of(task), objects).astype(jnp.int32)
     answer = jnp.where(objects.cells_BxK[:, 0] < 0, TOKEN["no"], answer)  # X absent
     return SceneBatch(
         paint(objects.labels_BxK),
@@ -221,19 +200,13 @@ def _skip_two(z, lo, hi):
 
 
 def mirror_cells(task: TaskConfig) -> np.ndarray:
-    """[L] the cell that cell i moves to under a width flip: (r, c) -> (r, W - 1 - c)."""
-    cells = np.arange(task.image_len)
-    return (cells // task.grid_w * task.grid_w + task.grid_w - 1 - cells % task.grid_w).astype(
-        np.int32
-    )
+    """[L] the cell that cell i moves to under a width flip (`data.spec.mirror_cells`)."""
+    return spec.mirror_cells(grid_of(task))
 
 
 def height_mirror_cells(task: TaskConfig) -> np.ndarray:
-    """[L] the cell that cell i moves to under a height flip: (r, c) -> (H - 1 - r, c)."""
-    cells = np.arange(task.image_len)
-    return ((task.grid_h - 1 - cells // task.grid_w) * task.grid_w + cells % task.grid_w).astype(
-        np.int32
-    )
+    """[L] the cell that cell i moves to under a height flip."""
+    return spec.height_mirror_cells(grid_of(task))
 
 
 def mirror_height(batch: SceneBatch, task: TaskConfig) -> SceneBatch:
@@ -656,6 +629,39 @@ def build_eval_sets(task: TaskConfig, tables: SceneTables) -> SceneEvalSets:
         train_pair=_pair_set(task, tables, train_labels, rng, lambda r: 1.0 / (r + 1.0)),
         single=_single_set(task, tables, rng),
     )
+
+
+def _spec_of(task: TaskConfig, s: SceneEvalSet) -> SceneSpec:
+    """The spec the set's examples were rendered from (`render` gives them back)."""
+    cells = np.asarray(s.cells_Nx3)
+    at = lambda img: np.take_along_axis(np.asarray(img), np.maximum(cells, 0), 1)  # noqa: E731
+    here = cells >= 0
+    q = np.asarray(s.examples.question_BxQ)
+    named = np.stack([q[:, X_SLOT], q[:, Y_SLOT]], 1) - label_token(0)
+    named = np.where(named > 0, named, 0)  # `mid` names no object
+    labels = np.concatenate([named, np.where(here[:, 2:], at(s.examples.labels_BxL)[:, 2:], 0)], 1)
+    paint = lambda img: np.where(here, at(img), 0).astype(np.int32)  # noqa: E731
+    rel = np.asarray(s.examples.relation_B, np.int32)
+    colours, facings = paint(s.examples.colours_BxL), paint(s.examples.facings_BxL)
+    return SceneSpec(cells.astype(np.int32), labels.astype(np.int32), colours, facings, rel)
+
+
+def eval_specs(task: TaskConfig, s: SceneEvalSet, mirror_twin=spec.mirror) -> dict:
+    """{"examples": spec, twin: spec for each of `TWINS`}: the set as scene specs, the
+    twins as transforms of the examples' spec (the recolour twin's colours read from it;
+    `mirror_twin(grid, spec)` makes the mirror twins). Rendering each gives the set's
+    stored batch (tested)."""
+    grid, ex = grid_of(task), _spec_of(task, s)
+    cells = np.maximum(np.asarray(ex.cells_BxK), 0)
+    colours = np.take_along_axis(np.asarray(s.recolour.colours_BxL), cells, 1)
+    mirror_pos_twin = spec.mirror_pos if mirror_twin is spec.mirror else mirror_twin
+    return {
+        "examples": ex,
+        "mirror": mirror_twin(grid, ex),
+        "mirror_pos": mirror_pos_twin(grid, ex),
+        "flip_facing": spec.flip_facing(ex),
+        "recolour": spec.recolour(ex, colours),
+    }
 
 
 # ---------------------------------------------------------------------------

@@ -18,6 +18,13 @@ other two run once on the host.
   answer_relations                           question tasks only: the relations asked,
                                                as (metric name, relation id) pairs
   words                                      question tasks only: the word ids' names
+  reports                                    the reports (by folder name) its data
+                                               supports; one applies to a run when the
+                                               family declares it too
+  eval_specs(task_config, eval_set) -> {name: SceneSpec}
+                                             scene tasks only: one eval set and its
+                                               twins as scene specs (`data.spec`), what
+                                               the seed 003 / 004 methods render
 
 What a batch holds is between the task and the model families that train on it: the
 caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is
@@ -62,6 +69,8 @@ class Task(NamedTuple):
     epoch_items: Callable | None = None
     answer_relations: tuple = ()  # question tasks: ((metric name, relation id), ...)
     words: tuple = ()  # question tasks: the names of the word ids
+    eval_specs: Callable | None = None  # scene tasks: an eval set as `data.spec` specs
+    reports: tuple[str, ...] = ()  # the reports its data supports (folder names)
 
 
 def caption_sampler(module, positives: Callable | None = None) -> Callable:
@@ -90,15 +99,21 @@ TASKS: dict[str, Task] = {
         relations1d.build_eval_sets,
         caption_sampler(relations1d),
         _line_epoch_items,
+        reports=("mechanism", "rope", "text"),
     ),
     "2d": Task(
-        "2d", relations2d.build_tables, relations2d.build_eval_sets, caption_sampler(relations2d)
+        "2d",
+        relations2d.build_tables,
+        relations2d.build_eval_sets,
+        caption_sampler(relations2d),
+        reports=("relations",),
     ),
     "three": Task(
         "three",
         relations3.build_tables,
         relations3.build_eval_sets,
         caption_sampler(relations3, relations3.positives),
+        reports=("relations",),
     ),
     # questions about grid scenes for the autoregressive VLM: batches are
     # `scenes.SceneBatch`, eval sets `scenes.SceneEvalSets` (streaming only)
@@ -109,6 +124,9 @@ TASKS: dict[str, Task] = {
         scenes.sample_batch,
         answer_relations=(("h", 0), ("v", 1)),
         words=scenes.SCENE_WORDS,
+        eval_specs=scenes.eval_specs,
+        reports=("patching", "spatial_ids", "steering", "diagnostics", "counterfactuals")
+        + ("vit_terms", "id_loss"),
     ),
     # the scenes read as video: rows are frames, questions before / after (`data.video`)
     "video": Task(
@@ -118,6 +136,8 @@ TASKS: dict[str, Task] = {
         video.sample_batch,
         answer_relations=video.ANSWER_RELATIONS,
         words=video.VIDEO_WORDS,
+        eval_specs=video.eval_specs,
+        reports=("patching", "spatial_ids", "temporal_ids", "id_loss"),
     ),
 }
 assert tuple(TASKS) == TASK_KINDS, "config.TASK_KINDS and the task registry disagree"

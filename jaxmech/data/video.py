@@ -29,6 +29,7 @@ import numpy as np
 
 from jaxmech.config import ConfigError, TaskConfig
 from jaxmech.data import scenes as sc
+from jaxmech.data import spec
 
 VIDEO_WORDS = tuple({"above": "before", "below": "after"}.get(w, w) for w in sc.SCENE_WORDS)
 TIME = 1  # the relation id of before / after (the scenes' vertical one)
@@ -91,6 +92,12 @@ def build_eval_sets(task: TaskConfig, tables: sc.SceneTables) -> sc.SceneEvalSet
         return s._replace(mirror=rev, mirror_pos=rev)
 
     return sc.SceneEvalSets(*(reversed_twins(s) for s in sets))
+
+
+def eval_specs(task: TaskConfig, s: sc.SceneEvalSet) -> dict:
+    """The set and its twins as scene specs (`scenes.eval_specs`), the mirrors reversed
+    in time."""
+    return sc.eval_specs(task, s, mirror_twin=spec.mirror_height)
 
 
 def describe(batch: sc.SceneBatch, task: TaskConfig, i: int = 0) -> str:

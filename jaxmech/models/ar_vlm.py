@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jaxmech.config import Config
 from jaxmech.models import vit2d
 from jaxmech.models.attention import Rotary, block_forward, layer_norm
-from jaxmech.models.edits import NO_VLM_EDITS, VLMEdits
+from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.vit2d import read
 from jaxmech.models.vlm_checks import check_edits, check_inputs, check_params
 
@@ -302,7 +302,7 @@ def forward(
     facings_BxL,
     question_BxQ,
     *,
-    edits: VLMEdits | None = None,
+    edits: Edits | None = None,
     capture: bool = False,
 ):
     """The VLM's one forward pass: the LM's logits at the last position.
@@ -314,7 +314,7 @@ def forward(
         (0 background, 1 left, 2 right).
       question_BxQ: int LM token ids in [0, V - 1] (`data.scenes`), the answer
         predicted after the last one.
-      edits: interventions as data (`models.edits.VLMEdits`; names: `edit_names`).
+      edits: interventions as data (`models.edits.Edits`; names: `edit_names`).
       capture: also return the named intermediates (static under jit). The last LM
         block then computes every query row (same logits up to float rounding).
 
@@ -324,7 +324,7 @@ def forward(
       `lm/{point}.{layer}` (points: `models.vlm_checks.POINTS`; `rot_q`, `rot_k`
       with rotary positions) and `lm/final` (the last position's residual, [B, D]).
     """
-    edits = NO_VLM_EDITS if edits is None else edits
+    edits = NO_EDITS if edits is None else edits
     check_params(params)
     check_inputs(params, labels_BxL, colours_BxL, facings_BxL, question_BxQ)
     check_edits(params, edits, question_BxQ.shape[1])

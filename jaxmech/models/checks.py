@@ -201,6 +201,12 @@ def check_edits(params, edits, tower: str) -> None:
     term_keep [H, 9], vp_keep [H], rope_keep [H] or [Y, H] per tower (one model's
     edits: vmap or lax.map over stacked ones); replace / add names must exist.
     """
+    for field in ("vit_rows", "vit_cols", "lm_pos_ids", "image_order"):
+        if getattr(edits, field) is not None:
+            raise ValueError(
+                f"edits.{field}: the dual encoder has no such position override (its "
+                "towers' positions are the forward's vision_positions / text_positions)"
+            )
     H = params[tower]["block_0"]["W_Q"].shape[0]
     n_layers = sum(1 for k in params[tower] if k.startswith("block_"))
     fields = {"term_keep": ((H, 9),), "vp_keep": ((H,),), "rope_keep": ((H,), (n_layers, H))}

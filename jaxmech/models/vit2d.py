@@ -176,10 +176,10 @@ def vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits):
     aux = {}
     parts = vit_inputs(params, labels_BxL, colours_BxL, facings_BxL, edits, aux)
     first = None
-    if edits.vit_term_keep is not None:
+    if "vit" in edits.term_keep:
         content, row, col = parts
         first = FirstBlock(
-            None, None, None, content, row, term_keep=edits.vit_term_keep,
+            None, None, None, content, row, term_keep=edits.term_keep["vit"],
             extra_parts=parts, term_names=("C", "R", "K"),
         )  # fmt: skip
     x = edits("vit/resid_pre.0", parts[0] + parts[1] + parts[2])

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from jaxmech.models.checks import BLOCK_KEYS
-from jaxmech.models.edits import VIT_TERMS, VLMEdits
+from jaxmech.models.edits import VIT_TERMS, Edits
 from jaxmech.shapes import check_int_array, is_concrete
 
 POINTS = (
@@ -115,7 +115,7 @@ def check_inputs(params, labels_BxL, colours_BxL, facings_BxL, question_BxQ) -> 
 
 
 def edit_names(params) -> tuple[str, ...]:
-    """Every intermediate the forward names (and `VLMEdits.replace` / `add` accept)."""
+    """Every intermediate the forward names (and `Edits.replace` / `add` accept)."""
     rotary_vit = "vit_rope_freqs" in params["static"]
     names = ["vit/content", "vit/row_part", "vit/col_part", "proj/out", "lm/final"]
     for part, rotary in (("vit", rotary_vit), ("lm", True)):
@@ -136,11 +136,20 @@ def _shape(name: str, x, shapes, what: str) -> None:
 
 
 def check_edits(params, edits, n_question: int) -> None:
-    """Checks a `VLMEdits` against the params: names, shapes, and a permutation order."""
-    if not isinstance(edits, VLMEdits):
+    """Checks an `Edits` against the params: the fields this family reads, names,
+    shapes, and a permutation order."""
+    if not isinstance(edits, Edits):
         raise ValueError(
-            f"edits is a {type(edits).__name__}: expected models.edits.VLMEdits (or None)"
+            f"edits is a {type(edits).__name__}: expected models.edits.Edits (or None)"
         )
+    for field, allowed in (("term_keep", ("vit",)), ("vp_keep", ()), ("rope_keep", ())):
+        unknown = [k for k in getattr(edits, field) if k not in allowed]
+        if unknown:
+            raise ValueError(
+                f"edits.{field} has keys {unknown}: the toy VLM takes "
+                + (f"only {list(allowed)}" if allowed else "none (a dual-encoder edit)")
+            )
+    term_keep = edits.term_keep.get("vit")
     known = set(edit_names(params))
     for field in ("replace", "add"):
         bad = [n for n in getattr(edits, field) if n not in known]
@@ -151,10 +160,10 @@ def check_edits(params, edits, n_question: int) -> None:
             )
     L, H = n_cells(params), params["vit"]["block_0"]["W_Q"].shape[0]
     S = L + n_question
-    _shape("vit_term_keep", edits.vit_term_keep, [(H, len(VIT_TERMS))], "heads x VIT_TERMS")
-    if edits.vit_term_keep is not None and "vit_rope_freqs" in params["static"]:
+    _shape("term_keep['vit']", term_keep, [(H, len(VIT_TERMS))], "heads x VIT_TERMS")
+    if term_keep is not None and "vit_rope_freqs" in params["static"]:
         raise ValueError(
-            "edits.vit_term_keep: this ViT uses rope2d (no additive position), so the "
+            "edits.term_keep['vit']: this ViT uses rope2d (no additive position), so the "
             "content / row / column term split does not apply"
         )
     rotary_vit = "vit_rope_freqs" in params["static"]

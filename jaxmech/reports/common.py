@@ -27,7 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.data.spec import PRESENCE, RELATIONS, take  # noqa: F401  (RELATIONS: for reports)
+from jaxmech.data.tasks import get_task
+from jaxmech.families import family_for, get_family
+from jaxmech.families.vlm_view import Examples, VLMView, examples
 from jaxmech.results import load_config, load_run, write_csv
 from jaxmech.stats import mean_ci
 from jaxmech.train import build_data
@@ -191,23 +196,65 @@ def open_report(path: str, refusal, folder: str, log=print) -> tuple[LoadedRun, 
     return open_run(path, log=log), out
 
 
-def needs_ar_vlm(config, path: str) -> str | None:
-    """The refusal of the reports that read the autoregressive VLM (None: it applies)."""
-    if config.model.model_kind != "ar_vlm":
-        return f"{path}: model_kind = {config.model.model_kind!r}: the report needs 'ar_vlm'"
+def declared(report: str, hint: str = ""):
+    """The refusal of report `report` (its folder name): None when the run's family and
+    its task both declare the report (`Family.reports`, `Task.reports`), else why not
+    (`hint`, with {path} filled in, says which report to use instead)."""
+
+    def refusal(config, path: str) -> str | None:
+        family, task = get_family(config.model.model_kind), get_task(config.task.task_kind)
+        for field, holder in (("model_kind", family), ("task_kind", task)):
+            if report not in holder.reports:
+                known = ", ".join(holder.reports) or "none"
+                more = f"; {hint.format(path=path)}" if hint else ""
+                return (
+                    f"{path}: {field} = {holder.name!r} has no {report} report (its "
+                    f"reports: {known}){more}"
+                )
+        return None
+
+    return refusal
+
+
+def needs_depth(config, path: str) -> str | None:
+    """Why a VLM has no LM site to steer, one after an LM block and before the last
+    (None: it has one)."""
+    if config.model.lm_n_layers < 2:
+        return (
+            f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site "
+            "after an LM block and before the last"
+        )
     return None
 
 
-def needs_space(config, path: str) -> str | None:
-    """The refusal of the VLM reports written for both spatial relations (left/right
-    and above/below): they do not read a video run (None: it applies)."""
-    why = needs_ar_vlm(config, path)
-    if why is None and config.task.task_kind != "scenes":
-        why = (
-            f"{path}: task_kind = {config.task.task_kind!r}: the report reads the scenes' "
-            "two spatial relations (a video run: experiments.temporal_ids, patching)"
-        )
-    return why
+def view_of(run: LoadedRun) -> VLMView:
+    """The VLM view of a run's family."""
+    return family_for(run.config).vlm_view(run.config)
+
+
+def relation_questions(run: LoadedRun) -> Examples:
+    """The unseen-pair questions of both spatial relations (presence questions left
+    out), rendered by the run's family; `spec.cells_BxK` [N, 3]: X, Y, distractor (-1:
+    none)."""
+    spec = eval_specs(run)["examples"]
+    return examples(view_of(run), take(spec, np.asarray(spec.relation_B) < PRESENCE))
+
+
+def steering_examples(run: LoadedRun):
+    """(Examples, source cells, target cells) of the unseen-pair relation questions: X
+    steered from its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
+    ex = relation_questions(run)
+    cells = np.asarray(ex.spec.cells_BxK)
+    t = run.config.task
+    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), t.grid_h, t.grid_w)
+    return ex, cells[:, 0], target
+
+
+def eval_specs(run: LoadedRun, name: str = "unseen_pair") -> dict:
+    """{"examples": spec, twin: spec}: one of the run's eval sets as scene specs."""
+    return get_task(run.config.task.task_kind).eval_specs(
+        run.config.task, getattr(run.data.evals, name)
+    )
 
 
 def report_main(analyse, refusal):

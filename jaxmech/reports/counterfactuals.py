@@ -24,40 +24,52 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
+from jaxmech.data.spec import swap_named
+from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
+    RELATIONS,
     LoadedRun,
+    declared,
     fmt_ci,
-    needs_space,
     open_report,
+    relation_questions,
+    view_of,
     write_csv,
     write_json,
 )
-from jaxmech.reports.steering import RELATIONS, relation_questions
 from jaxmech.stats import mean_ci
 
-counterfactuals_refusal = needs_space  # why the report does not apply (None: it does)
+counterfactuals_refusal = declared(
+    "counterfactuals"
+)  # why the report does not apply (None: it does)
 MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
 
 
 def compute(run: LoadedRun) -> dict:
     """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
     "relation": [B]}."""
-    ex, _ = relation_questions(run)
+    view, ex = view_of(run), relation_questions(run)
     first = jax.tree_util.tree_map(lambda x: x[0], run.params)
-    names = cfa.names_for(first)
-    cfs = cfa.build(first, run.config.task, names)  # the positions are static: one for all
-    swapped = cfa.swap_objects(ex)
-
+    names = cfa.names_for(view, first)
+    cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
+    versions = jax.tree_util.tree_map(stack, *rendered)
+    swapped = examples(view, swap_named(ex.spec))
+    swapped_versions = jax.tree_util.tree_map(lambda x: x[None], swapped.inputs)
     plain = jax.tree_util.tree_map(lambda x: x[:1], cfs)  # names[0] is "plain"
 
     def one_model(p):
-        return cfa.margins(p, ex, cfs), cfa.margins(p, swapped, plain)[0]
+        m = cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs)
+        s = cfa.margins(view, p, swapped_versions, swapped.answer_B, swapped.other_B, plain)
+        return m, s[0]
 
     m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
-    return {"margins": m, "swapped": s, "relation": np.asarray(ex.relation_B), "names": names}
+    return {"margins": m, "swapped": s, "relation": np.asarray(ex.spec.relation_B), "names": names}
 
 
 def table_rows(res: dict, models) -> list[dict]:

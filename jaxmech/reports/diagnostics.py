@@ -27,41 +27,52 @@ from __future__ import annotations
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
     LoadedRun,
+    declared,
     fmt_ci,
-    needs_space,
     open_report,
+    relation_questions,
+    view_of,
     write_csv,
     write_json,
 )
-from jaxmech.reports.steering import relation_questions
 from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
 
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
 
 
-diagnostics_refusal = needs_space  # why the report does not apply to a run (None: it does)
+diagnostics_refusal = declared(
+    "diagnostics"
+)  # why the report does not apply to a run (None: it does)
 
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
     """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
-    t = run.config.task
-    labels = range(1, t.n_labels + 1)
-    probes = [si.probe_scenes(t, labels, slot=slot) for slot in (si.X_SLOT, si.Y_SLOT)]
-    ex, cells = relation_questions(run)
+    view = view_of(run)
+    labels = range(1, view.n_labels + 1)
+    probes = [si.probe(view, labels, named_first=first) for first in (True, False)]
+    ex = relation_questions(run)
+    keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
+    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+
+    def occluded(key):
+        specs = dg.occlusions(ex.spec, key, view.grid.cells)
+        return jax.tree_util.tree_map(stack, *(view.render(s)[0] for s in specs))
+
+    occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
 
     def one_model(args):
-        p, key = args
-        return dg.diagnose(p, ex, cells[:, :2], probes, key, (t.grid_h, t.grid_w))
+        p, o = args
+        return dg.diagnose(view, p, ex, probes, o)
 
-    keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
-    out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
-    return out | {"relation": np.asarray(ex.relation_B)}
+    out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, occ)))
+    return out | {"relation": np.asarray(ex.spec.relation_B)}
 
 
 def deviation_rows(res: dict, models) -> list[dict]:

@@ -10,6 +10,9 @@ Two ways in, one report:
   trained model of RUN continues once per weight, towards the universal ID extracted
   from itself beforehand (`extract_targets`: mean-centred object-word states at the
   site, averaged over the training-pair labels, at X's true cell; the paper's recipe).
+  The fine-tuning is a sweep from RUN's params (`finetune_grid`, then
+  `sweep.run_grid(..., init_from=...)`): chunked, checkpointed, resumable after a kill
+  and locked like any sweep; a resume against a changed RUN is refused.
 
 The report (`analyse_id_loss_run`): per weight, learning curves (unseen-pair accuracy,
 the ID loss on training-pair and validation labels), final accuracies with 95%
@@ -30,19 +33,26 @@ import numpy as np
 
 from jaxmech import outdir, plots
 from jaxmech.analysis import spatial_ids as sid
-from jaxmech.config import Settings
+from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.evaluate_answers import relations
-from jaxmech.reports.common import LoadedRun, check_run, needs_ar_vlm, open_run, write_json
-from jaxmech.results import load_run, write_csv, write_files
+from jaxmech.reports.common import (
+    LoadedRun,
+    check_run,
+    declared,
+    open_run,
+    view_of,
+    write_json,
+)
+from jaxmech.results import load_run, write_csv
 from jaxmech.stats import mean_ci
-from jaxmech.train import restart_state, train_models
+from jaxmech.sweep import Grid, InitFrom, check_init_from, run_grid
 
 FOLDER = "id_loss"
 
 
 def id_loss_refusal(config, path: str) -> str | None:
     """Why the report does not apply to a run (None: it does)."""
-    return needs_ar_vlm(config, path) or (
+    return declared(FOLDER)(config, path) or (
         None
         if config.model.id_site > 0
         else f"{path}: id_site = 0: the run trained no spatial-ID loss (see experiments.id_loss)"
@@ -52,35 +62,59 @@ def id_loss_refusal(config, path: str) -> str | None:
 def extract_targets(run: LoadedRun, site: int, placements: int = 4) -> np.ndarray:
     """[K, L, D] each model's universal spatial ID at LM site `site`: X's word over the
     probe scenes of every training-pair label (`analysis.spatial_ids`)."""
-    task = run.config.task
-    batch, label, cell = sid.probe_scenes(task, range(1, task.max_pair_labels + 1), placements)
+    view = view_of(run)
+    pr = sid.probe(view, range(1, run.config.task.max_pair_labels + 1), placements)
 
     def one(params):
-        states = sid.object_word_states(params, batch)[site : site + 1]
-        return sid.spatial_ids(states, label, cell, task.image_len)[0]
+        states = sid.word_states(view, params, pr.inputs, pr.spans.x_B)[site : site + 1]
+        return sid.spatial_ids(states, pr.label_N, pr.cell_N, view.grid.cells)[0]
 
     return np.asarray(jax.jit(jax.vmap(one))(run.params))
 
 
-def finetune_models(run: LoadedRun, weights, targets) -> tuple[Settings, dict]:
-    """(settings, params) [K W]: base model i with weight j at i W + j, its seed, its
-    target ID in `static/id_target`."""
+def finetune_grid(run: LoadedRun, config: Config, weights, targets=None) -> tuple[Grid, InitFrom]:
+    """The fine-tuning sweep of `run`'s models (`config`: the base's with the
+    fine-tuning's fields): base model i with weight j at i W + j, with its settings and
+    seed, the lr of `config`, starting from its params with its target ID `targets[i]`
+    ([K, L, D]) in `static/id_target`. `targets` None: a placeholder of their shape,
+    for `sweep.check_init_from` before the targets are extracted."""
     W = len(weights)
-    rep = lambda x: np.repeat(np.asarray(x), W, axis=0)  # noqa: E731
-    settings = Settings(*(rep(v) for v in run.settings))
-    settings = settings._replace(id_weight=np.tile(np.asarray(weights, np.float32), run.k))
-    static = {**run.params["static"], "id_target": targets}
-    return settings, jax.tree_util.tree_map(rep, {**run.params, "static": static})
+    settings = []
+    for i in range(run.k):
+        own = Settings(*(np.asarray(col)[i].item() for col in run.settings))
+        for w in weights:
+            settings.append(own._replace(id_weight=float(w), lr=config.train.lr))
+    swept = tuple(
+        n for n in SWEEPABLE[1:] if n == "id_weight" or len({getattr(s, n) for s in settings}) > 1
+    )
+    shape = (run.k * W, config.task.image_len, config.model.d_model)
+    if targets is None:
+        id_target = jax.ShapeDtypeStruct(shape, np.float32)
+    else:
+        id_target = np.repeat(np.asarray(targets, np.float32), W, axis=0)
+    models = tuple(m for m in run.models for _ in range(W))
+    init = InitFrom(os.path.abspath(run.path), models, {"id_target": id_target})
+    return Grid(config, swept, tuple(settings)), init
 
 
-def finetune(base: str, out: str, weights, overrides: dict, overwrite: bool = False, log=print):
+def finetune(
+    base: str,
+    out: str,
+    weights,
+    overrides: dict,
+    overwrite: bool = False,
+    log=print,
+    chunk_size: int | None = None,
+):
     """Fine-tunes every model of run `base` once per weight (`overrides`: config fields
-    for the fine-tuning, `id_site` among them) and writes a results folder `out`.
+    for the fine-tuning, `id_site` among them) into the results folder `out`: a sweep
+    from `base`'s params (`finetune_grid`, `sweep.run_grid` with `init_from`), so it
+    resumes after an interruption, and a finished one is not trained again.
 
-    Everything is checked before any compute; `out` is replaced only when the new run
-    is whole (`outdir`)."""
+    Everything is checked before any compute; with `overwrite`, `out` is replaced only
+    when the new run is whole (`outdir`). Returns `out`."""
     config = check_run(base)
-    why = needs_ar_vlm(config, base)
+    why = declared(FOLDER)(config, base)
     if why:
         raise ValueError(why)
     if not weights or min(weights) < 0 or 0.0 not in weights:
@@ -90,20 +124,16 @@ def finetune(base: str, out: str, weights, overrides: dict, overwrite: bool = Fa
     config = config.replace(**overrides)
     if config.model.id_site == 0:
         raise ValueError("id_site = 0: fine-tuning with the ID loss needs an LM site (>= 1)")
-    with outdir.locked(out, log=log):
-        work, _ = outdir.prepare(out, lambda f: "another run", overwrite)
-        run = open_run(base, log=log)
-        targets = extract_targets(run, config.model.id_site)
-        settings, params = finetune_models(run, weights, targets)
-        settings = settings._replace(lr=np.full_like(settings.lr, config.train.lr))
-        log(f"fine-tuning {len(settings.seed)} models ({run.k} x weights {list(weights)}) "
-            f"for {config.train.steps} steps at site {config.model.id_site}")  # fmt: skip
-        state, curves = train_models(
-            config, settings, state=restart_state(config, settings, params)
-        )
-        write_files(work, config, settings, state.params, curves, state.diverged_step,
-                    extra={"base": os.path.abspath(base)})  # fmt: skip
-        outdir.publish(work, out)
+    for w in weights:
+        config.replace(id_weight=float(w))  # a weight out of range fails here, by name
+    outdir.check_usable(out)
+    run = open_run(base, with_data=False, log=log)
+    check_init_from(*finetune_grid(run, config, weights))  # before the targets' compute
+    targets = extract_targets(run, config.model.id_site)
+    grid, init = finetune_grid(run, config, weights, targets)
+    log(f"fine-tuning {len(grid.settings)} models ({run.k} x weights {list(weights)}) "
+        f"for {config.train.steps} steps at site {config.model.id_site}")  # fmt: skip
+    run_grid(grid, out, overwrite=overwrite, chunk_size=chunk_size, init_from=init, log=log)
     return out
 
 

@@ -36,6 +36,7 @@ from jaxmech.reports.common import (
     ablation_rows,
     ablation_summary,
     check_run,
+    declared,
     open_run,
     print_ablation_summary,
     write_csv,
@@ -47,14 +48,13 @@ SHARE_TERMS = ("EE", "EP", "PE", "PP", "BE", "BP", "XX", "BX", "QP")
 
 def ep_report_refusal(config: Config, path: str) -> str | None:
     """Why the E/P mechanism report does not apply to a run (None when it does)."""
-    kind = config.task.task_kind
-    if kind != "1d":
-        # its EP slope and Spearman are over a line of pixels: on a 2D grid they would
-        # be read over the flattened cells, and a third object changes the task
-        return (
-            f"{path}: task_kind = {kind!r}: this report is for the 1D task; use "
-            f"python -m experiments.relations --run={path}"
-        )
+    # its EP slope and Spearman are over a line of pixels: on a 2D grid they would be
+    # read over the flattened cells, and a third object changes the task
+    why = declared(
+        "mechanism", "2D / three-object runs: python -m experiments.relations --run={path}"
+    )
+    if why(config, path):
+        return why(config, path)
     if config.model.vision_pos != "learned":
         return (
             f"{path}: vision_pos = {config.model.vision_pos!r}: the vision tower has no "

@@ -21,18 +21,20 @@ import os
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
-from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
 from jaxmech.evaluate_answers import relations
+from jaxmech.families.vlm_view import answer_ids
 from jaxmech.reports.common import (
     LoadedRun,
+    declared,
+    eval_specs,
     fmt_ci,
-    needs_ar_vlm,
     open_report,
+    view_of,
     write_csv,
     write_json,
 )
@@ -41,41 +43,38 @@ from jaxmech.stats import mean_ci
 TWINS = ("mirror", "recolour")
 
 
-def patched_relation(config) -> tuple[int, dict]:
+def patched_relation(config, view) -> tuple[int, dict]:
     """(relation id, {word name: answer token, "both": None}) of the questions patched:
     the task's first relation (`evaluate_answers.relations`)."""
     rel = relations(config)[0][1]
-    first = TOKEN["left"] + 2 * rel
+    first, second = (int(w) for w in np.asarray(view.answer_words)[rel])
     names = get_task(config.task.task_kind).words
-    return rel, {names[first]: first, names[first + 1]: first + 1, "both": None}
+    return rel, {names[first]: first, names[second]: second, "both": None}
 
 
-patching_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
-
-
-def _rows(batch: SceneBatch, keep: np.ndarray) -> SceneBatch:
-    return SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in batch))
+patching_refusal = declared("patching")  # why the report does not apply to a run (None: it does)
 
 
 def compute(run: LoadedRun) -> dict:
     """{twin: patch_logp over K models} on the unseen-pair questions of the patched
     relation (`patched_relation`), the answer words [B], the word names and the wall
     time of the one compiled call."""
-    s = run.data.evals.unseen_pair
-    rel, words = patched_relation(run.config)
-    asked = np.asarray(s.examples.relation_B) == rel
-    ex = _rows(s.examples, asked)
-    twins = {t: _rows(getattr(s, t), asked) for t in TWINS}
-    groups = token_groups(ex.labels_BxL.shape[1], ex.question_BxQ.shape[1])
+    view, specs = view_of(run), eval_specs(run)
+    rel, words = patched_relation(run.config, view)
+    asked = np.asarray(specs["examples"].relation_B) == rel
+    ex, spans = view.render(take(specs["examples"], asked))
+    twins = {t: view.render(take(specs[t], asked))[0] for t in TWINS}
+    answer, other = answer_ids(view, take(specs["examples"], asked))
+    groups = token_groups(spans)
 
     def one_model(p):
-        return {t: patch_logp(p, ex, twins[t], groups) for t in TWINS}
+        return {t: patch_logp(view, p, ex, twins[t], groups, answer, other) for t in TWINS}
 
     t0 = time.perf_counter()
     out = jax.block_until_ready(jax.jit(jax.vmap(one_model))(run.params))
     return {
         "logp": jax.device_get(out),
-        "answer": np.asarray(ex.answer_B),
+        "answer": np.asarray(answer),
         "words": words,
         "wall_s": time.perf_counter() - t0,
     }

@@ -36,6 +36,7 @@ from jaxmech.reports.common import (
     ablation_rows,
     ablation_summary,
     check_run,
+    declared,
     open_run,
     print_ablation_summary,
     write_csv,
@@ -89,12 +90,9 @@ def plane_fit(grid_HxRxC) -> dict:
 
 def relations_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    kind = config.task.task_kind
-    if kind not in COLUMNS:
-        return (
-            f"{path}: task_kind = {kind!r}; this report is for '2d' and 'three' runs "
-            "(1D runs: python -m experiments.mechanism)"
-        )
+    why = declared("relations", "1D runs: python -m experiments.mechanism")(config, path)
+    if why:
+        return why
     if config.model.vision_pos != "learned":
         return f"{path}: vision_pos = {config.model.vision_pos!r}: needs a learned P"
     return None

@@ -35,6 +35,7 @@ from jaxmech.reports.common import (
     ablation_rows,
     ablation_summary,
     check_run,
+    declared,
     fmt_spread,
     open_run,
     print_ablation_summary,
@@ -45,11 +46,13 @@ from jaxmech.reports.common import (
 ROPE_SHARES = ("content", "position", "content_E", "position_E", "position_B")
 
 
-def rope_refusal(vision_pos: str, path: str, task_kind: str = "1d") -> str | None:
+def rope_refusal(config, path: str) -> str | None:
     """Why the rotary report does not apply to a run (None when it does)."""
-    if task_kind != "1d":
-        # its profiles move one object along a line of pixels: the 1D task's image
-        return f"{path}: task_kind = {task_kind!r}: the rope report is for the 1D task"
+    # its profiles move one object along a line of pixels: the 1D task's image
+    why = declared("rope")(config, path)
+    if why:
+        return why
+    vision_pos = config.model.vision_pos
     if vision_pos != "rope":
         return (
             f"{path}: vision_pos = {vision_pos!r}: the rope report needs "
@@ -160,7 +163,7 @@ def analyse_rope_run(path: str, log=print) -> dict:
     Returns {"summary", "profiles", "shares", "ablation_rows"} over the finite models.
     """
     config = check_run(path)
-    refusal = rope_refusal(config.model.vision_pos, path, config.task.task_kind)
+    refusal = rope_refusal(config, path)
     if refusal:
         raise ValueError(refusal)
     out = plots.ensure_dir(os.path.join(path, "rope"))

@@ -26,12 +26,13 @@ import jax
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.models.answer import logits
+from jaxmech.families.vlm_view import cell_tokens
 from jaxmech.reports.common import (
     LoadedRun,
+    declared,
     fmt_ci,
-    needs_ar_vlm,
     open_report,
+    view_of,
     write_csv,
     write_json,
 )
@@ -40,7 +41,9 @@ from jaxmech.stats import mean_ci
 RANKS = (1, 2, 3, 4, 6)
 
 
-spatial_ids_refusal = needs_ar_vlm  # why the report does not apply to a run (None: it does)
+spatial_ids_refusal = declared(
+    "spatial_ids"
+)  # why the report does not apply to a run (None: it does)
 
 
 def analytic(a: dict) -> dict:
@@ -57,24 +60,27 @@ def analytic(a: dict) -> dict:
 def compute(run: LoadedRun) -> dict:
     """Per model: r2 [K, Y, len(RANKS)], h, v [K, Y, D], cos_train_val [K, Y], delta
     [K, Y, L, D] (all labels), analytic {name: [K, blocks]} (`analytic`)."""
-    t = run.config.task
-    batch, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
-    train = label <= t.max_pair_labels
+    view = view_of(run)
+    pr = si.probe(view, range(1, view.n_labels + 1))
+    label, cell, L = pr.label_N, pr.cell_N, view.grid.cells
+    train = label <= run.config.task.max_pair_labels
+    token = cell_tokens(pr.spans, cell)
 
     def one_model(p):
-        _, aux = logits(p, batch, capture=True)  # one forward of the probe scenes
-        states = si.states_at(aux, si.n_sites(p) - 1, t.image_len + si.X_SLOT)
-        delta = si.spatial_ids(states, label, cell, t.image_len)
-        d_train = si.spatial_ids(states[:, train], label[train], cell[train], t.image_len)
-        d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], t.image_len)
-        h, v = si.grid_axes(delta, t.grid_h, t.grid_w)
+        _, aux = view.forward(p, pr.inputs, capture=True)  # one forward of the probe scenes
+        states = si.states_at(aux, view.n_lm_blocks(p), pr.spans.x_B)
+        delta = si.spatial_ids(states, label, cell, L)
+        d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
+        d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
+        h, v = si.grid_axes(delta, *view.grid)
+        ana = si.analytic_ids(p, aux, pr.spans.x_B, token, label, cell, L)
         return {
             "delta": delta,
-            "r2": si.rank_k_r2(si.position_basis(p), delta, RANKS),
+            "r2": si.rank_k_r2(view.position_basis(p), delta, RANKS),
             "h": h,
             "v": v,
             "cos_train_val": si.id_cosine(d_train, d_val),
-            "analytic": analytic(si.analytic_ids(p, aux, label, cell)),
+            "analytic": analytic(ana),
         }
 
     return jax.device_get(jax.lax.map(jax.jit(one_model), run.params))

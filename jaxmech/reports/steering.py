@@ -25,121 +25,39 @@ from __future__ import annotations
 
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import steering as st
-from jaxmech.analysis.patching import n_patch_layers
-from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.analysis.steering import (
+    ALPHAS,
+    CURVE_ALPHA,
+    REF_ALPHA,
+    flip_rates,
+)
 from jaxmech.reports.common import (
+    RELATIONS,
     LoadedRun,
+    declared,
     fmt_ci,
-    needs_ar_vlm,
-    needs_space,
+    needs_depth,
     open_report,
+    steering_examples,
+    view_of,
     write_csv,
     write_json,
 )
 from jaxmech.stats import correlation_ci, mean_ci
 
-ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
-REF_ALPHA = 5.0  # the paper's grid-searched value
-CURVE_ALPHA = 1.0  # moving X's ID exactly to the target's (no extrapolation)
-RELATIONS = ("horizontal", "vertical")
-# belief words per relation: logit(second) - logit(first)
-CURVE_WORDS = (TOKEN["left"], TOKEN["right"], TOKEN["above"], TOKEN["below"])
-
-
-def depth_refusal(config, path: str) -> str | None:
-    """Why a VLM has no site to steer (None: it has one), or is not a VLM."""
-    why = needs_ar_vlm(config, path)
-    if why is None and config.model.lm_n_layers < 2:
-        why = f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site after an LM block and before the last"
-    return why
-
 
 def steering_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    return needs_space(config, path) or depth_refusal(config, path)
-
-
-def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.ndarray:
-    """[N] the cell X is steered to: the far column on the other side of Y in X's row
-    (left/right questions), the far row on the other side of Y in X's column
-    (above/below)."""
-    (xr, xc), (yr, yc) = np.divmod(cells_Nx3[:, 0], grid_w), np.divmod(cells_Nx3[:, 1], grid_w)
-    h_col = np.where(xc < yc, grid_w - 1, 0)
-    v_row = np.where(xr < yr, grid_h - 1, 0)
-    return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
-
-
-def relation_questions(run: LoadedRun) -> tuple[SceneBatch, np.ndarray]:
-    """The unseen-pair questions of both relations (presence questions left out) and
-    their cells [N, 3] (X, Y, distractor)."""
-    s = run.data.evals.unseen_pair
-    keep = np.asarray(s.examples.relation_B) < 2
-    ex = SceneBatch(*(jnp.asarray(np.asarray(x)[keep]) for x in s.examples))
-    return ex, np.asarray(s.cells_Nx3)[keep].astype(np.int32)
-
-
-def examples(run: LoadedRun):
-    """(SceneBatch, source cells, target cells) of the unseen-pair relation questions."""
-    ex, cells = relation_questions(run)
-    t = run.config.task
-    target = adversarial_targets(cells, np.asarray(ex.relation_B), t.grid_h, t.grid_w)
-    return ex, cells[:, 0], target
+    return declared("steering")(config, path) or needs_depth(config, path)
 
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
-    """Per model and site y >= 1: flip margins (`steering.flip_margins`) [K, Y', ...]
-    and curve logits [K, Y', L, B, 4]; with the examples' relations and the IDs
-    `delta` [K, Y, L, D] of every site."""
-    t = run.config.task
-    probe, label, cell = si.probe_scenes(t, range(1, t.n_labels + 1))
-    ex, source, target = examples(run)
-    sites = range(1, n_patch_layers(run.params))
-
-    def one_model(args):
-        p, key = args
-        delta = si.spatial_ids(si.object_word_states(p, probe), label, cell, t.image_len)
-        out = [
-            (
-                st.flip_margins(p, ex, y, delta[y], source, target, ALPHAS, key),
-                st.id_curve(p, ex, y, delta[y], source, CURVE_ALPHA, CURVE_WORDS),
-            )
-            for y in sites
-        ]
-        stack = lambda *xs: jnp.stack(xs)  # noqa: E731
-        return (*jax.tree_util.tree_map(stack, *out), delta)
-
-    keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
-    flips, curves, delta = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, keys)))
-    return {
-        "flips": flips,
-        "curves": curves,
-        "relation": np.asarray(ex.relation_B),
-        "delta": np.asarray(delta),
-    }
-
-
-def flip_rates(res: dict) -> dict:
-    """{(kind, relation): [K, Y', A] flip rates}, {("n", relation): [K, Y']} answers
-    right before steering, {("rel_norm", relation): [K, Y', A]} mean relative norms."""
-    f = res["flips"]
-    right = f["plain"] > 0  # [K, Y', B]
-    out = {}
-    for r, name in enumerate(RELATIONS):
-        w = right & (res["relation"] == r)[None, None]
-        n = w.sum(-1)
-        out[("n", name)] = n
-        den = np.maximum(n, 1)[..., None]
-        for kind in st.KINDS:
-            flipped = w[:, :, None] & (f[kind] < 0)
-            out[(kind, name)] = flipped.sum(-1) / den
-        out[("rel_norm", name)] = (f["rel_norm"] * w[:, :, None]).sum(-1) / den
-    return out
+    """`analysis.steering.steer_models` on the run's unseen-pair relation questions."""
+    ex, source, target = steering_examples(run)
+    return st.steer_models(view_of(run), run.params, ex, source, target, seed)
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int) -> dict:

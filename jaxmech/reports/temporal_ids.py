@@ -2,7 +2,7 @@
 
 The video task (`data.video`) is the scenes grid read as time (row = frame), so the
 spatial-ID tools run unchanged: the object word's ID `Delta_y(cell)` from probe scenes
-(`analysis.spatial_ids`), and steering with it (`reports.steering.compute`: X's word
+(`analysis.spatial_ids`), and steering with it (`analysis.steering.steer_models`: X's word
 moved by `alpha (Delta(target) - Delta(source))` to the frame at the far end beyond Y,
 in X's column, against norm-matched noise and an ID-orthogonal direction). The
 temporal ID is the frame part of `Delta`: its mean over each frame's cells
@@ -30,61 +30,44 @@ import numpy as np
 
 from jaxmech import plots
 from jaxmech.analysis import steering as st
+from jaxmech.analysis import temporal_ids as tid
+from jaxmech.data.spec import RELATIONS
 from jaxmech.data.video import TIME
-from jaxmech.evaluate_answers import relations
-from jaxmech.reports import steering
-from jaxmech.reports.common import LoadedRun, fmt_ci, open_report, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    declared,
+    fmt_ci,
+    needs_depth,
+    open_report,
+    steering_examples,
+    view_of,
+    write_csv,
+    write_json,
+)
 from jaxmech.stats import mean_ci
 
 FOLDER = "temporal_ids"
 
 
 def temporal_refusal(config, path: str) -> str | None:
-    """Why the report does not apply (None: it does): an ar_vlm asked about time."""
-    why = steering.depth_refusal(config, path)
-    if why is None and "t" not in dict(relations(config)):
-        why = f"{path}: task_kind = {config.task.task_kind!r} asks nothing about time (expected 'video')"
-    return why
-
-
-def temporal_ids(delta_YxLxD, n_frames: int):
-    """[Y, T, D] the temporal ID: the spatial ID averaged over each frame's cells."""
-    Y, L, D = delta_YxLxD.shape
-    return delta_YxLxD.reshape(Y, n_frames, L // n_frames, D).mean(2)
-
-
-def id_stats(delta_YxLxD, n_frames: int) -> dict:
-    """Per site: time share, linear R^2 and the frame means on the time axis [Y, T].
-    NaN where the ID is rounding noise (mean square < 1e-10: the embedding site, whose
-    word has seen no image)."""
-    tid = temporal_ids(delta_YxLxD, n_frames)
-    frame_len = delta_YxLxD.shape[1] // n_frames
-    total = (delta_YxLxD**2).sum((1, 2))
-    f = np.arange(n_frames) - (n_frames - 1) / 2
-    slope = np.einsum("t,ytd->yd", f, tid) / (f**2).sum()
-    resid = tid - f[None, :, None] * slope[:, None]
-    energy = (tid**2).sum((1, 2))
-    axis = slope / np.maximum(np.linalg.norm(slope, axis=-1, keepdims=True), 1e-30)
-    noise = np.where(total / delta_YxLxD[0].size < 1e-10, np.nan, 1.0)
-    return {
-        "time_share": noise * frame_len * energy / np.maximum(total, 1e-30),
-        "linear_r2": noise * (1.0 - (resid**2).sum((1, 2)) / np.maximum(energy, 1e-30)),
-        "on_axis": noise[:, None] * np.einsum("ytd,yd->yt", tid, axis),
-    }
+    """Why the report does not apply (None: it does): a VLM asked about time, with an
+    LM site to steer."""
+    return declared(FOLDER)(config, path) or needs_depth(config, path)
 
 
 def compute(run: LoadedRun) -> dict:
     """Per model: the steering results (`reports.steering.compute`) and the statistics
     of its IDs at every site."""
-    res = steering.compute(run)
-    stats = [id_stats(d, run.config.task.grid_h) for d in res["delta"]]
+    ex, source, target = steering_examples(run)
+    res = st.steer_models(view_of(run), run.params, ex, source, target)
+    stats = [tid.id_stats(d, run.config.task.grid_h) for d in res["delta"]]
     return {"ids": {k: np.stack([s[k] for s in stats]) for k in stats[0]}, **res}
 
 
 def flips(res: dict) -> dict:
     """{kind: [K, Y', A]} flip rates of time questions, "n" [K, Y'], "rel_norm"."""
-    fr = steering.flip_rates(res)
-    name = steering.RELATIONS[TIME]
+    fr = st.flip_rates(res)
+    name = RELATIONS[TIME]
     return {k: fr[(k, name)] for k in (*st.KINDS, "n", "rel_norm")}
 
 
@@ -109,7 +92,7 @@ def rows(res: dict, fr: dict, beliefs: np.ndarray, models) -> tuple[list, list, 
          "flip_rate": float(fr[kind][i, y, j]), "n_right": int(fr["n"][i, y]),
          "rel_norm": float(fr["rel_norm"][i, y, j])}
         for i in range(k) for y in range(fr["n"].shape[1]) for kind in st.KINDS
-        for j, a in enumerate(steering.ALPHAS)
+        for j, a in enumerate(st.ALPHAS)
     ]  # fmt: skip
     curve_rows = [
         {"model": models[i], "site": y + 1, "frame": f, "belief": float(beliefs[i, y, f])}
@@ -132,7 +115,7 @@ def summarise(res: dict, fr: dict, beliefs: np.ndarray, log) -> dict:
     for y in range(fr["n"].shape[1]):
         site = f"resid_pre.{y + 1}"
         log(f"steering X's word at {site}: before/after flip rate (answers right before)")
-        for j, alpha in enumerate(steering.ALPHAS):
+        for j, alpha in enumerate(st.ALPHAS):
             cells = {kind: fr[kind][:, y, j] for kind in st.KINDS}
             out[f"{site}/{alpha}"] = {kind: mean_ci(v) for kind, v in cells.items()}
             norm = float(np.mean(fr["rel_norm"][:, y, j]))
@@ -160,8 +143,8 @@ def plot(res: dict, fr: dict, beliefs: np.ndarray, path: str) -> str:
     for kind, colour in zip(st.KINDS, ("C3", "C0", "C2")):
         v = fr[kind][:, y]
         band = np.array([mean_ci(v[:, a])[1:3] for a in range(v.shape[1])])
-        axes[1].plot(steering.ALPHAS, v.mean(0), color=colour, label=kind)
-        axes[1].fill_between(steering.ALPHAS, band[:, 0], band[:, 1], color=colour, alpha=0.15)
+        axes[1].plot(st.ALPHAS, v.mean(0), color=colour, label=kind)
+        axes[1].fill_between(st.ALPHAS, band[:, 0], band[:, 1], color=colour, alpha=0.15)
     axes[1].set_xscale("log")
     axes[1].set_xlabel("alpha")
     axes[1].set_ylabel("before/after flip rate")

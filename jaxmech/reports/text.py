@@ -37,7 +37,15 @@ import numpy as np
 from jaxmech import plots  # selects the Agg backend before any figure is made
 from jaxmech.analysis.align import KINDS, alignment_study, control_maps
 from jaxmech.analysis.text_heads import GROUPS, ROLES, pair_captions, text_head_table
-from jaxmech.reports.common import LoadedRun, check_run, fmt_ci, open_run, write_csv, write_json
+from jaxmech.reports.common import (
+    LoadedRun,
+    check_run,
+    declared,
+    fmt_ci,
+    open_run,
+    write_csv,
+    write_json,
+)
 from jaxmech.train import init_program
 
 STAT_KEYS = ("mean_pref", "std_pref", "frac_first", "mean_first", "mean_second", "key_P")
@@ -288,9 +296,7 @@ def _fig_align(res, res_init, path, title):
 def text_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
     # the pair captions and single-object images here are the 1D task's
-    if config.task.task_kind != "1d":
-        return f"{path}: task_kind = {config.task.task_kind!r}; this study is 1D only"
-    return None
+    return declared("text")(config, path)
 
 
 def compute_text(run: LoadedRun, n_random, n_shuffled, seed, min_pref, min_frac) -> dict:

@@ -26,12 +26,12 @@ from jaxmech.analysis.vit_terms import term_gradients
 from jaxmech.data.scenes import RELATIONS, eval_masks
 from jaxmech.evaluate_answers import masked_mean
 from jaxmech.models.answer import beliefs, logits
-from jaxmech.models.edits import VIT_TERMS, VLMEdits, vit_term_mask
+from jaxmech.models.edits import VIT_TERMS, Edits, term_mask
 from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
+    declared,
     fmt_ci,
-    needs_space,
     open_report,
     write_csv,
     write_json,
@@ -58,8 +58,9 @@ SETS = {"unseen": "unseen_pair", "seen": "seen_pair"}
 
 def vit_terms_refusal(config, path: str) -> str | None:
     """Why this report does not apply to a run (None when it does)."""
-    if needs_space(config, path):
-        return needs_space(config, path)
+    why = declared("vit_terms")(config, path)
+    if why:
+        return why
     if config.model.vit_pos == "rope2d":
         return f"{path}: vit_pos = 'rope2d' has no additive row / column codes to split"
     return None
@@ -76,7 +77,7 @@ def ablation_table(params, settings, evals, masks_AxHxT) -> dict:
             out = {}
             for short, name in SETS.items():
                 batch = getattr(evals, name).examples
-                edits = VLMEdits(vit_term_keep=keep_HxT)
+                edits = Edits(term_keep={"vit": keep_HxT})
                 correct = beliefs(logits(p, batch, edits), jnp.asarray(batch.answer_B))["correct"]
                 for r, rel in enumerate(RELATIONS):
                     w = (masks[name] & (jnp.asarray(batch.relation_B) == r)).astype(jnp.float32)
@@ -96,7 +97,7 @@ def compute(run: LoadedRun) -> dict:
         run.params,
     )
     n_heads = run.config.model.n_heads
-    masks = jnp.stack([vit_term_mask(n_heads, list(r)) for r in ABLATIONS.values()])
+    masks = jnp.stack([term_mask(n_heads, list(r), terms=VIT_TERMS) for r in ABLATIONS.values()])
     t0 = time.perf_counter()
     table = jax.block_until_ready(ablation_table(run.params, run.settings, run.data.evals, masks))
     return {

@@ -20,6 +20,12 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
                                              stacked params loaded from a results folder,
                                                completed where an older version of the
                                                family saved less (default: unchanged)
+  reports                                    the reports (`jaxmech.reports`, by folder
+                                               name) written for this family; one applies
+                                               to a run when its task declares it too
+  vlm_view(config) -> VLMView                VLM families: what the seed 003 / 004
+                                               methods may ask of them
+                                               (`families.vlm_view`); None otherwise
 
 Everything that goes into the jitted functions besides params (the caption table, eval
 sets) comes from the task's `tables` and `evals`; settings are the model's sweepable
@@ -28,7 +34,7 @@ the logit-scale cap) live in `params["static"]`, a subtree of constants that the
 forward reads with a stopped gradient: they travel with the params into checkpoints,
 analyses and vmaps, and training norms leave them out (`trainable`).
 
-Adding a family: a module under `models/` with its forward and `init_params`, its
+Adding a family: a package under `families/` with its forward and `init_params`, its
 loss and evaluation, and a `Family` registered here with `register` (a test can
 register a stand-in the same way). `train` and `sweep` need no change.
 """
@@ -43,6 +49,7 @@ from jaxmech import evaluate_answers
 from jaxmech.config import Config, ConfigError
 from jaxmech.data.tasks import get_task
 from jaxmech.evaluate import METRICS, evaluate
+from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.models import answer, ar_vlm, contrastive, dual_encoder
 from jaxmech.models.dual_encoder import static_params
 
@@ -58,9 +65,20 @@ class Family(NamedTuple):
     task_kinds: tuple[str, ...]
     progress_metric: str | None = None
     complete_params: Callable = lambda params_K, config: params_K
+    reports: tuple[str, ...] = ()
+    vlm_view: Callable | None = None
 
 
 FAMILIES: dict[str, Family] = {}
+# the seed 003 / 004 reports: written against the VLM view, for any family that has one
+VLM_REPORTS = (
+    "patching",
+    "spatial_ids",
+    "steering",
+    "diagnostics",
+    "counterfactuals",
+    "temporal_ids",
+)
 
 
 def register(family: Family) -> Family:
@@ -119,6 +137,7 @@ register(
         task_kinds=("1d", "2d", "three"),
         progress_metric="unseen_acc",
         complete_params=_dual_encoder_complete,
+        reports=("mechanism", "relations", "rope", "text"),
     )
 )
 
@@ -131,5 +150,7 @@ register(
         metrics=evaluate_answers.metric_names,
         task_kinds=("scenes", "video"),
         progress_metric="unseen_min_acc",
+        reports=VLM_REPORTS + ("vit_terms", "id_loss"),
+        vlm_view=toy_view,
     )
 )

@@ -1,0 +1,11 @@
+"""Model families: one wing per family behind one contract (`registry`), and the VLM
+view that the seed 003 / 004 methods use (`vlm_view`)."""
+
+from jaxmech.families.registry import (  # noqa: F401
+    FAMILIES,
+    Family,
+    family_for,
+    get_family,
+    register,
+    trainable,
+)

@@ -1,0 +1,140 @@
+"""What a seed 003 / 004 method may ask of a VLM family: its VLM view.
+
+The methods (`analysis.patching`, `spatial_ids`, `counterfactuals`, ...) take a
+`VLMView`, one model's params and scene specs (`data.spec`); they never import a
+family's own modules. A family's view:
+
+  grid                          the cell grid its scenes live on (`data.spec.Grid`)
+  n_labels, n_colours           how many object labels (1..n_labels) and colours it
+                                  can draw and name
+  render(specs) -> (inputs, spans)
+                                the specs drawn as the family's inputs (a pytree whose
+                                  leaves lead with B; pixels and a tokenizer for a real
+                                  family) and where each part landed (`Spans`)
+  forward(params, inputs, edits=None, capture=False) -> (logits_BxV, aux)
+                                logits at each scene's answer position; `aux` holds the
+                                  named intermediates (`sites` below) when `capture`
+  answer_words [R, 2]           token ids of each relation's (first, second) answer word
+                                  (relation ids as `data.spec`: 0 h, 1 v, 2 presence)
+  n_lm_blocks(params)           the LM's blocks
+  lm_position_ids(params, spans) -> [3, S]
+                                the LM's (t, row, col) position ids, as `Edits.lm_pos_ids`
+                                  takes them
+  vit_positions(params) -> (rows_P, cols_P, (h, w))
+                                the (row, col) each ViT token sees and the extent of
+                                  those positions, as `Edits.vit_rows / vit_cols` take
+                                  them (004's mirrors are h - 1 - row, w - 1 - col)
+  vit_blocks(params) -> int     blocks whose rotary positions can be set one at a time
+                                  (0: positions enter once, at the ViT's input)
+  position_basis(params) -> [I, F]
+                                the ViT's position features of each image token (the
+                                  basis of the spatial IDs' rank-k fits)
+
+Sites, in TransformerLens's words for every family: `lm/resid_pre.{i}`,
+`lm/resid_post.{i}`, `lm/attn_out.{i}`, `lm/v.{i}`, `lm/pattern.{i}` (`[B, H, S, S]`),
+`vit/...` likewise and the projector's output (`proj/out` or `merger/out`). The
+edits a method hands to `forward` are one `models.edits.Edits`: replace / add at a
+site, the ViT's positions, the LM's position ids, the image tokens' order.
+
+Axis names (`jaxmech.shapes`): B scenes, S LM tokens, I image tokens, P ViT tokens,
+V vocabulary, R relations.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxmech.data.spec import Grid, SceneSpec, first_word
+
+
+class Spans(NamedTuple):
+    """Where the parts of B rendered scenes sit in the LM's sequence (int32 arrays; one
+    image size per batch, so every row has the same image tokens).
+
+    image_BxI: the LM positions of the image tokens. image_trc_Ix3: each image token's
+    (t, row, col) in the token grid. cell_I: the spec cell each image token lies in.
+    x_B, y_B: the position of the last sub-token of the first- and second-named object
+    words (the authors read the last sub-token). question_BxS: bool, the question's
+    tokens (not the image, not a template). answer_B: the position whose logits answer.
+    """
+
+    image_BxI: Any
+    image_trc_Ix3: Any
+    cell_I: Any
+    x_B: Any
+    y_B: Any
+    question_BxS: Any
+    answer_B: Any
+
+    @property
+    def length(self) -> int:
+        """S, the LM sequence's length."""
+        return self.question_BxS.shape[1]
+
+
+class VLMView(NamedTuple):
+    """One VLM family's view (module docstring)."""
+
+    name: str
+    grid: Grid
+    n_labels: int
+    n_colours: int
+    render: Callable
+    forward: Callable
+    answer_words: Any
+    n_lm_blocks: Callable
+    lm_position_ids: Callable
+    vit_positions: Callable
+    vit_blocks: Callable
+    position_basis: Callable
+
+
+def resid_site(site: int, n_blocks: int) -> str:
+    """The LM's residual stream at site `site` in 0..n_blocks: entering block `site`, or
+    the last block's output for site = n_blocks."""
+    if not 0 <= site <= n_blocks:
+        raise ValueError(f"site = {site}: expected an LM site in [0, {n_blocks}]")
+    return f"lm/resid_pre.{site}" if site < n_blocks else f"lm/resid_post.{n_blocks - 1}"
+
+
+def answer_ids(view: VLMView, specs: SceneSpec) -> tuple[jax.Array, jax.Array]:
+    """([B] the answer word's id, [B] the other word of its relation) of each scene."""
+    words = jnp.asarray(view.answer_words)[jnp.asarray(specs.relation_B)]
+    first = jnp.asarray(first_word(view.grid, specs))
+    return jnp.where(first, words[:, 0], words[:, 1]), jnp.where(first, words[:, 1], words[:, 0])
+
+
+def rows_at(x_BxSx, pos_B) -> jax.Array:
+    """[B, ...] row b of `x` at position pos_B[b]."""
+    return x_BxSx[jnp.arange(x_BxSx.shape[0]), jnp.asarray(pos_B)]
+
+
+def cell_tokens(spans: Spans, cell_N) -> jax.Array:
+    """[N] the LM position of the first image token in each example's cell cell_N[n]."""
+    first = jnp.argmax(jnp.asarray(spans.cell_I)[None, :] == jnp.asarray(cell_N)[:, None], 1)
+    return rows_at(jnp.asarray(spans.image_BxI), first)
+
+
+class Examples(NamedTuple):
+    """Scene specs rendered by a family, with each scene's answer word and the other word
+    of its relation [B] (`answer_ids`)."""
+
+    spec: SceneSpec
+    inputs: Any
+    spans: Spans
+    answer_B: jax.Array
+    other_B: jax.Array
+
+
+def examples(view: VLMView, spec: SceneSpec) -> Examples:
+    """`spec` rendered by the view, with its answer words."""
+    inputs, spans = view.render(spec)
+    return Examples(spec, inputs, spans, *answer_ids(view, spec))
+
+
+def margin(logits_BxV, answer_B, other_B) -> jax.Array:
+    """[B] logit(answer) - logit(the other word of its relation): > 0 answers right."""
+    return rows_at(logits_BxV, answer_B) - rows_at(logits_BxV, other_B)
