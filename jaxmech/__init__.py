@@ -1,12 +1,18 @@
 """jaxmech: a pure-JAX laboratory for mechanistic studies of spatial reasoning.
 
-Top-level API: configs, `init_params`, the one `forward` (and its towers), edits and
-`with_static` (the switches stored in params), training and evaluation functions, the
-model-family and task registries, and results loading. Axis letters: `jaxmech.shapes`.
+Top-level API: configs; the dual encoder's `init_params`, `forward` (and its towers),
+`evaluate`, `decompose`; one `Edits` type for every family and `with_static` (the
+switches stored in params); training; the model-family and task registries; results
+loading; and the VLM interface of seeds 003 / 004: a family's `view_for(config)`, scene
+specs, and the methods that run on any VLM family (mirror-swap patching, spatial IDs,
+the counterfactual table). Axis letters: `jaxmech.shapes`.
 """
 
+from jaxmech.analysis import counterfactuals
 from jaxmech.analysis.align import alignment_study, procrustes
 from jaxmech.analysis.decompose import decompose
+from jaxmech.analysis.patching import patch_logp, token_groups
+from jaxmech.analysis.spatial_ids import probe, spatial_ids, word_states
 from jaxmech.analysis.text_heads import eot_patterns, first_mention_preference
 from jaxmech.config import (
     SWEEPABLE,
@@ -18,11 +24,13 @@ from jaxmech.config import (
     TrainConfig,
 )
 from jaxmech.data.relations1d import build_eval_sets, build_tables, sample_batch
+from jaxmech.data.spec import Grid, SceneSpec, probe_specs
 from jaxmech.data.tasks import Task, get_task
-from jaxmech.evaluate import evaluate
-from jaxmech.families import Family, get_family, register
-from jaxmech.models.checks import with_static
-from jaxmech.models.dual_encoder import encode_images, encode_texts, forward, init_params
+from jaxmech.families import Family, get_family, register, view_for
+from jaxmech.families.dual_encoder.checks import with_static
+from jaxmech.families.dual_encoder.evaluate import evaluate
+from jaxmech.families.dual_encoder.model import encode_images, encode_texts, forward, init_params
+from jaxmech.families.vlm_view import Examples, Spans, VLMView, answer_ids, examples
 from jaxmech.models.edits import TERMS, Edits, term_mask
 from jaxmech.results import load_run
 from jaxmech.train import build_data, init_state, stack_settings, train_models, train_step
@@ -33,21 +41,29 @@ __all__ = [
     "Config",
     "ConfigError",
     "Edits",
+    "Examples",
     "Family",
+    "Grid",
     "ModelConfig",
+    "SceneSpec",
     "Settings",
+    "Spans",
     "Task",
     "TaskConfig",
     "TrainConfig",
+    "VLMView",
+    "answer_ids",
     "alignment_study",
     "build_data",
     "build_eval_sets",
     "build_tables",
+    "counterfactuals",
     "decompose",
     "encode_images",
     "encode_texts",
     "eot_patterns",
     "evaluate",
+    "examples",
     "first_mention_preference",
     "forward",
     "get_family",
@@ -55,12 +71,19 @@ __all__ = [
     "init_params",
     "init_state",
     "load_run",
+    "patch_logp",
+    "probe",
+    "probe_specs",
     "procrustes",
     "register",
     "sample_batch",
+    "spatial_ids",
     "stack_settings",
     "term_mask",
+    "token_groups",
     "train_models",
     "train_step",
+    "view_for",
     "with_static",
+    "word_states",
 ]

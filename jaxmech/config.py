@@ -226,10 +226,10 @@ class ModelConfig:
     d_head)`, with CLS at rotary position 0 and pixel i at i + 1). The text tower
     always uses a learned `P`.
 
-    Autoregressive VLM only (`models.ar_vlm`): `vit_frames` reads the grid's rows as
+    Autoregressive VLM only (`families.toy_vlm.model`): `vit_frames` reads the grid's rows as
     video frames (the ViT sees each frame alone, without a row code; the LM's
     three-part ids carry the frame); `id_site` > 0 adds the spatial-ID loss at that LM
-    site (`models.id_loss`), weighted by the sweepable `id_weight`.
+    site (`families.toy_vlm.id_loss`), weighted by the sweepable `id_weight`.
     """
 
     n_layers: int = 1
@@ -301,7 +301,7 @@ class ModelConfig:
         _float_in("logit_scale_init", self.logit_scale_init, -20.0, 20.0)
         _float_in("logit_scale_max", self.logit_scale_max, self.logit_scale_init, 20.0)
         _choice("vision_pos", self.vision_pos, VISION_POS)
-        # autoregressive VLM fields (model_kind "ar_vlm", `models.ar_vlm`)
+        # autoregressive VLM fields (model_kind "ar_vlm", `families.toy_vlm.model`)
         _int_in("lm_n_layers", self.lm_n_layers, 1, 64)
         _choice("vit_pos", self.vit_pos, VIT_POS)
         _int_in("vit_window", self.vit_window, 0, 64, " (0: no window blocks)")

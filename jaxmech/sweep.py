@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxmech import checkpoint, outdir, results, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
-from jaxmech.families import family_for
+from jaxmech.families import checked_family, family_for
 from jaxmech.outdir import SweepMismatchError  # noqa: F401  (re-exported: callers catch it here)
 from jaxmech.train import (
     TrainState,
@@ -147,7 +147,9 @@ def expand(
     # The shared config takes each swept field's first value, so that it is valid when
     # the swept field's default would not be (e.g. --n_labels=8 --n_pair=3,5).
     base = config.replace(**overrides, **{n: v[0] for n, v in values.items()})
-    family_for(base)  # the model family and its task pairing fail here, before any compute
+    checked_family(
+        base
+    )  # the family, its task pairing and its fields fail here, before any compute
     s0 = base.train.seed if first_seed is None else first_seed
     swept = tuple(values)
     settings = []

@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, Settings, TrainConfig
 from jaxmech.data.tasks import get_task
-from jaxmech.families import Family, family_for, trainable
+from jaxmech.families import Family, checked_family, family_for, trainable
 
 # What every family's curves carry besides its metrics: the training health signals.
 TRAIN_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
@@ -236,7 +236,7 @@ def program_config(config: Config) -> Config:
         steps=config.train.eval_every,
         epochs=min(config.train.epochs, 1),
         seed=0,
-        n_pair_labels=3 if t.task_kind == "three" else 2,
+        n_pair_labels=get_task(t.task_kind).min_pair_labels,
         layouts_per_pair=1,
         single_frac=0.0,
         lr=1e-3,
@@ -341,7 +341,7 @@ def train_models(
       (state, curves) as host NumPy: stacked final state [K, ...] and curves
       {name: [K, n_chunks]}.
     """
-    family_for(config)  # an unknown model_kind or task pairing fails before any compute
+    checked_family(config)  # a bad model_kind, task pairing or field fails before any compute
     finite = np.asarray(settings.epochs) > 0
     if finite.any() != finite.all() or finite.any() != (config.train.epochs > 0):
         raise ValueError(

@@ -29,7 +29,7 @@ from jaxmech.analysis.text_heads import (
 )
 from jaxmech.config import Config
 from jaxmech.data.vocab import Vocab
-from jaxmech.models.dual_encoder import forward, init_params
+from jaxmech.families.dual_encoder.model import forward, init_params
 
 TINY = dict(
     d_model=16,

@@ -10,9 +10,9 @@ from jaxmech.analysis.decompose import decompose as _decompose
 from jaxmech.analysis.decompose import part_terms, row_variance_shares
 from jaxmech.analysis.heads import cls_row_profiles, gradient_stats, head_roles
 from jaxmech.config import Config
-from jaxmech.evaluate import evaluate
-from jaxmech.models.checks import with_static
-from jaxmech.models.dual_encoder import forward, init_params
+from jaxmech.families.dual_encoder.checks import with_static
+from jaxmech.families.dual_encoder.evaluate import evaluate
+from jaxmech.families.dual_encoder.model import forward, init_params
 from jaxmech.models.edits import TERMS, Edits, term_mask
 from jaxmech.train import build_data, stack_settings
 

@@ -1,4 +1,4 @@
-"""The autoregressive VLM (`models.ar_vlm`, `models.vit2d`): causality, positions,
+"""The autoregressive VLM (`families.toy_vlm.model`, `families.toy_vlm.vit`): causality, positions,
 windows, edits as data, the first-block term split, vmap, input checks, a training step.
 
 Small configs throughout (a 3 x 4 grid, so rows and columns cannot be confused);
@@ -15,9 +15,9 @@ import pytest
 from jaxmech.analysis.vit_terms import vit_logit_terms
 from jaxmech.config import Config
 from jaxmech.data.scenes import SCENE_WORDS, label_token
-from jaxmech.models import ar_vlm
+from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm.checks import edit_names
 from jaxmech.models.edits import VIT_TERMS, Edits, term_mask
-from jaxmech.models.vlm_checks import edit_names
 
 GH, GW, Q, B = 3, 4, 8, 3
 L = GH * GW
@@ -53,7 +53,9 @@ def inputs(seed=0, batch=B):
 
 
 def run(p, x, **kw):
-    return ar_vlm.forward(p, *x, **kw)
+    """The forward's logits, or with `capture` (logits, intermediates)."""
+    logits, aux = ar_vlm.forward(p, *x, **kw)
+    return (logits, aux) if kw.get("capture") else logits
 
 
 def cell_rows_cols():
@@ -70,7 +72,6 @@ def test_layout_and_vocab():
     assert p["vit"]["row_P"].shape == (GH, 16) and p["vit"]["col_P"].shape == (GW, 16)
     assert p["vit"]["label_E"].shape == (7, 16) and p["vit"]["facing_E"].shape == (3, 16)
     V = len(SCENE_WORDS) + 6
-    assert ar_vlm.N_SCENE_WORDS == len(SCENE_WORDS)
     assert p["lm"]["E"].shape == (V, 16) and p["lm"]["W_U"].shape == (16, V)
     assert set(p["proj"]) == {"W", "b"}
     q = params(vit_pos="rope2d", projector="mlp", vit_window=2, vit_global_blocks="1")

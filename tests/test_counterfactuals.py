@@ -11,9 +11,10 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.data import scenes as sc
 from jaxmech.data import spec as sp
+from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples, margin
-from jaxmech.models import ar_vlm, vit2d
 from jaxmech.models.edits import Edits
 
 

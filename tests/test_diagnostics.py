@@ -10,9 +10,9 @@ from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import take
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples
-from jaxmech.models import ar_vlm
 from jaxmech.reports import diagnostics as report
 
 

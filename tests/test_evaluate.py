@@ -12,8 +12,8 @@ from jaxmech.config import Config, Settings
 from jaxmech.data import relations1d as r1
 from jaxmech.data import relations2d as r2
 from jaxmech.data.grouped import GroupedEvalSets, seen_mask
-from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.models.dual_encoder import encode_images, encode_texts, init_params
+from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder.model import encode_images, encode_texts, init_params
 from jaxmech.train import stack_settings
 
 CFG = Config.from_flat(TINY)
@@ -165,7 +165,7 @@ def test_settings_fields_must_be_scalars_under_vmap_too(line):
 
 
 def test_per_group_metrics_are_means_over_each_groups_rows():
-    from jaxmech.evaluate import _accuracies
+    from jaxmech.families.dual_encoder.evaluate import _accuracies
 
     rng = np.random.default_rng(0)
     wins = {

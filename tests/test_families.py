@@ -107,7 +107,7 @@ def test_unknown_family_and_task_pairing_fail_before_compute(probe_config):
 
 
 def test_dual_encoder_completes_params_saved_before_static_existed():
-    from jaxmech.models.dual_encoder import init_params, static_params
+    from jaxmech.families.dual_encoder.model import init_params, static_params
 
     config = tiny_config(causal_text=False)
     one = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
@@ -118,3 +118,22 @@ def test_dual_encoder_completes_params_saved_before_static_existed():
         np.testing.assert_array_equal(done["static"][name], np.full(2, value, np.float32))
     assert done["static"]["causal_text"].tolist() == [0.0, 0.0]
     assert get_family("dual_encoder").complete_params(stacked, config) is stacked
+
+
+def test_a_field_the_family_does_not_read_is_refused_by_name(probe_config):
+    from conftest import tiny_vlm_config
+
+    from jaxmech.families import checked_family
+
+    with pytest.raises(
+        ConfigError, match="vision_pos = 'rope' is invalid with model_kind = 'ar_vlm'"
+    ):
+        expand(tiny_vlm_config(vision_pos="rope"), {}, seeds=1)
+    with pytest.raises(
+        ConfigError, match="lm_n_layers = 3 is invalid with model_kind = 'dual_encoder'"
+    ):
+        train_models(tiny_config(lm_n_layers=3), tiny_config().settings())
+    # a stand-in declares no fields: any model field off its default is refused
+    with pytest.raises(ConfigError, match="d_model = 16 is invalid with model_kind = 'test_probe'"):
+        checked_family(probe_config.replace(d_model=16))
+    assert checked_family(probe_config).name == "test_probe"

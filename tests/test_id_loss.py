@@ -1,4 +1,4 @@
-"""The spatial-ID loss (`models.id_loss`, issue 14): zero at its target, gradient only
+"""The spatial-ID loss (`families.toy_vlm.id_loss`, issue 14): zero at its target, gradient only
 below its site, weight 0 as the plain loss, the probe's layout, the config checks; the
 fine-tuning (`reports.id_loss.finetune`, a sweep from a trained run's params): its
 paired folder and report, and its resume after kill -9."""
@@ -20,7 +20,9 @@ from jaxmech import checkpoint, results
 from jaxmech.config import ConfigError
 from jaxmech.data.tasks import get_task
 from jaxmech.families import trainable
-from jaxmech.models import answer, ar_vlm, id_loss
+from jaxmech.families.toy_vlm import id_loss
+from jaxmech.families.toy_vlm import loss as answer
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.train import build_data, stack_settings, train_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

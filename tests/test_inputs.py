@@ -13,8 +13,8 @@ from test_models import CAPTIONS, IMAGES, SMALL, H, L, random_params
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.analysis.rope import rope_logit_parts
-from jaxmech.models.checks import with_static
-from jaxmech.models.dual_encoder import encode_images, encode_texts, forward
+from jaxmech.families.dual_encoder.checks import with_static
+from jaxmech.families.dual_encoder.model import encode_images, encode_texts, forward
 from jaxmech.models.edits import Edits, term_mask
 from jaxmech.shapes import check_int_array, check_positions
 

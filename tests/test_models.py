@@ -15,9 +15,8 @@ import pytest
 
 from jaxmech.config import Config
 from jaxmech.data.vocab import Vocab
-from jaxmech.models.attention import FirstBlock, block_forward
-from jaxmech.models.checks import with_static
-from jaxmech.models.dual_encoder import (
+from jaxmech.families.dual_encoder.checks import with_static
+from jaxmech.families.dual_encoder.model import (
     encode,
     encode_images,
     encode_texts,
@@ -28,6 +27,7 @@ from jaxmech.models.dual_encoder import (
     text_inputs,
     vision_inputs,
 )
+from jaxmech.models.attention import FirstBlock, block_forward
 from jaxmech.models.edits import NO_EDITS, TERMS, Edits, term_mask
 
 # image_len 8: the vision sequence (CLS + 8 pixels) is as long as a caption, and with as

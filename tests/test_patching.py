@@ -10,9 +10,9 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import spans, toy_view
 from jaxmech.families.vlm_view import examples
-from jaxmech.models import ar_vlm
 
 
 def test_belief_shift_on_hand_made_log_probabilities():

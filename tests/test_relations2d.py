@@ -14,9 +14,10 @@ from jaxmech.analysis.decompose import decompose, part_terms
 from jaxmech.config import Config, ConfigError, Settings
 from jaxmech.data import relations2d as r2
 from jaxmech.data.grouped import seen_mask
-from jaxmech.data.vocab import Vocab, task_vocab
-from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.models.dual_encoder import init_params
+from jaxmech.data.tasks import task_vocab
+from jaxmech.data.vocab import Vocab
+from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder.model import init_params
 from jaxmech.train import build_data, stack_settings, train_models
 
 CFG = Config().replace(task_kind="2d")

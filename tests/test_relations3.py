@@ -13,9 +13,10 @@ from jaxmech.config import Config, ConfigError, Settings
 from jaxmech.data import relations1d as r1
 from jaxmech.data import relations3 as r3
 from jaxmech.data.grouped import seen_mask
-from jaxmech.data.vocab import Vocab, task_vocab
-from jaxmech.evaluate import METRICS
-from jaxmech.models.dual_encoder import init_params
+from jaxmech.data.tasks import task_vocab
+from jaxmech.data.vocab import Vocab
+from jaxmech.families.dual_encoder.evaluate import METRICS
+from jaxmech.families.dual_encoder.model import init_params
 from jaxmech.train import build_data, stack_settings, train_models
 
 CFG = Config().replace(task_kind="three")
@@ -226,7 +227,7 @@ def test_loss_positives_are_the_captions_true_of_each_image():
 
 
 def test_clip_loss_with_identical_caption_positives_is_the_plain_loss():
-    from jaxmech.models.contrastive import clip_loss
+    from jaxmech.families.dual_encoder.loss import clip_loss
 
     data = build_data(TINY)
     params = jax.jit(init_params, static_argnums=0)(TINY, jax.random.PRNGKey(1))

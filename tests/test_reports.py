@@ -14,7 +14,7 @@ from conftest import TINY, tiny_config
 
 from jaxmech import results
 from jaxmech.config import Config
-from jaxmech.evaluate import METRICS
+from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.reports import common
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxmech"

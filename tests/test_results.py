@@ -9,7 +9,7 @@ from conftest import flip_middle_byte
 
 from jaxmech import checkpoint, results
 from jaxmech.config import Config
-from jaxmech.evaluate import METRICS
+from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.train import stack_settings
 
 EXPECTED = "expected a results folder written by experiments.train or experiments.sweep"

@@ -18,8 +18,8 @@ from jaxmech.analysis.rope import (
     rope_logit_parts,
 )
 from jaxmech.config import Config, ConfigError
-from jaxmech.evaluate import METRICS, evaluate
-from jaxmech.models.dual_encoder import (
+from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder.model import (
     encode,
     encode_images,
     forward,

@@ -8,9 +8,9 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import cell_tokens
-from jaxmech.models import ar_vlm
 
 
 def test_a_planted_linear_id_is_recovered_with_its_rank():

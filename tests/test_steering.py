@@ -9,9 +9,9 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import steering as st
 from jaxmech.data import scenes as sc
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples
-from jaxmech.models import ar_vlm
 from jaxmech.models.edits import Edits
 from jaxmech.reports import steering as report
 from jaxmech.stats import correlation_ci, mann_whitney_u

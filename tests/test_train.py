@@ -159,8 +159,8 @@ def test_nonfinite_model_is_frozen_and_reported():
 
 
 def test_clip_loss_treats_identical_captions_as_positives():
-    from jaxmech.models.contrastive import clip_loss
-    from jaxmech.models.dual_encoder import forward
+    from jaxmech.families.dual_encoder.loss import clip_loss
+    from jaxmech.families.dual_encoder.model import forward
 
     config = SMALL
     data = build_data(config)

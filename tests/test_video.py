@@ -13,7 +13,7 @@ from conftest import tiny_vlm_config
 from jaxmech.config import ConfigError
 from jaxmech.data import scenes as sc
 from jaxmech.data import video
-from jaxmech.models import ar_vlm
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.results import load_run
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import build_data

@@ -14,9 +14,9 @@ from conftest import TINY_VLM, file_bytes, kill_after_first_checkpoint, quiet, t
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
 from jaxmech.data.scenes import TOKEN
-from jaxmech.evaluate_answers import metric_names
 from jaxmech.families import family_for
-from jaxmech.models.answer import beliefs, partner
+from jaxmech.families.toy_vlm.evaluate import metric_names
+from jaxmech.families.toy_vlm.loss import beliefs, partner
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import build_data
 

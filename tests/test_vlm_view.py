@@ -129,6 +129,7 @@ BAG = Family(
     task_kinds=("scenes",),
     reports=("patching", "spatial_ids", "counterfactuals"),
     vlm_view=_view,
+    config_fields=("n_layers", "lm_n_layers", "n_heads", "d_model", "d_head", "d_mlp"),
 )
 
 # ---------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmech.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
 from jaxmech.models.edits import TERMS, Edits
 
 DEFAULT_ABLATIONS = (
@@ -82,7 +82,7 @@ def evaluate_edits(params_K, settings_K, data, edits_A: Edits):
 
     Any stacked `Edits` (leading axis A on every leaf) works: term masks, rope keep
     masks (`analysis.rope`), patches. The text tower's mask is each model's
-    `params_K["static"]["causal_text"]` (`models.checks.with_static` edits it).
+    `params_K["static"]["causal_text"]` (`families.dual_encoder.checks.with_static` edits it).
     """
     evals = jax.tree_util.tree_map(jnp.asarray, data.evals)
     out = _table(params_K, settings_K, evals, jnp.asarray(data.tables.captions), edits_A)

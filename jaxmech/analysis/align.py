@@ -48,7 +48,7 @@ import jax.numpy as jnp
 
 from jaxmech.analysis.probes import single_object_images
 from jaxmech.data.vocab import Vocab
-from jaxmech.models.dual_encoder import encode_images, encode_texts
+from jaxmech.families.dual_encoder.model import encode_images, encode_texts
 
 KINDS = ("token", "output")
 TEXT_CAPTIONS = ("side", "label")
@@ -109,7 +109,7 @@ def label_embeddings(
       text_caption: "side" or "label" (caption form for `kind="output"`).
 
     The text tower's mask is `params["static"]["causal_text"]` (as trained;
-    `models.checks.with_static` makes a counterfactual).
+    `families.dual_encoder.checks.with_static` makes a counterfactual).
 
     Under `jax.jit`, `n_labels`, `image_len`, `kind` and `text_caption` must be static.
 

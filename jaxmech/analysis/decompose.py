@@ -29,7 +29,7 @@ ablation of one term is a local, first-order statement.
 
 Masks: for a causal tower, `visible` marks the logits the softmax sees; terms are
 defined (and sum to the logits) everywhere, masked or not. The text tower's mask is
-read from `params["static"]["causal_text"]` (as trained; `models.checks.with_static`
+read from `params["static"]["causal_text"]` (as trained; `families.dual_encoder.checks.with_static`
 makes a counterfactual, e.g. a bidirectional text tower).
 
 Under `jax.jit`, `tower` and `layer` must be static (`static_argnames=("tower",
@@ -44,16 +44,15 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.models.attention import block_input, logit_terms
-from jaxmech.models.checks import check_captions, check_images, read_static
-from jaxmech.models.dual_encoder import (
+from jaxmech.families.dual_encoder.checks import check_captions, check_images, read_static
+from jaxmech.families.dual_encoder.model import (
     encode,
     eot_index,
     is_rotary,
-    n_blocks,
     text_inputs,
     vision_inputs,
 )
+from jaxmech.models.attention import block_input, logit_terms, n_blocks
 
 
 def _check(params, x, tower: str, layer: int, positions) -> None:

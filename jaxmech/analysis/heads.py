@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.analysis.probes import single_object_images
@@ -89,3 +90,19 @@ def head_table(params_K, n_labels: int, image_len: int) -> dict:
         }
 
     return jax.lax.map(one, params_K)
+
+
+def strongest_heads(heads: dict) -> dict:
+    """Per model, the head with the largest |CLS-row EP slope|: index, slope, Spearman.
+
+    Args: heads, a `head_table` ({name: [K, H]}). Returns {name: [K]}.
+    """
+    slope = np.asarray(heads["ep_slope"])
+    h = np.abs(slope).argmax(1)
+    k = np.arange(slope.shape[0])
+    return {
+        "head": h,
+        "ep_slope": slope[k, h],
+        "ep_gradient": np.asarray(heads["ep_spearman"])[k, h],
+        "qp_slope": np.asarray(heads["qp_slope"])[k, h],
+    }

@@ -45,16 +45,15 @@ import numpy as np
 from jaxmech.analysis.ablate import evaluate_edits
 from jaxmech.analysis.heads import gradient_stats
 from jaxmech.analysis.probes import single_object_images
-from jaxmech.models.attention import block_input
-from jaxmech.models.checks import check_images
-from jaxmech.models.dual_encoder import (
+from jaxmech.families.dual_encoder.checks import check_images
+from jaxmech.families.dual_encoder.model import (
     encode,
     is_rotary,
-    n_blocks,
     rope_angles,
     rope_positions,
     vision_inputs,
 )
+from jaxmech.models.attention import block_input, n_blocks
 from jaxmech.models.edits import Edits
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from jaxmech.data.spec import probe_specs
 from jaxmech.families.vlm_view import Spans, VLMView, resid_site, rows_at
+from jaxmech.models.attention import n_blocks as count_blocks
 
 
 class Probe(NamedTuple):
@@ -139,7 +140,7 @@ def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int) -> di
     TransformerLens layout (`lm/block_{y}/W_O [H, Dh, D]`).
     """
     rows, x_N, token_N = jnp.arange(len(cell_N)), jnp.asarray(x_N), jnp.asarray(token_N)
-    n_blocks = sum(1 for k in params["lm"] if k.startswith("block_"))
+    n_blocks = count_blocks(params["lm"])
     ids = spatial_ids(states_at(aux, n_blocks, x_N), label_N, cell_N, n_cells)
     out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": []}
     for y in range(n_blocks):

@@ -37,7 +37,8 @@ import numpy as np
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.data.vocab import Vocab
-from jaxmech.models.dual_encoder import encode_texts, eot_index, n_blocks
+from jaxmech.families.dual_encoder.model import encode_texts, eot_index
+from jaxmech.models.attention import n_blocks
 
 GROUPS = ("all", "seen", "unseen", "mixed", "form_left", "form_right")
 ROLES = ("none", "first", "second")
@@ -115,7 +116,7 @@ def eot_patterns(params, captions_CxT):
       params: one model's params (vmap for stacked models).
       captions_CxT: int caption tokens [C, T] (each with an EOT).
 
-    The mask is `params["static"]["causal_text"]` (as trained; `models.checks.with_static`
+    The mask is `params["static"]["causal_text"]` (as trained; `families.dual_encoder.checks.with_static`
     makes a counterfactual, e.g. a bidirectional text tower).
 
     Returns:

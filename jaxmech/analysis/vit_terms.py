@@ -1,6 +1,6 @@
 """The first ViT block's attention logits of the VLM, split into 16 terms (App. O).
 
-The ViT's input (`models.vit2d`) is the sum of three parts: the cell content C
+The ViT's input (`families.toy_vlm.vit`) is the sum of three parts: the cell content C
 (label + colour + facing rows), the row position code R and the column position code
 K (learned2d or sincos2d; rope2d has no additive position, so no split). With the
 biases B (b_Q on the query side, b_K on the key side), the first block's pre-softmax
@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmech.models import vit2d
+from jaxmech.families.toy_vlm import vit as vit2d
+from jaxmech.families.toy_vlm.checks import check_cells, check_edits, check_params
+from jaxmech.families.toy_vlm.vit import read
 from jaxmech.models.attention import block_input, logit_terms
 from jaxmech.models.edits import VIT_TERMS, Edits
-from jaxmech.models.vit2d import read
-from jaxmech.models.vlm_checks import check_cells, check_edits, check_params
 
 
 def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=None, vit_cols=None):
     """The 16 terms of the first ViT block's scaled logits, and the logits themselves.
 
     Args:
-      params: one VLM's params (`models.ar_vlm`; vmap over stacked ones).
+      params: one VLM's params (`families.toy_vlm.model`; vmap over stacked ones).
       labels_BxL, colours_BxL, facings_BxL: int cells, as `ar_vlm.forward` takes them.
       vit_rows, vit_cols: optional float [L] position overrides (`Edits`).
 

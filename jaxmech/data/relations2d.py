@@ -9,7 +9,7 @@ row + column sum that would build in the additivity the task is about) and
 
 Relations: horizontal (`h`: "A is on the left of B", A in a smaller column) and
 vertical (`v`: "A is above B", A in a smaller row). Captions (text words `above`,
-`below` join the 1D vocabulary; `data.vocab.task_vocab`):
+`below` join the 1D vocabulary; `data.tasks.task_vocab`):
 
   h pair   "a is on the left of b"  / mode left_right also "b is on the right of a"
   v pair   "a is above b"           / mode left_right also "b is below a"

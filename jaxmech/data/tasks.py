@@ -21,6 +21,9 @@ other two run once on the host.
   reports                                    the reports (by folder name) its data
                                                supports; one applies to a run when the
                                                family declares it too
+  caption_words                              caption tasks: the caption words after the
+                                               labels (`data.vocab`; `task_vocab`)
+  min_pair_labels                            the fewest `n_pair_labels` it accepts
   eval_specs(task_config, eval_set) -> {name: SceneSpec}
                                              scene tasks only: one eval set and its
                                                twins as scene specs (`data.spec`), what
@@ -43,7 +46,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from jaxmech.config import TASK_KINDS, ConfigError
-from jaxmech.data import relations1d, relations2d, relations3, scenes, video
+from jaxmech.data import relations1d, relations2d, relations3, scenes, video, vocab
 
 
 class CaptionBatch(NamedTuple):
@@ -71,6 +74,8 @@ class Task(NamedTuple):
     words: tuple = ()  # question tasks: the names of the word ids
     eval_specs: Callable | None = None  # scene tasks: an eval set as `data.spec` specs
     reports: tuple[str, ...] = ()  # the reports its data supports (folder names)
+    caption_words: tuple[str, ...] = vocab.WORDS  # caption tasks: the text words
+    min_pair_labels: int = 2  # the fewest pair labels its config accepts
 
 
 def caption_sampler(module, positives: Callable | None = None) -> Callable:
@@ -107,6 +112,7 @@ TASKS: dict[str, Task] = {
         relations2d.build_eval_sets,
         caption_sampler(relations2d),
         reports=("relations",),
+        caption_words=vocab.WORDS_2D,
     ),
     "three": Task(
         "three",
@@ -114,6 +120,7 @@ TASKS: dict[str, Task] = {
         relations3.build_eval_sets,
         caption_sampler(relations3, relations3.positives),
         reports=("relations",),
+        min_pair_labels=3,
     ),
     # questions about grid scenes for the autoregressive VLM: batches are
     # `scenes.SceneBatch`, eval sets `scenes.SceneEvalSets` (streaming only)
@@ -148,3 +155,8 @@ def get_task(kind: str) -> Task:
     if kind not in TASKS:
         raise ConfigError(f"task_kind = {kind!r} is invalid: allowed one of {', '.join(TASKS)}")
     return TASKS[kind]
+
+
+def task_vocab(task_config) -> vocab.Vocab:
+    """The caption vocabulary of a `TaskConfig`: its labels and its task's words."""
+    return vocab.Vocab(task_config.n_labels, get_task(task_config.task_kind).caption_words)

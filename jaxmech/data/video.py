@@ -17,7 +17,7 @@ Time reversal is the video's mirror: frame f -> T - 1 - f, before <-> after
 (`scenes.mirror_height`; facings stay). The eval sets' `mirror` and `mirror_pos` twins
 are that reversal, so the mirror-swap tools read it unchanged. Model side: with
 `vit_frames` the ViT sees each frame alone and has no row code, and the LM's
-three-part position ids carry the frame in t (`models.ar_vlm`).
+three-part position ids carry the frame in t (`families.toy_vlm.model`).
 
 Axis names (`jaxmech.shapes`): B batch rows, L = T W cells.
 """

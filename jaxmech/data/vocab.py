@@ -3,8 +3,8 @@
 Image tokens: `0` background, `1..n_labels` objects, `n_labels + 1` the CLS token.
 Text tokens: `0` PAD, `1..n_labels` label words (same number as the image label, so
 label `k` is text token `k`), then the words `is on the left right of`, then BOS, EOT.
-The 2D task (`task_kind = "2d"`) appends the words `above below` after `of` (BOS and EOT
-move up by two); every other kind keeps the 1D vocabulary, ids unchanged. EOT is always
+The 2D task appends the words `above below` after `of` (`WORDS_2D`; BOS and EOT move up
+by two); every other task keeps the 1D vocabulary, ids unchanged (`data.tasks.task_vocab`). EOT is always
 the last text id (the text tower finds its readout by it).
 """
 
@@ -75,8 +75,3 @@ class Vocab:
             elif self.n_labels < t < self.bos:
                 out.append(self.words[t - self.n_labels - 1])
         return " ".join(out)
-
-
-def task_vocab(task) -> Vocab:
-    """The vocabulary of a `TaskConfig`: the 1D one, plus `above below` for kind 2d."""
-    return Vocab(task.n_labels, WORDS_2D if task.task_kind == "2d" else WORDS)

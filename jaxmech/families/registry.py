@@ -23,6 +23,9 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
   reports                                    the reports (`jaxmech.reports`, by folder
                                                name) written for this family; one applies
                                                to a run when its task declares it too
+  config_fields                              the `ModelConfig` fields the family reads
+                                               (`checked_family` refuses the others
+                                               unless at their defaults)
   vlm_view(config) -> VLMView                VLM families: what the seed 003 / 004
                                                methods may ask of them
                                                (`families.vlm_view`); None otherwise
@@ -41,17 +44,21 @@ register a stand-in the same way). `train` and `sweep` need no change.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jaxmech import evaluate_answers
-from jaxmech.config import Config, ConfigError
+from jaxmech.config import Config, ConfigError, ModelConfig
 from jaxmech.data.tasks import get_task
-from jaxmech.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder import loss as contrastive
+from jaxmech.families.dual_encoder import model as dual_encoder
+from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
+from jaxmech.families.dual_encoder.model import static_params
+from jaxmech.families.toy_vlm import evaluate as evaluate_answers
+from jaxmech.families.toy_vlm import loss as answer
+from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
-from jaxmech.models import answer, ar_vlm, contrastive, dual_encoder
-from jaxmech.models.dual_encoder import static_params
 
 
 class Family(NamedTuple):
@@ -67,9 +74,13 @@ class Family(NamedTuple):
     complete_params: Callable = lambda params_K, config: params_K
     reports: tuple[str, ...] = ()
     vlm_view: Callable | None = None
+    config_fields: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {}
+# the transformer sizes both built-in families read
+SHARED_FIELDS = ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "layernorm", "mlp")
+SHARED_FIELDS += ("init_E", "init_P", "rope_base")
 # the seed 003 / 004 reports: written against the VLM view, for any family that has one
 VLM_REPORTS = (
     "patching",
@@ -106,6 +117,36 @@ def family_for(config: Config) -> Family:
     return family
 
 
+def checked_family(config: Config) -> Family:
+    """`family_for`, and the model fields of `config` that the family does not read
+    refused unless at their defaults (`Family.config_fields`): `--vision_pos=rope` on a
+    VLM is an error naming the family, not a silent no-op. For new runs (sweeps,
+    training); folders already written load without it."""
+    family = family_for(config)
+    default = ModelConfig()
+    for f in dataclasses.fields(ModelConfig):
+        value = getattr(config.model, f.name)
+        if (
+            f.name != "model_kind"
+            and f.name not in family.config_fields
+            and value != getattr(default, f.name)
+        ):
+            raise ConfigError(
+                f"{f.name} = {value!r} is invalid with model_kind = {family.name!r}: the "
+                f"family has no such field (its fields: {', '.join(family.config_fields)})"
+            )
+    return family
+
+
+def view_for(config: Config):
+    """The VLM view (`families.vlm_view.VLMView`) of the config's family, for the seed
+    003 / 004 methods; a ConfigError naming `model_kind` for a family that has none."""
+    family = family_for(config)
+    if family.vlm_view is None:
+        raise ConfigError(f"model_kind = {family.name!r} is not a VLM family (it has no VLM view)")
+    return family.vlm_view(config)
+
+
 def trainable(params):
     """The params without the `static` constants (what norms are taken over)."""
     if isinstance(params, dict) and "static" in params:
@@ -138,6 +179,9 @@ register(
         progress_metric="unseen_acc",
         complete_params=_dual_encoder_complete,
         reports=("mechanism", "relations", "rope", "text"),
+        config_fields=SHARED_FIELDS
+        + ("text_n_layers", "d_embed", "causal_text", "cls_position", "logit_scale_init")
+        + ("logit_scale_max", "vision_pos"),
     )
 )
 
@@ -152,5 +196,8 @@ register(
         progress_metric="unseen_min_acc",
         reports=VLM_REPORTS + ("vit_terms", "id_loss"),
         vlm_view=toy_view,
+        config_fields=SHARED_FIELDS
+        + ("lm_n_layers", "vit_pos", "vit_window", "vit_global_blocks", "projector")
+        + ("lm_pos_ids", "tie_labels", "vit_frames", "id_site"),
     )
 )

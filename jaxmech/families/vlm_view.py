@@ -12,8 +12,10 @@ family's own modules. A family's view:
                                   leaves lead with B; pixels and a tokenizer for a real
                                   family) and where each part landed (`Spans`)
   forward(params, inputs, edits=None, capture=False) -> (logits_BxV, aux)
-                                logits at each scene's answer position; `aux` holds the
-                                  named intermediates (`sites` below) when `capture`
+                                logits at each scene's answer position and the named
+                                  intermediates (`sites` below), whole with `capture`
+                                  (without it a family may compute only what the
+                                  logits need: the toy's last block, the answer row)
   answer_words [R, 2]           token ids of each relation's (first, second) answer word
                                   (relation ids as `data.spec`: 0 h, 1 v, 2 presence)
   n_lm_blocks(params)           the LM's blocks

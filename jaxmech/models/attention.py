@@ -50,7 +50,7 @@ class FirstBlock(NamedTuple):
     LayerNorm and an unedited input; same values up to float reassociation);
     term_keep [H, 9] / vp_keep [H]: the term edits (`models.edits`), or None.
     extra_parts / term_names: a first block whose input has more named parts than E and
-    P (the ViT of `models.ar_vlm`: content, row, column) lists them all in
+    P (the ViT of `families.toy_vlm.model`: content, row, column) lists them all in
     `extra_parts` (sum = x) with one-letter `term_names`; term_keep is then
     [H, (len(names) + 1)^2] in `term_order(term_names)`. None / ("E", "P"): the two
     parts e_part, p_part.
@@ -72,6 +72,16 @@ class FirstBlock(NamedTuple):
         if self.extra_parts is not None:
             return list(self.extra_parts)
         return [self.e_part, self.p_part]
+
+
+# Every attention block's parameters (layer norms and the MLP are optional).
+BLOCK_KEYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O")
+
+
+def n_blocks(part) -> int:
+    """The blocks of one model part (a params subtree with `block_0 .. block_{n-1}`):
+    every family's block count."""
+    return sum(1 for k in part if k.startswith("block_"))
 
 
 def term_order(names=("E", "P")) -> tuple[str, ...]:

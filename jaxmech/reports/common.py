@@ -31,7 +31,7 @@ from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.data.spec import PRESENCE, RELATIONS, take  # noqa: F401  (RELATIONS: for reports)
 from jaxmech.data.tasks import get_task
-from jaxmech.families import family_for, get_family
+from jaxmech.families import get_family, view_for
 from jaxmech.families.vlm_view import Examples, VLMView, examples
 from jaxmech.results import load_config, load_run, write_csv
 from jaxmech.stats import mean_ci
@@ -228,8 +228,8 @@ def needs_depth(config, path: str) -> str | None:
 
 
 def view_of(run: LoadedRun) -> VLMView:
-    """The VLM view of a run's family."""
-    return family_for(run.config).vlm_view(run.config)
+    """The VLM view of a run's family (`families.view_for`)."""
+    return view_for(run.config)
 
 
 def relation_questions(run: LoadedRun) -> Examples:

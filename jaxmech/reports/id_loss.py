@@ -5,7 +5,7 @@ Two ways in, one report:
 * From scratch: one sweep trains plain (`id_weight` 0) and ID-loss models side by side
   in one program, e.g. `python -m experiments.sweep --preset=vlm --id_site=1
   --id_weight=0,1 --seeds=8`. The target is the planted linear grid ID
-  (`models.ar_vlm.planted_id_target`): a fresh model has no ID to extract.
+  (`families.toy_vlm.model.planted_id_target`): a fresh model has no ID to extract.
 * Fine-tuning (`finetune`; `python -m experiments.id_loss --base=RUN --out=DIR`): each
   trained model of RUN continues once per weight, towards the universal ID extracted
   from itself beforehand (`extract_targets`: mean-centred object-word states at the
@@ -34,7 +34,7 @@ import numpy as np
 from jaxmech import outdir, plots
 from jaxmech.analysis import spatial_ids as sid
 from jaxmech.config import SWEEPABLE, Config, Settings
-from jaxmech.evaluate_answers import relations
+from jaxmech.families.toy_vlm.evaluate import relations
 from jaxmech.reports.common import (
     LoadedRun,
     check_run,

@@ -28,9 +28,9 @@ import numpy as np
 from jaxmech import plots
 from jaxmech.analysis.ablate import DEFAULT_ABLATIONS, ablation_table
 from jaxmech.analysis.decompose import decompose, row_variance_shares
-from jaxmech.analysis.heads import head_table
+from jaxmech.analysis.heads import head_table, strongest_heads
 from jaxmech.config import Config
-from jaxmech.evaluate import METRICS
+from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,
@@ -62,22 +62,6 @@ def ep_report_refusal(config: Config, path: str) -> str | None:
             f"python -m experiments.rope --run={path}"
         )
     return None
-
-
-def strongest_heads(heads: dict) -> dict:
-    """Per model, the head with the largest |CLS-row EP slope|: index, slope, Spearman.
-
-    Args: heads, a `head_table` ({name: [K, H]}). Returns {name: [K]}.
-    """
-    slope = np.asarray(heads["ep_slope"])
-    h = np.abs(slope).argmax(1)
-    k = np.arange(slope.shape[0])
-    return {
-        "head": h,
-        "ep_slope": slope[k, h],
-        "ep_gradient": np.asarray(heads["ep_spearman"])[k, h],
-        "qp_slope": np.asarray(heads["qp_slope"])[k, h],
-    }
 
 
 def compute_mechanism(run: LoadedRun, ablations, heads=None) -> dict:

@@ -26,7 +26,7 @@ import numpy as np
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
-from jaxmech.evaluate_answers import relations
+from jaxmech.families.toy_vlm.evaluate import relations
 from jaxmech.families.vlm_view import answer_ids
 from jaxmech.reports.common import (
     LoadedRun,

@@ -32,11 +32,10 @@ import numpy as np
 
 from jaxmech import plots
 from jaxmech.analysis.ablate import ablation_table
-from jaxmech.analysis.heads import head_table
+from jaxmech.analysis.heads import head_table, strongest_heads
 from jaxmech.config import Config, ConfigError
 from jaxmech.presets import BASELINE, Protocol
 from jaxmech.reports.common import excluded_lines, is_diverged, open_run, write_csv
-from jaxmech.reports.mechanism import strongest_heads
 from jaxmech.stats import diff_ci, mean_ci
 from jaxmech.sweep import Grid, finite_steps, run_grid
 from jaxmech.train import stack_settings, step_budget

@@ -29,7 +29,7 @@ from jaxmech.analysis.rope import (
     rope_keep_masks,
     rope_logit_parts,
 )
-from jaxmech.evaluate import METRICS
+from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.reports.common import (
     LoadedRun,
     ablation_rows,

@@ -15,8 +15,9 @@ import numpy as np
 from jaxmech.config import Config
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.vlm_view import Spans, VLMView
-from jaxmech.models import ar_vlm, vit2d
 
 ANSWER_WORDS = np.asarray(
     [[sc.TOKEN[a], sc.TOKEN[b]] for a, b in (("left", "right"), ("above", "below"), ("yes", "no"))],
@@ -43,8 +44,8 @@ def spans(grid: Grid, batch: int) -> Spans:
 
 
 def forward(params, inputs: sc.SceneBatch, edits=None, capture: bool = False):
-    """(logits [B, V] at the `?`, intermediates: empty unless `capture`)."""
-    out = ar_vlm.forward(
+    """(logits [B, V] at the `?`, intermediates: whole with `capture`)."""
+    return ar_vlm.forward(
         params,
         inputs.labels_BxL,
         inputs.colours_BxL,
@@ -53,7 +54,6 @@ def forward(params, inputs: sc.SceneBatch, edits=None, capture: bool = False):
         edits=edits,
         capture=capture,
     )
-    return out if capture else (out, {})
 
 
 def vit_positions(params, grid: Grid):

@@ -7,7 +7,7 @@ Params (a plain nested dict; `init_params` builds it):
           (lnf_w, lnf_b [D] with LayerNorm)   W_proj [D, Z]
   text/   E [V_txt, D]   P [T, D]   block_*   (lnf_*)   W_proj [D, Z]
   logit_scale []
-  static/ causal_text, logit_scale_max, cls_position []  (`models.checks`)
+  static/ causal_text, logit_scale_max, cls_position []  (`families.dual_encoder.checks`)
 
 Everything the forward needs about the architecture is read off the params (number
 of blocks, heads, LayerNorm, MLP, whether the CLS token has a position row, rotary
@@ -15,7 +15,7 @@ positions), and the behaviour switches without a trained parameter (the text tow
 causal mask, the logit-scale cap) from `params["static"]`, so analysis code calls
 `forward(params, ...)` with no module, config object or switch keyword. A
 counterfactual (e.g. a bidirectional text tower) is a model with edited switches:
-`forward(models.checks.with_static(params, causal_text=0.0), ...)`.
+`forward(families.dual_encoder.checks.with_static(params, causal_text=0.0), ...)`.
 
 Rotary vision tower (`vision_pos = "rope"`): the vision params hold `rope_freqs`
 (R = Dh/2 frequencies `rope_base ** (-2i / Dh)`, a constant: the forward stops its
@@ -36,7 +36,7 @@ frequency pairs, V vocabulary).
 
 Under `jax.jit`, `readout_only` must be static (`static_argnames`); params, inputs,
 positions and edits may be traced. Inputs are checked before tracing
-(`models.checks`): ValueErrors name the argument, the value and what was expected.
+(`families.dual_encoder.checks`): ValueErrors name the argument, the value and what was expected.
 """
 
 from __future__ import annotations
@@ -48,9 +48,16 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.config import Config, ModelConfig
-from jaxmech.data.vocab import CAPTION_LEN, task_vocab
+from jaxmech.data.tasks import task_vocab
+from jaxmech.data.vocab import CAPTION_LEN
+from jaxmech.families.dual_encoder.checks import (
+    check_captions,
+    check_edits,
+    check_images,
+    read_static,
+)
 from jaxmech.models.attention import FirstBlock, Rotary, block_forward, layer_norm, select_rows
-from jaxmech.models.checks import check_captions, check_edits, check_images, read_static
+from jaxmech.models.attention import n_blocks as count_blocks
 from jaxmech.models.edits import NO_EDITS, Edits
 
 LOGIT_SCALE_MAX = math.log(100.0)
@@ -64,10 +71,6 @@ def static_params(config: Config) -> dict:
         "logit_scale_max": jnp.float32(m.logit_scale_max),
         "cls_position": jnp.float32(1.0 if m.cls_position else 0.0),
     }
-
-
-def n_blocks(tower) -> int:
-    return sum(1 for k in tower if k.startswith("block_"))
 
 
 def _position_rows(P, positions):
@@ -242,7 +245,7 @@ def encode(
     first, aux = _first_block(tower, tokens_BxS, p_rows, name, edits)
     x = edits(f"{name}/resid_pre.0", first.e_part + first.p_part)
     readout_rows_Bx1 = readout_idx_B[:, None]
-    n = n_blocks(tower)
+    n = count_blocks(tower)
     for layer in range(n):
         last = layer == n - 1
         keep = rope_keep

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.scenes import TOKEN, SceneBatch
-from jaxmech.models import ar_vlm, id_loss
+from jaxmech.families.toy_vlm import id_loss
+from jaxmech.families.toy_vlm import model as ar_vlm
 
 # The other answer word of each relation, indexed by token id (left <-> right,
 # above <-> below, yes <-> no; other ids map to 0 and are never answers).
@@ -45,9 +46,9 @@ def margin(logits_BxV, answer_B) -> jax.Array:
     return pick(answer_B) - pick(partner(answer_B))
 
 
-def logits(params, batch: SceneBatch, edits=None, capture: bool = False):
+def logits(params, batch: SceneBatch, edits=None):
     """[B, V] the LM's logits at the last position for a batch of scenes and questions
-    (with `capture`, also the named intermediates: `ar_vlm.forward`)."""
+    (`ar_vlm.forward`'s first output)."""
     return ar_vlm.forward(
         params,
         batch.labels_BxL,
@@ -55,14 +56,13 @@ def logits(params, batch: SceneBatch, edits=None, capture: bool = False):
         batch.facings_BxL,
         batch.question_BxQ,
         edits=edits,
-        capture=capture,
-    )
+    )[0]
 
 
 def answer_loss(params, batch: SceneBatch, tables, settings, config) -> jax.Array:
     """The family's training loss: the mean cross-entropy of the answer token, plus
     `settings.id_weight` times the spatial-ID loss at LM site `id_site` when that is
-    set (`models.id_loss`; with id_site 0 the ID loss is not computed at all)."""
+    set (`families.toy_vlm.id_loss`; with id_site 0 the ID loss is not computed at all)."""
     del tables
     logp_BxV = jax.nn.log_softmax(logits(params, batch), axis=-1)
     ce = -jnp.take_along_axis(logp_BxV, batch.answer_B[:, None], axis=-1).mean()

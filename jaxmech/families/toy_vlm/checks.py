@@ -1,4 +1,4 @@
-"""Checks at the autoregressive VLM's public boundary (`models.ar_vlm`), before tracing.
+"""Checks at the autoregressive VLM's public boundary (`families.toy_vlm.model`), before tracing.
 
 Structure and shapes are checked always (static under jit / vmap), values only on
 concrete arrays (`jaxmech.shapes`). Errors are ValueErrors naming the argument, the
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jaxmech.models.checks import BLOCK_KEYS
+from jaxmech.models.attention import BLOCK_KEYS, n_blocks
 from jaxmech.models.edits import VIT_TERMS, Edits
 from jaxmech.shapes import check_int_array, is_concrete
 
@@ -30,7 +30,7 @@ def _keys(where: str, tree, keys) -> None:
     if missing:
         raise ValueError(
             f"{where} is missing {', '.join(map(repr, missing))}: build params with "
-            "models.ar_vlm.init_params"
+            "families.toy_vlm.model.init_params"
         )
 
 
@@ -156,7 +156,7 @@ def check_edits(params, edits, n_question: int) -> None:
         if bad:
             raise ValueError(
                 f"edits.{field} names {bad}: not intermediates of these params (see "
-                "models.vlm_checks.edit_names)"
+                "families.toy_vlm.checks.edit_names)"
             )
     L, H = n_cells(params), params["vit"]["block_0"]["W_Q"].shape[0]
     S = L + n_question
@@ -167,7 +167,7 @@ def check_edits(params, edits, n_question: int) -> None:
             "content / row / column term split does not apply"
         )
     rotary_vit = "vit_rope_freqs" in params["static"]
-    Y = sum(1 for k in params["vit"] if k.startswith("block_"))
+    Y = n_blocks(params["vit"])
     per_block = [(Y, L)] if rotary_vit else []
     for name in ("vit_rows", "vit_cols"):
         value = getattr(edits, name)

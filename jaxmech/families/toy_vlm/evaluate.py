@@ -4,7 +4,7 @@ Per validation set (`data.scenes.SceneEvalSets`: seen_pair, unseen_pair, train_p
 single) and relation of the task (`data.tasks.Task.answer_relations`; scenes: h
 left/right, v above/below; video: t before/after): the accuracy (the answer word
 beats the other word of its relation), and, on the unseen pairs, the mean probability
-and log-probability of the answer word (`models.answer.beliefs`). Rows are weighted by
+and log-probability of the answer word (`families.toy_vlm.loss.beliefs`). Rows are weighted by
 the model's own set membership (`data.scenes.eval_masks`: seen and train pairs depend
 on its sweepable settings), so one compiled evaluation serves every model of a sweep.
 
@@ -12,7 +12,7 @@ on its sweepable settings), so one compiled evaluation serves every model of a s
 progress metric: issue 12's target is both relations above 0.9 on unseen pairs.
 
 With the spatial-ID loss on (`id_site` > 0), `id_loss_train` / `id_loss_unseen` are
-its value (`models.id_loss`) on probes built from `ID_EVAL_PAIRS` rows spread over the
+its value (`families.toy_vlm.id_loss`) on probes built from `ID_EVAL_PAIRS` rows spread over the
 training-pair / unseen-pair set (`id_eval_rows`): how far the pairs' IDs are from the target, for
 labels trained in pairs and for validation labels.
 
@@ -28,8 +28,8 @@ import numpy as np
 from jaxmech.config import Config, Settings
 from jaxmech.data.scenes import SceneEvalSets, eval_masks
 from jaxmech.data.tasks import get_task
-from jaxmech.models.answer import beliefs, logits
-from jaxmech.models.id_loss import id_loss
+from jaxmech.families.toy_vlm.id_loss import id_loss
+from jaxmech.families.toy_vlm.loss import beliefs, logits
 
 SETS = {"seen_pair": "seen", "unseen_pair": "unseen", "train_pair": "train", "single": "single"}
 BELIEF_SETS = ("unseen",)

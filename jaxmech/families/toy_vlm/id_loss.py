@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.data.scenes import TOKEN, X_SLOT, Y_SLOT, SceneBatch
-from jaxmech.models import ar_vlm
-from jaxmech.models.vit2d import read
+from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm.vit import read
 
 ID_PAIRS = 2  # pairs per training step: 2 L probe rows (32 on a 4 x 4 grid)
 

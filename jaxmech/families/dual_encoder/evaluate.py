@@ -28,7 +28,7 @@ import numpy as np
 from jaxmech.config import Settings
 from jaxmech.data import grouped
 from jaxmech.data.grouped import GroupedEvalSets
-from jaxmech.models.dual_encoder import encode_images, encode_texts
+from jaxmech.families.dual_encoder.model import encode_images, encode_texts
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.shapes import is_concrete
 

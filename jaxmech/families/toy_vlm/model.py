@@ -18,10 +18,10 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
           cell_frames [L]            each cell's video frame (vit_frames only; the
                                      cells' rows are then 0: a frame is one row)
           id_target [L, D]           the spatial-ID loss's target (id_site > 0 only:
-                                     `models.id_loss`)
+                                     `families.toy_vlm.id_loss`)
 
 V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
-`models.vit2d` (cells, positions, windows). The LM reads `[L image tokens][Q question
+`families.toy_vlm.vit` (cells, positions, windows). The LM reads `[L image tokens][Q question
 tokens]` causally with RoPE on q and k. Its position ids are three per token (t, row,
 col), each frequency pair turned by one of them (`lm_mrope_axis`, interleaved t, row,
 col, ... so every part gets high and low frequencies; Qwen2-VL uses contiguous
@@ -48,13 +48,14 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.config import Config
-from jaxmech.models import vit2d
-from jaxmech.models.attention import Rotary, block_forward, layer_norm
+from jaxmech.data.scenes import SCENE_WORDS
+from jaxmech.families.toy_vlm import vit as vit2d
+from jaxmech.families.toy_vlm.checks import check_edits, check_inputs, check_params
+from jaxmech.families.toy_vlm.vit import read
+from jaxmech.models.attention import Rotary, block_forward, layer_norm, n_blocks
 from jaxmech.models.edits import NO_EDITS, Edits
-from jaxmech.models.vit2d import read
-from jaxmech.models.vlm_checks import check_edits, check_inputs, check_params
 
-N_SCENE_WORDS = 11  # `data.scenes.SCENE_WORDS`; labels follow at 10 + l
+N_SCENE_WORDS = len(SCENE_WORDS)  # the question and answer words; labels follow at 10 + l
 
 
 def vocab_size(config: Config) -> int:
@@ -137,7 +138,7 @@ def static_params(config: Config) -> dict:
 def planted_id_target(key, rows_L, cols_L, d_model: int):
     """[L, D] a linear grid ID, (column - mean) u + (row - mean) v with u, v orthonormal
     random directions of the residual stream: the from-scratch target of
-    `models.id_loss`."""
+    `families.toy_vlm.id_loss`."""
     g = jax.random.normal(key, (d_model, 2))
     q, _ = jnp.linalg.qr(g)
     rows, cols = rows_L - rows_L.mean(), cols_L - cols_L.mean()
@@ -277,7 +278,7 @@ def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
 
 
 def n_lm_blocks(params) -> int:
-    return sum(1 for k in params["lm"] if k.startswith("block_"))
+    return n_blocks(params["lm"])
 
 
 def site_name(site: int, n_blocks: int) -> str:
@@ -305,7 +306,8 @@ def forward(
     edits: Edits | None = None,
     capture: bool = False,
 ):
-    """The VLM's one forward pass: the LM's logits at the last position.
+    """The VLM's one forward pass: the LM's logits at the last position, and the named
+    intermediates.
 
     Args:
       params: one model's params (module docstring; vmap over stacked ones).
@@ -315,13 +317,15 @@ def forward(
       question_BxQ: int LM token ids in [0, V - 1] (`data.scenes`), the answer
         predicted after the last one.
       edits: interventions as data (`models.edits.Edits`; names: `edit_names`).
-      capture: also return the named intermediates (static under jit). The last LM
-        block then computes every query row (same logits up to float rounding).
+      capture: compute every intermediate whole (static under jit): the last LM block
+        then computes every query row (same logits up to float rounding); without it
+        that block computes the answer row only (the training path), so its
+        intermediates hold that one row.
 
     Returns:
-      logits_BxV, or (logits_BxV, intermediates) with capture: `vit/content`,
+      (logits_BxV, intermediates), the family contract: `vit/content`,
       `vit/row_part`, `vit/col_part`, `vit/{point}.{layer}`, `proj/out`,
-      `lm/{point}.{layer}` (points: `models.vlm_checks.POINTS`; `rot_q`, `rot_k`
+      `lm/{point}.{layer}` (points: `families.toy_vlm.checks.POINTS`; `rot_q`, `rot_k`
       with rotary positions) and `lm/final` (the last position's residual, [B, D]).
     """
     edits = NO_EDITS if edits is None else edits
@@ -332,7 +336,7 @@ def forward(
     image = image_tokens(params, vit_out, edits, aux)
     final = lm_forward(params, image, question_BxQ, edits, aux, all_rows=capture)
     logits = unembed(params, final)
-    return (logits, aux) if capture else logits
+    return logits, aux
 
 
 def answer_logits(logits_BxV, word_ids):

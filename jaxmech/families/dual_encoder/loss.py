@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmech.models.dual_encoder import forward
+from jaxmech.families.dual_encoder.model import forward
 
 
 def clip_loss(params, images_BxL, caption_ids_B, captions_CxT, positives_BxB=None):

@@ -1,4 +1,4 @@
-"""The ViT of the autoregressive VLM (`models.ar_vlm`): cells, 2D positions, windows.
+"""The ViT of the autoregressive VLM (`families.toy_vlm.model`): cells, 2D positions, windows.
 
 An image is `L = grid_h * grid_w` cells in row-major order (cell (r, c) is index
 r * W + c). A cell's content is the sum of three embedding rows,
@@ -36,7 +36,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxmech.models.attention import FirstBlock, Rotary, block_forward
+from jaxmech.models.attention import FirstBlock, Rotary, block_forward, n_blocks
 
 POSITION_KINDS = ("learned2d", "sincos2d", "rope2d")
 
@@ -168,7 +168,7 @@ def vit_rotary(params, edits, layer: int = 0):
 
 
 def n_vit_blocks(params) -> int:
-    return sum(1 for k in params["vit"] if k.startswith("block_"))
+    return n_blocks(params["vit"])
 
 
 def vit_forward(params, labels_BxL, colours_BxL, facings_BxL, edits):

@@ -21,10 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.models.attention import BLOCK_KEYS, n_blocks
 from jaxmech.shapes import check_int_array, check_positions, is_concrete
 
 STATIC_KEYS = ("causal_text", "logit_scale_max", "cls_position")
-BLOCK_KEYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O")
 TOWERS = ("vision", "text")
 
 
@@ -33,7 +33,7 @@ def read_static(params, key: str):
     if not isinstance(params, Mapping) or "static" not in params:
         raise ValueError(
             f"params have no 'static' subtree (needed for {key!r}): build params with "
-            "models.dual_encoder.init_params, or add params['static'] = static_params(config)"
+            "families.dual_encoder.model.init_params, or add params['static'] = static_params(config)"
         )
     if key not in params["static"]:
         raise ValueError(
@@ -208,7 +208,7 @@ def check_edits(params, edits, tower: str) -> None:
                 "towers' positions are the forward's vision_positions / text_positions)"
             )
     H = params[tower]["block_0"]["W_Q"].shape[0]
-    n_layers = sum(1 for k in params[tower] if k.startswith("block_"))
+    n_layers = n_blocks(params[tower])
     fields = {"term_keep": ((H, 9),), "vp_keep": ((H,),), "rope_keep": ((H,), (n_layers, H))}
     for field, shapes in fields.items():
         table = getattr(edits, field)
