@@ -30,17 +30,21 @@ import numpy as np
 
 from jaxmech import checkpoint
 from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.data.tasks import build_data, get_task
 from jaxmech.families import family_for
 
 
 class Run(NamedTuple):
-    """A loaded results folder."""
+    """A loaded results folder: what a report needs, in one call (`load_run`)."""
 
     config: Config
     settings: Settings  # arrays [K]
     params: Any  # stacked [K, ...]
     results: list[dict]
     curves: list[dict]
+    family: Any = None  # `families.Family` of the run's model_kind
+    task: Any = None  # `data.tasks.Task` of its task_kind
+    data: Any = None  # the task's tables and eval sets (`data.tasks.build_data`), if asked
 
 
 def result_rows(
@@ -181,8 +185,9 @@ def load_config(path: str) -> Config:
         raise _refuse(path, f"has a broken config.json ({type(e).__name__}: {e})") from None
 
 
-def load_run(path: str) -> Run:
-    """Loads a finished results folder (config, settings [K], stacked params, CSV rows).
+def load_run(path: str, *, with_data: bool = False) -> Run:
+    """Loads a finished results folder (config, settings [K], stacked params, CSV rows,
+    its family and task, and with `with_data` the task's tables and eval sets).
 
     Raises ValueError (see `load_config`) for a path that is not such a folder, and for
     params/ that hold no readable checkpoint.
@@ -199,12 +204,16 @@ def load_run(path: str) -> Run:
     settings = Settings(
         *(np.asarray(meta["settings"].get(n, [defaults[n]] * k)) for n in SWEEPABLE)
     )
+    family = family_for(config)
     return Run(
         config,
         settings,
-        family_for(config).complete_params(params, config),
+        family.complete_params(params, config),
         _read_csv(os.path.join(path, "results.csv")),
         _read_csv(os.path.join(path, "curves.csv")),
+        family,
+        get_task(config.task.task_kind),
+        build_data(config) if with_data else None,
     )
 
 

@@ -38,7 +38,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, Settings, TrainConfig
-from jaxmech.data.tasks import get_task
+from jaxmech.data.tasks import Data, build_data, get_task  # noqa: F401  (Data: re-exported)
 from jaxmech.families import Family, checked_family, family_for, trainable
 
 # What every family's curves carry besides its metrics: the training health signals.
@@ -57,21 +57,6 @@ class TrainState(NamedTuple):
     opt_state: Any
     step: jax.Array  # int32, steps done
     diverged_step: jax.Array  # int32, -1 while finite
-
-
-class Data(NamedTuple):
-    """The arrays every model of a run shares (replicated over devices): the task's
-    tables and fixed validation sets (`data.tasks.Task`)."""
-
-    tables: Any
-    evals: Any
-
-
-def build_data(config: Config) -> Data:
-    """Tables and validation sets for the config's task (host NumPy, built once)."""
-    task = get_task(config.task.task_kind)
-    tables = task.build_tables(config.task)
-    return Data(tables, task.build_eval_sets(config.task, tables))
 
 
 def make_optimizer(config: Config, lr, weight_decay, horizon=None) -> optax.GradientTransformation:

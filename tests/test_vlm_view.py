@@ -167,11 +167,12 @@ def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
         refused = steering_refusal(config, out)
     finally:
         FAMILIES.pop("bag_vlm")
-    sh = pat["shifts"][("mirror", "both", "logp")]  # [K, Y, G]
+    sh = pat["res"]["shifts"][("mirror", "both", "logp")]  # [K, Y, G]
     assert sh.shape == (2, 1, 5) and np.isfinite(sh).all()
-    assert len(ids["r2_rows"]) == 2 * 2 * len(RANKS)  # models x sites (in and out of the block)
-    assert all(np.isfinite(r["r2"]) for r in ids["r2_rows"] if r["site"] == 1)
-    rows = {(r["model"], r["counterfactual"], r["relation"]): r for r in cf["rows"]}
+    r2 = ids["tables"]["r2"]
+    assert len(r2) == 2 * 2 * len(RANKS)  # models x sites (in and out of the block)
+    assert all(np.isfinite(r["r2"]) for r in r2 if r["site"] == 1)
+    rows = {(r["model"], r["counterfactual"], r["relation"]): r for r in cf["tables"]["table"]}
     assert all(rows[(m, "plain", rel)]["changed"] == 0.0 for m in (0, 1) for rel in ("horizontal", "vertical"))  # fmt: skip
     # the stand-in's positions follow the edits: mirroring them moves its margins
     view, params = _view(config), _init(config, jax.random.PRNGKey(0))

@@ -95,7 +95,7 @@ def ablation_table(params_K, settings_K, data, names=DEFAULT_ABLATIONS, *, heads
     Args:
       params_K: stacked params (leading model axis).
       settings_K: stacked `Settings` (decide each model's seen-pair set).
-      data: `train.Data` (tables and validation sets).
+      data: `data.tasks.Data` (tables and validation sets).
       names: ablation names (module docstring).
       heads: head indices to ablate in (default: all heads).
 

@@ -45,7 +45,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from jaxmech.config import TASK_KINDS, ConfigError
+from jaxmech.config import TASK_KINDS, Config, ConfigError
 from jaxmech.data import relations1d, relations2d, relations3, scenes, video, vocab
 
 
@@ -160,3 +160,18 @@ def get_task(kind: str) -> Task:
 def task_vocab(task_config) -> vocab.Vocab:
     """The caption vocabulary of a `TaskConfig`: its labels and its task's words."""
     return vocab.Vocab(task_config.n_labels, get_task(task_config.task_kind).caption_words)
+
+
+class Data(NamedTuple):
+    """The arrays every model of a run shares (replicated over devices): the task's
+    tables and fixed validation sets (`data.tasks.Task`)."""
+
+    tables: Any
+    evals: Any
+
+
+def build_data(config: Config) -> Data:
+    """Tables and validation sets for the config's task (host NumPy, built once)."""
+    task = get_task(config.task.task_kind)
+    tables = task.build_tables(config.task)
+    return Data(tables, task.build_eval_sets(config.task, tables))

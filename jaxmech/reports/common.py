@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,6 @@ from jaxmech.families import get_family, view_for
 from jaxmech.families.vlm_view import Examples, VLMView, examples
 from jaxmech.results import load_config, load_run, write_csv
 from jaxmech.stats import mean_ci
-from jaxmech.train import build_data
 
 __all__ = [
     "COMPACT",
@@ -71,6 +70,8 @@ class LoadedRun(NamedTuple):
     results: list[dict]  # results.csv rows, one per kept model
     models: tuple[int, ...]  # [K] each model's index in the run (results.csv `model`)
     excluded: tuple[str, ...]  # one line per diverged model left out (`excluded_lines`)
+    family: Any = None  # `families.Family` of the run
+    task: Any = None  # `data.tasks.Task` of the run
 
     @property
     def k(self) -> int:
@@ -252,9 +253,7 @@ def steering_examples(run: LoadedRun):
 
 def eval_specs(run: LoadedRun, name: str = "unseen_pair") -> dict:
     """{"examples": spec, twin: spec}: one of the run's eval sets as scene specs."""
-    return get_task(run.config.task.task_kind).eval_specs(
-        run.config.task, getattr(run.data.evals, name)
-    )
+    return run.task.eval_specs(run.config.task, getattr(run.data.evals, name))
 
 
 def report_main(analyse, refusal):
@@ -279,13 +278,48 @@ def report_main(analyse, refusal):
     return main
 
 
+class Report(NamedTuple):
+    """One report, as the driver (`analyse`) runs it: open the run (refused first by
+    `refusal(config, path)`), `compute(run) -> res` (the compiled call, and what the
+    tables and figure derive from it), `tables(res, run) -> {name: rows}` (each written
+    to `folder/{name}.csv`), `summarise(res, tables, run, log) -> dict` (prints the
+    report and returns summary.json's contents), `plot(res, tables, run, path) -> path`
+    (the figure `folder/{figure}`)."""
+
+    folder: str
+    refusal: Callable
+    compute: Callable
+    tables: Callable
+    summarise: Callable
+    plot: Callable
+    figure: str
+
+
+def analyse(report: Report, path: str, log=print) -> dict:
+    """Computes, writes, prints and plots `report` on results folder `path`: {"summary":
+    summary.json's dict, "tables": {name: rows}, "res": `compute`'s result}. Raises
+    ValueError (before any compute) for a run the report does not apply to."""
+    run, out = open_report(path, report.refusal, report.folder, log)
+    res = report.compute(run)
+    tables = report.tables(res, run)
+    for name, rows in tables.items():
+        write_csv(os.path.join(out, f"{name}.csv"), rows)
+    summary = report.summarise(res, tables, run, log)
+    write_json(os.path.join(out, "summary.json"), summary)
+    fig = report.plot(res, tables, run, os.path.join(out, report.figure))
+    log("results: " + os.path.join(out, f"{next(iter(tables))}.csv") + "  figure: " + fig)
+    return {"summary": summary, "tables": tables, "res": res}
+
+
 def _take(tree, index: np.ndarray):
     """`tree` with only the models at `index` along every leaf's leading axis."""
     return jax.tree_util.tree_map(lambda x: jnp.asarray(x)[index], tree)
 
 
 def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
-    """Loads results folder `path` (strict: see `results.load_config`) for a report.
+    """Loads results folder `path` (strict: see `results.load_config`) for a report: one
+    call below the reports (`results.load_run`) gives the config, params, settings, the
+    family, the task and (with `with_data`) the task's data.
 
     Only the finite models are kept: a diverged model's params are the last finite ones,
     not a trained model, and its numbers would be averaged into every statistic. Each
@@ -294,7 +328,7 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
     Raises ValueError naming `path` when results.csv does not match params/ or every
     model diverged.
     """
-    run = load_run(path)
+    run = load_run(path, with_data=with_data)
     k = len(np.asarray(run.settings.seed))
     # the rows load_run read have the columns used below (else a clear error)
     _checked_rows(os.path.join(path, "results.csv"), run.results)
@@ -313,10 +347,12 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
         run.config,
         _take(run.params, keep),
         _take(run.settings, keep),
-        build_data(run.config) if with_data else None,
+        run.data,
         [run.results[i] for i in keep],
         tuple(int(run.results[i]["model"]) for i in keep),
         tuple(excluded),
+        run.family,
+        run.task,
     )
 
 

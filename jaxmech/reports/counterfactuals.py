@@ -21,8 +21,6 @@ Writes into `RUN/counterfactuals/`:
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,13 +31,12 @@ from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     RELATIONS,
     LoadedRun,
+    Report,
+    analyse,
     declared,
     fmt_ci,
-    open_report,
     relation_questions,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import mean_ci
 
@@ -169,16 +166,27 @@ def plot(rows: list[dict], names, path: str, k: int) -> str:
     return plots.save(fig, path)
 
 
-def analyse_counterfactuals_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the counterfactual table of one results folder."""
-    run, out = open_report(path, counterfactuals_refusal, "counterfactuals", log)
-    res = compute(run)
-    rows, errors = table_rows(res, run.models), error_rows(res, run.models)
-    write_csv(os.path.join(out, "table.csv"), rows)
-    write_csv(os.path.join(out, "errors.csv"), errors)
+def _tables(res: dict, run: LoadedRun) -> dict:
+    return {"table": table_rows(res, run.models), "errors": error_rows(res, run.models)}
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair questions; lm_pos_ids {run.config.model.lm_pos_ids!r}")
-    summary = summarise(rows, errors, res["names"], log) | {"excluded": list(run.excluded)}
-    write_json(os.path.join(out, "summary.json"), summary)
-    fig = plot(rows, res["names"], os.path.join(out, "counterfactuals.png"), run.k)
-    log("results: " + os.path.join(out, "table.csv") + "  figure: " + fig)
-    return {"summary": summary, "rows": rows, "errors": errors}
+    summary = summarise(tables["table"], tables["errors"], res["names"], log)
+    return summary | {"excluded": list(run.excluded)}
+
+
+REPORT = Report(
+    folder="counterfactuals",
+    refusal=counterfactuals_refusal,
+    compute=compute,
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot(tables["table"], res["names"], path, run.k),
+    figure="counterfactuals.png",
+)
+
+
+def analyse_counterfactuals_run(path: str, log=print) -> dict:
+    """The counterfactual table of one results folder (`common.analyse`)."""
+    return analyse(REPORT, path, log)

@@ -24,8 +24,6 @@ Writes into `RUN/diagnostics/`:
 
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -34,13 +32,12 @@ from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
+    analyse,
     declared,
     fmt_ci,
-    open_report,
     relation_questions,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
 
@@ -226,16 +223,30 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
     return plots.save(fig, path)
 
 
-def analyse_diagnostics_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the diagnostics report of one results folder."""
-    run, out = open_report(path, diagnostics_refusal, "diagnostics", log)
-    res = compute(run)
-    dev_rows, occ_rows = deviation_rows(res, run.models), occlusion_rows(res, run.models)
-    write_csv(os.path.join(out, "deviation.csv"), dev_rows)
-    write_csv(os.path.join(out, "occlusion.csv"), occ_rows)
+def _tables(res: dict, run: LoadedRun) -> dict:
+    return {
+        "deviation": deviation_rows(res, run.models),
+        "occlusion": occlusion_rows(res, run.models),
+    }
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair questions of both relations")
-    summary = summarise(res, dev_rows, occ_rows, log) | {"excluded": list(run.excluded)}
-    write_json(os.path.join(out, "summary.json"), summary)
-    fig = plot(res, occ_rows, os.path.join(out, "diagnostics.png"))
-    log("results: " + os.path.join(out, "deviation.csv") + "  figure: " + fig)
-    return {"summary": summary, "deviation_rows": dev_rows, "occlusion_rows": occ_rows}
+    summary = summarise(res, tables["deviation"], tables["occlusion"], log)
+    return summary | {"excluded": list(run.excluded)}
+
+
+REPORT = Report(
+    folder="diagnostics",
+    refusal=diagnostics_refusal,
+    compute=compute,
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot(res, tables["occlusion"], path),
+    figure="diagnostics.png",
+)
+
+
+def analyse_diagnostics_run(path: str, log=print) -> dict:
+    """The diagnostics report of one results folder (`common.analyse`)."""
+    return analyse(REPORT, path, log)

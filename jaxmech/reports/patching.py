@@ -17,7 +17,6 @@ Writes into `RUN/patching/`:
 
 from __future__ import annotations
 
-import os
 import time
 
 import jax
@@ -26,17 +25,15 @@ import numpy as np
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
-from jaxmech.families.toy_vlm.evaluate import relations
 from jaxmech.families.vlm_view import answer_ids
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
+    analyse,
     declared,
     eval_specs,
     fmt_ci,
-    open_report,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import mean_ci
 
@@ -45,8 +42,8 @@ TWINS = ("mirror", "recolour")
 
 def patched_relation(config, view) -> tuple[int, dict]:
     """(relation id, {word name: answer token, "both": None}) of the questions patched:
-    the task's first relation (`evaluate_answers.relations`)."""
-    rel = relations(config)[0][1]
+    the task's first relation (`Task.answer_relations`)."""
+    rel = get_task(config.task.task_kind).answer_relations[0][1]
     first, second = (int(w) for w in np.asarray(view.answer_words)[rel])
     names = get_task(config.task.task_kind).words
     return rel, {names[first]: first, names[second]: second, "both": None}
@@ -178,22 +175,40 @@ def plot_shifts(sh: dict, path: str, k: int) -> str:
     return plots.save(fig, path)
 
 
-def analyse_patching_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the mirror-swap report of one results folder.
-    Raises ValueError for a run that is not an ar_vlm or whose every model diverged."""
-    run, out = open_report(path, patching_refusal, "patching", log)
-    res = compute(run)
-    sh = shifts(res)
-    rows = shift_rows(sh, run.models)
-    write_csv(os.path.join(out, "shifts.csv"), rows)
-    n = sh[("n", "both")]
+def with_shifts(res: dict) -> dict:
+    return res | {"shifts": shifts(res)}
+
+
+def _tables(res: dict, run: LoadedRun) -> dict:
+    return {"shifts": shift_rows(res["shifts"], run.models)}
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
+    n = res["shifts"][("n", "both")]
     log(
         f"{run.k} models; unseen-pair {'/'.join(list(res['words'])[:2])} examples kept (right on the example and "
         f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
         f"{res['wall_s']:.1f} s"
     )
-    summary = {"patches": summarise(sh, log), "kept": n.tolist(), "excluded": list(run.excluded)}
-    write_json(os.path.join(out, "summary.json"), summary)
-    fig = plot_shifts(sh, os.path.join(out, "shifts.png"), run.k)
-    log("results: " + os.path.join(out, "shifts.csv") + "  figure: " + fig)
-    return {"summary": summary, "rows": rows, "shifts": sh}
+    return {
+        "patches": summarise(res["shifts"], log),
+        "kept": n.tolist(),
+        "excluded": list(run.excluded),
+    }
+
+
+REPORT = Report(
+    folder="patching",
+    refusal=patching_refusal,
+    compute=lambda run: with_shifts(compute(run)),
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot_shifts(res["shifts"], path, run.k),
+    figure="shifts.png",
+)
+
+
+def analyse_patching_run(path: str, log=print) -> dict:
+    """The mirror-swap report of one results folder (`common.analyse`). Raises
+    ValueError for a run it does not apply to or whose every model diverged."""
+    return analyse(REPORT, path, log)

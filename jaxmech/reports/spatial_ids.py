@@ -20,8 +20,6 @@ Writes into `RUN/spatial_ids/`:
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
@@ -29,12 +27,11 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.families.vlm_view import cell_tokens
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
+    analyse,
     declared,
     fmt_ci,
-    open_report,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import mean_ci
 
@@ -181,30 +178,33 @@ def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
     return plots.save(fig, path)
 
 
-def analyse_spatial_ids_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the spatial-ID report of one results folder."""
-    run, out = open_report(path, spatial_ids_refusal, "spatial_ids", log)
-    config = run.config
-    res = compute(run)
+def _tables(res: dict, run: LoadedRun) -> dict:
     r2_rows, axes_rows, analytic_rows = _rows(res, run.models)
-    write_csv(os.path.join(out, "r2.csv"), r2_rows)
-    write_csv(os.path.join(out, "axes.csv"), axes_rows)
-    write_csv(os.path.join(out, "analytic.csv"), analytic_rows)
+    return {"r2": r2_rows, "axes": axes_rows, "analytic": analytic_rows}
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; sites: resid_pre of each LM block, then the last block's output")
-    summary = (
-        summarise(res, axes_rows, log)
+    return (
+        summarise(res, tables["axes"], log)
         | summarise_analytic(res, log)
-        | {
-            "excluded": list(run.excluded),
-            "ranks": list(RANKS),
-        }
+        | {"excluded": list(run.excluded), "ranks": list(RANKS)}
     )
-    write_json(os.path.join(out, "summary.json"), summary)
-    fig = plot(res, os.path.join(out, "spatial_ids.png"), config.task.grid_h, config.task.grid_w)
-    log("results: " + os.path.join(out, "r2.csv") + "  figure: " + fig)
-    return {
-        "summary": summary,
-        "r2_rows": r2_rows,
-        "axes_rows": axes_rows,
-        "analytic_rows": analytic_rows,
-    }
+
+
+REPORT = Report(
+    folder="spatial_ids",
+    refusal=spatial_ids_refusal,
+    compute=compute,
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot(
+        res, path, run.config.task.grid_h, run.config.task.grid_w
+    ),
+    figure="spatial_ids.png",
+)
+
+
+def analyse_spatial_ids_run(path: str, log=print) -> dict:
+    """The spatial-ID report of one results folder (`common.analyse`)."""
+    return analyse(REPORT, path, log)

@@ -23,8 +23,6 @@ Writes into `RUN/steering/`:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from jaxmech.analysis import steering as st
@@ -37,14 +35,13 @@ from jaxmech.analysis.steering import (
 from jaxmech.reports.common import (
     RELATIONS,
     LoadedRun,
+    Report,
+    analyse,
     declared,
     fmt_ci,
     needs_depth,
-    open_report,
     steering_examples,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import correlation_ci, mean_ci
 
@@ -197,23 +194,38 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
     return plots.save(fig, path)
 
 
-def analyse_steering_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the steering report of one results folder."""
-    run, out = open_report(path, steering_refusal, "steering", log)
-    config = run.config
+def _compute(run: LoadedRun) -> dict:
     res = compute(run)
-    fr = flip_rates(res)
-    cb = curve_beliefs(res, config.task.grid_h, config.task.grid_w)
-    acc = accuracy(run)
-    flip_rows, curve_rows = _rows(fr, cb, run.models, config.task.grid_w)
-    write_csv(os.path.join(out, "flips.csv"), flip_rows)
-    write_csv(os.path.join(out, "curves.csv"), curve_rows)
+    t = run.config.task
+    cb = curve_beliefs(res, t.grid_h, t.grid_w)
+    return res | {"flip_rates": flip_rates(res), "beliefs": cb, "accuracy": accuracy(run)}
+
+
+def _tables(res: dict, run: LoadedRun) -> dict:
+    args = (res["flip_rates"], res["beliefs"], run.models, run.config.task.grid_w)
+    flip_rows, curve_rows = _rows(*args)
+    return {"flips": flip_rows, "curves": curve_rows}
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair questions, X's word steered")
-    summary = summarise(fr, cb, acc, log) | {
-        "alphas": list(ALPHAS),
-        "excluded": list(run.excluded),
-    }
-    write_json(os.path.join(out, "summary.json"), summary)
-    fig = plot(fr, cb, acc, os.path.join(out, "steering.png"))
-    log("results: " + os.path.join(out, "flips.csv") + "  figure: " + fig)
-    return {"summary": summary, "flip_rows": flip_rows, "curve_rows": curve_rows}
+    summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log)
+    return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded)}
+
+
+REPORT = Report(
+    folder="steering",
+    refusal=steering_refusal,
+    compute=_compute,
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot(
+        res["flip_rates"], res["beliefs"], res["accuracy"], path
+    ),
+    figure="steering.png",
+)
+
+
+def analyse_steering_run(path: str, log=print) -> dict:
+    """The steering report of one results folder (`common.analyse`)."""
+    return analyse(REPORT, path, log)

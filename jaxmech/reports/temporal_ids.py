@@ -24,8 +24,6 @@ temporal_ids.png.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
 from jaxmech import plots
@@ -35,14 +33,13 @@ from jaxmech.data.spec import RELATIONS
 from jaxmech.data.video import TIME
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
+    analyse,
     declared,
     fmt_ci,
     needs_depth,
-    open_report,
     steering_examples,
     view_of,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import mean_ci
 
@@ -158,17 +155,33 @@ def plot(res: dict, fr: dict, beliefs: np.ndarray, path: str) -> str:
     return plots.save(fig, path)
 
 
-def analyse_temporal_ids_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the temporal-ID report of one video run."""
-    run, out = open_report(path, temporal_refusal, FOLDER, log)
+def _compute(run: LoadedRun) -> dict:
     res = compute(run)
-    fr = flips(res)
-    beliefs = frame_beliefs(res, run.config.task.grid_h)
-    id_rows, flip_rows, curve_rows = rows(res, fr, beliefs, run.models)
-    for name, table in (("ids", id_rows), ("flips", flip_rows), ("curves", curve_rows)):
-        write_csv(os.path.join(out, f"{name}.csv"), table)
+    return res | {"flip_rates": flips(res), "beliefs": frame_beliefs(res, run.config.task.grid_h)}
+
+
+def _tables(res: dict, run: LoadedRun) -> dict:
+    id_rows, flip_rows, curve_rows = rows(res, res["flip_rates"], res["beliefs"], run.models)
+    return {"ids": id_rows, "flips": flip_rows, "curves": curve_rows}
+
+
+def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair before/after questions")
-    summary = summarise(res, fr, beliefs, log) | {"excluded": list(run.excluded)}
-    write_json(os.path.join(out, "summary.json"), summary)
-    log(f"figure: {plot(res, fr, beliefs, os.path.join(out, 'temporal_ids.png'))}")
-    return {"summary": summary, "ids": res["ids"], "flips": fr, "beliefs": beliefs}
+    summary = summarise(res, res["flip_rates"], res["beliefs"], log)
+    return summary | {"excluded": list(run.excluded)}
+
+
+REPORT = Report(
+    folder=FOLDER,
+    refusal=temporal_refusal,
+    compute=_compute,
+    tables=_tables,
+    summarise=_summary,
+    plot=lambda res, tables, run, path: plot(res, res["flip_rates"], res["beliefs"], path),
+    figure="temporal_ids.png",
+)
+
+
+def analyse_temporal_ids_run(path: str, log=print) -> dict:
+    """The temporal-ID report of one video run (`common.analyse`)."""
+    return analyse(REPORT, path, log)
