@@ -13,7 +13,7 @@ import sys
 from absl import app, flags, logging
 
 from jaxmech import outdir
-from jaxmech.config import SWEEPABLE, Config, ConfigError
+from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid
 
@@ -32,12 +32,12 @@ __all__ = [
 
 def define_config_flags(sweep: bool) -> None:
     """Defines `--FIELD` for every config field (and the aliases) on absl's FLAGS."""
-    defaults = Config().flat()
     for name in Config.field_names():
         if name == "seed":
             continue  # seeds are --seeds / --first_seed
         extra = " (a spec: a:b, a:b:step or a,b,c)" if sweep and name in SWEEPABLE else ""
-        flags.DEFINE_string(name, None, f"config field (default {defaults[name]!r}){extra}")
+        help_ = f"config field (default {field_default(name)!r}){extra}"
+        flags.DEFINE_string(name, None, help_)
     for alias, name in ALIASES.items():
         flags.DEFINE_string(alias, None, f"alias of --{name}")
 

@@ -28,8 +28,8 @@ import jax
 import numpy as np
 
 from jaxmech import checkpoint, outdir, results, sizing
-from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings
-from jaxmech.families import checked_family, family_for
+from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings, field_default
+from jaxmech.families import family_for
 from jaxmech.outdir import SweepMismatchError  # noqa: F401  (re-exported: callers catch it here)
 from jaxmech.train import (
     TrainState,
@@ -49,15 +49,15 @@ ALIASES = {"n_pair": "n_pair_labels", "n_2": "layouts_per_pair"}
 
 
 def field_type(name: str) -> type:
-    """The Python type of a config field's values (from its default)."""
-    for group in (Config().task, Config().model, Config().train):
-        for f in dataclasses.fields(group):
-            if f.name == name:
-                default = getattr(group, name)
-                return int if default is None else type(default)
-    raise ConfigError(
-        f"unknown config field {name!r}; known fields: {', '.join(Config.field_names())}"
-    )
+    """The Python type of a config field's values (from its default, in whichever
+    family's or task's config has it)."""
+    try:
+        default = field_default(name)
+    except KeyError:
+        raise ConfigError(
+            f"unknown config field {name!r}; known fields: {', '.join(Config.field_names())}"
+        ) from None
+    return int if default is None else type(default)
 
 
 def coerce(name: str, text: str) -> Any:
@@ -147,9 +147,7 @@ def expand(
     # The shared config takes each swept field's first value, so that it is valid when
     # the swept field's default would not be (e.g. --n_labels=8 --n_pair=3,5).
     base = config.replace(**overrides, **{n: v[0] for n, v in values.items()})
-    checked_family(
-        base
-    )  # the family, its task pairing and its fields fail here, before any compute
+    family_for(base)  # the model family and its task pairing fail here, before any compute
     s0 = base.train.seed if first_seed is None else first_seed
     swept = tuple(values)
     settings = []

@@ -39,7 +39,7 @@ from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, Settings, TrainConfig
 from jaxmech.data.tasks import Data, build_data, get_task  # noqa: F401  (Data: re-exported)
-from jaxmech.families import Family, checked_family, family_for, trainable
+from jaxmech.families import Family, family_for, trainable
 
 # What every family's curves carry besides its metrics: the training health signals.
 TRAIN_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
@@ -326,7 +326,7 @@ def train_models(
       (state, curves) as host NumPy: stacked final state [K, ...] and curves
       {name: [K, n_chunks]}.
     """
-    checked_family(config)  # a bad model_kind, task pairing or field fails before any compute
+    family_for(config)  # an unknown model_kind or task pairing fails before any compute
     finite = np.asarray(settings.epochs) > 0
     if finite.any() != finite.all() or finite.any() != (config.train.epochs > 0):
         raise ValueError(

@@ -23,7 +23,8 @@ GH, GW, Q, B = 3, 4, 8, 3
 L = GH * GW
 S = L + Q
 SMALL = dict(
-    task_kind="2d", grid_h=GH, grid_w=GW, n_labels=6, n_val_labels=2, n_pair_labels=4,
+    task_kind="scenes", model_kind="ar_vlm", grid_h=GH, grid_w=GW, n_labels=6, n_val_labels=2,
+    n_pair_labels=4,
     d_model=16, d_head=8, n_heads=2, d_mlp=16, n_layers=2, lm_n_layers=2,
     init_E=1.0, init_P=1.0, rope_base=10.0,
 )  # fmt: skip

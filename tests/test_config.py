@@ -9,10 +9,10 @@ from jaxmech.config import (
     SWEEPABLE,
     Config,
     ConfigError,
-    ModelConfig,
     Settings,
     TaskConfig,
     TrainConfig,
+    TransformerConfig,
 )
 
 SPEC_DEFAULTS = {
@@ -71,10 +71,45 @@ def test_default_logit_scale_and_derived_values():
 def test_flat_field_names_are_unique_and_grouped():
     names = Config.field_names()
     assert len(names) == len(set(names))
-    groups = [TaskConfig, ModelConfig, TrainConfig]
-    expected = [f.name for g in groups for f in dataclasses.fields(g)]
-    assert sorted(names) == sorted(expected)
-    assert set(Config().flat()) == set(names)
+    c = Config()
+    own = [f.name for g in (c.task, c.model, c.train) for f in dataclasses.fields(g)]
+    assert len(own) == len(set(own)) and set(c.flat()) == set(own)
+    assert set(own) < set(names)  # the flags cover every family's and task's fields
+    assert {"vit_pos", "grid_h", "n_colours", "vision_pos", "caption_mode"} <= set(names)
+
+
+def test_the_model_and_task_groups_are_the_chosen_family_and_task_configs():
+    from jaxmech.data.scenes import SceneConfig
+    from jaxmech.families.dual_encoder.config import DualEncoderConfig
+    from jaxmech.families.toy_vlm.config import ToyVLMConfig
+
+    c = Config()
+    assert type(c.model) is DualEncoderConfig and c.task.task_kind == "1d"
+    v = c.replace(model_kind="ar_vlm", task_kind="scenes", grid_h=3, d_model=16, n_heads=2)
+    assert type(v.model) is ToyVLMConfig and type(v.task) is SceneConfig
+    assert v.task.image_len == 12 and v.model.d_model == 16  # derived (3 x 4); shared
+    assert not hasattr(v.model, "vision_pos") and not hasattr(v.task, "caption_mode")
+    # a field the chosen family or task does not have is refused, naming them
+    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'ar_vlm'"):
+        v.replace(vision_pos="rope")
+    with pytest.raises(ConfigError, match="grid_h is not a field of task_kind = '1d'"):
+        c.replace(grid_h=3)
+    with pytest.raises(ConfigError, match="model_kind = 'nope' is invalid"):
+        c.replace(model_kind="nope")
+    # the fields both configs share keep their values across a switch and back
+    back = v.replace(model_kind="dual_encoder", task_kind="1d", image_len=10)
+    assert back.model.d_model == 16 and back.model.vision_pos == "learned"
+    assert Config.from_json(v.to_json()) == v
+    # a folder written before the split lists every field: the unused defaults drop out
+    import json
+
+    raw = json.loads(v.to_json())
+    raw["model"] |= {"vision_pos": "learned", "d_embed": 128}
+    raw["task"] |= {"caption_mode": "left"}
+    assert Config.from_json(json.dumps(raw)) == v
+    raw["model"]["vision_pos"] = "rope"  # but one that was set is an error, by name
+    with pytest.raises(ConfigError, match="vision_pos"):
+        Config.from_json(json.dumps(raw))
 
 
 BAD_VALUES = [
@@ -128,7 +163,7 @@ def test_bad_group_values_raise_directly():
     with pytest.raises(ConfigError, match="layouts_per_pair"):
         TaskConfig(layouts_per_pair=100)
     with pytest.raises(ConfigError, match="d_model"):
-        ModelConfig(d_model=10, n_heads=4)
+        TransformerConfig(d_model=10, n_heads=4)
     with pytest.raises(ConfigError, match="eval_every"):
         TrainConfig(steps=10, eval_every=3)
 

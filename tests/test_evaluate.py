@@ -1,7 +1,5 @@
 """evaluate: one path for every task kind's grouped sets, and strict inputs."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -147,7 +145,7 @@ def test_bad_caption_tables_name_captions(line, bad, match):
 
 def test_evals_of_another_task_are_refused(line):
     params_K, settings, tables, _ = line
-    task2 = dataclasses.replace(CFG.task, task_kind="2d", image_len=16)
+    task2 = CFG.replace(task_kind="2d").task  # a 4 x 4 grid: 16 pixels
     evals2 = r2.build_eval_sets(task2, r2.build_tables(task2))
     # the 2D caption ids run past the 1D table: a gather would silently clamp them
     with pytest.raises(ValueError, match=r"evals\.\w+ has caption ids .*same task"):

@@ -120,20 +120,16 @@ def test_dual_encoder_completes_params_saved_before_static_existed():
     assert get_family("dual_encoder").complete_params(stacked, config) is stacked
 
 
-def test_a_field_the_family_does_not_read_is_refused_by_name(probe_config):
-    from conftest import tiny_vlm_config
+def test_a_stand_in_family_has_the_config_it_registers(probe_config):
+    from jaxmech.config import ModelConfig
 
-    from jaxmech.families import checked_family
-
-    with pytest.raises(
-        ConfigError, match="vision_pos = 'rope' is invalid with model_kind = 'ar_vlm'"
-    ):
-        expand(tiny_vlm_config(vision_pos="rope"), {}, seeds=1)
-    with pytest.raises(
-        ConfigError, match="lm_n_layers = 3 is invalid with model_kind = 'dual_encoder'"
-    ):
-        train_models(tiny_config(lm_n_layers=3), tiny_config().settings())
-    # a stand-in declares no fields: any model field off its default is refused
-    with pytest.raises(ConfigError, match="d_model = 16 is invalid with model_kind = 'test_probe'"):
-        checked_family(probe_config.replace(d_model=16))
-    assert checked_family(probe_config).name == "test_probe"
+    # registered without a config class: its config is the bare ModelConfig
+    assert type(probe_config.model) is ModelConfig
+    with pytest.raises(ConfigError, match="d_model is not a field of model_kind = 'test_probe'"):
+        probe_config.replace(d_model=16)
+    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'ar_vlm'"):
+        expand(
+            Config().replace(model_kind="ar_vlm", task_kind="scenes"),
+            {"vision_pos": "rope"},
+            seeds=1,
+        )

@@ -4,6 +4,7 @@ counterfactual table) run on its results folder with no change to `analysis/` or
 `reports/`. The stand-in reads the question *before* the image, so every position the
 methods use comes from its spans, none from the toy's layout."""
 
+import dataclasses
 import os
 
 import jax
@@ -12,6 +13,7 @@ import numpy as np
 from conftest import quiet, tiny_vlm_config
 
 from jaxmech.analysis import counterfactuals as cfa
+from jaxmech.config import TransformerConfig
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
 from jaxmech.families import FAMILIES, Family, register
@@ -19,6 +21,15 @@ from jaxmech.families.vlm_view import Spans, VLMView, examples, margin, rows_at
 from jaxmech.models.attention import block_forward
 from jaxmech.models.edits import NO_EDITS
 from jaxmech.sweep import expand, run_grid
+
+
+@dataclasses.dataclass(frozen=True)
+class BagConfig(TransformerConfig):
+    """The stand-in's config: the transformer sizes, and the LM depth the shared tiny
+    VLM config sets (the stand-in has one block whatever it says)."""
+
+    lm_n_layers: int = 1
+
 
 ANSWER_WORDS = np.asarray([[2, 3], [4, 5], [6, 7]], np.int32)  # left right, above below, ...
 
@@ -129,7 +140,7 @@ BAG = Family(
     task_kinds=("scenes",),
     reports=("patching", "spatial_ids", "counterfactuals"),
     vlm_view=_view,
-    config_fields=("n_layers", "lm_n_layers", "n_heads", "d_model", "d_head", "d_mlp"),
+    config=BagConfig,
 )
 
 # ---------------------------------------------------------------------------

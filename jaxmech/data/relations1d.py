@@ -31,15 +31,37 @@ for `left_right`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.config import Settings, TaskConfig
+from jaxmech.config import Settings, TaskConfig, choice
 from jaxmech.data.grouped import GroupedEvalSets, absent_label
 from jaxmech.data.vocab import Vocab
+
+SINGLE_CAPTIONS = ("side", "label", "side_pair")
+CAPTION_MODES = ("left", "left_right")
+
+
+@dataclasses.dataclass(frozen=True)
+class LineConfig(TaskConfig):
+    """The 1D task's config (SPEC.md; the other caption tasks build on it): how single
+    objects are captioned (`single_captions`) and whether captions name the pair both
+    ways (`caption_mode`). Its finite training set (`epochs > 0`) is defined."""
+
+    single_captions: str = "side"
+    caption_mode: str = "left"
+
+    finite_sets: ClassVar[bool] = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        choice("single_captions", self.single_captions, SINGLE_CAPTIONS)
+        choice("caption_mode", self.caption_mode, CAPTION_MODES)
+
 
 # ---------------------------------------------------------------------------
 # caption ids

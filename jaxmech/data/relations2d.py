@@ -46,16 +46,35 @@ length, C captions, N rows and I distinct images of an eval set, F caption forms
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import dataclasses
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.config import Settings, TaskConfig
+from jaxmech.config import Settings, TaskConfig, derive_grid, normalise
 from jaxmech.data import relations1d as r1
 from jaxmech.data.grouped import GroupedEvalSets, absent_label, seen_mask
 from jaxmech.data.vocab import WORDS_2D, Vocab
+
+
+@dataclasses.dataclass(frozen=True)
+class GridConfig(r1.LineConfig):
+    """The 2D task's config: the 1D caption fields on a `grid_h x grid_w` grid, flattened
+    row-major into the image (`image_len` is derived: grid_h grid_w)."""
+
+    task_kind: str = "2d"
+    grid_h: int = 4
+    grid_w: int = 4
+
+    finite_sets: ClassVar[bool] = False
+
+    def __post_init__(self):
+        normalise(self)
+        derive_grid(self)
+        super().__post_init__()
+
 
 __all__ = [
     "GridTables",
@@ -152,8 +171,8 @@ def _rows_cols(task: TaskConfig, cells):
 
 
 def _check(task: TaskConfig) -> None:
-    if task.task_kind != "2d":
-        raise ValueError(f"task_kind = {task.task_kind!r}: relations2d needs task_kind = '2d'")
+    if not isinstance(task, GridConfig):
+        raise ValueError(f"task_kind = {task.task_kind!r}: relations2d needs a GridConfig ('2d')")
 
 
 def build_tables(task: TaskConfig) -> GridTables:

@@ -42,7 +42,9 @@ Axis names as in `relations1d`.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -52,6 +54,19 @@ from jaxmech.config import Settings, TaskConfig
 from jaxmech.data import relations1d as r1
 from jaxmech.data.grouped import GroupedEvalSets, absent_label, seen_mask
 from jaxmech.data.relations1d import DataTables
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreeConfig(r1.LineConfig):
+    """The three-object task's config: the 1D fields; a distractor needs a third label
+    of each kind (3+ pair and validation labels) and a third position."""
+
+    task_kind: str = "three"
+
+    finite_sets: ClassVar[bool] = False
+    min_labels: ClassVar[int] = 3
+    min_image_len: ClassVar[int] = 3
+
 
 __all__ = [
     "DataTables",
@@ -67,8 +82,10 @@ DISTRACTOR_GROUPS = ("zl", "zm", "zr")
 
 
 def _check(task: TaskConfig) -> None:
-    if task.task_kind != "three":
-        raise ValueError(f"task_kind = {task.task_kind!r}: relations3 needs task_kind = 'three'")
+    if not isinstance(task, ThreeConfig):
+        raise ValueError(
+            f"task_kind = {task.task_kind!r}: relations3 needs a ThreeConfig ('three')"
+        )
 
 
 def build_tables(task: TaskConfig) -> DataTables:

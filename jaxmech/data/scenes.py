@@ -54,17 +54,53 @@ tokens; K = 3 object slots (first-named, second-named, distractor) in `SceneObje
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.config import ConfigError, Settings, TaskConfig
+from jaxmech.config import (
+    ConfigError,
+    Settings,
+    TaskConfig,
+    derive_grid,
+    float_in,
+    int_in,
+    normalise,
+)
 from jaxmech.data import relations1d as r1
 from jaxmech.data import spec
 from jaxmech.data.relations2d import draw_pair_layout
 from jaxmech.data.spec import Grid, SceneSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class SceneConfig(TaskConfig):
+    """The scenes (and video) task's config: a `grid_h x grid_w` grid of cells
+    (`image_len` derived), `n_colours` colours, the shares of distractors
+    (`third_frac`), presence questions (`present_frac`) and questions about an absent
+    label (`absent_frac`), and the size of each fixed eval set (`eval_size`)."""
+
+    task_kind: str = "scenes"
+    grid_h: int = 4
+    grid_w: int = 4
+    n_colours: int = 4
+    third_frac: float = 0.0
+    present_frac: float = 0.0
+    absent_frac: float = 0.0
+    eval_size: int = 512
+
+    def __post_init__(self):
+        normalise(self)
+        derive_grid(self)
+        super().__post_init__()
+        int_in("n_colours", self.n_colours, 2, 1024, " (the recolour twin needs 2+)")
+        for name in ("third_frac", "present_frac", "absent_frac"):
+            float_in(name, getattr(self, name), 0.0, 1.0)
+        int_in("eval_size", self.eval_size, 8, 1 << 20)
+
 
 __all__ = [
     "SCENE_WORDS",
@@ -297,9 +333,9 @@ class SceneTables(NamedTuple):
 
 def _check(task: TaskConfig) -> None:
     """Scene-specific config checks (ConfigError naming the field)."""
-    if task.task_kind not in ("scenes", "video"):  # video: `data.video` on these tables
+    if not isinstance(task, SceneConfig):  # video: `data.video` on these tables
         raise ConfigError(
-            f"task_kind = {task.task_kind!r} is invalid here: data.scenes needs 'scenes'"
+            f"task_kind = {task.task_kind!r} is invalid here: data.scenes needs a SceneConfig"
         )
     if task.third_frac > 0 and task.max_pair_labels < 3:
         raise ConfigError(

@@ -24,6 +24,8 @@ other two run once on the host.
   caption_words                              caption tasks: the caption words after the
                                                labels (`data.vocab`; `task_vocab`)
   min_pair_labels                            the fewest `n_pair_labels` it accepts
+  config                                     its config class (a `config.TaskConfig`
+                                               subclass: the fields it reads)
   eval_specs(task_config, eval_set) -> {name: SceneSpec}
                                              scene tasks only: one eval set and its
                                                twins as scene specs (`data.spec`), what
@@ -35,7 +37,8 @@ true of which image where that is more than "identical captions" (the three-obje
 task). A model family names the task kinds it accepts (`models.families.Family`).
 
 Adding a task kind: write its module under `data/` with those functions and register
-it in `TASKS` below (and its name in `config.TASK_KINDS`, where its config is checked).
+it in `TASKS` below, with its config class (a `config.TaskConfig` subclass holding and
+checking its fields).
 Shapes use the vocabulary of `jaxmech.shapes`.
 """
 
@@ -45,7 +48,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 
-from jaxmech.config import TASK_KINDS, Config, ConfigError
+from jaxmech.config import Config, ConfigError, register_task_config
 from jaxmech.data import relations1d, relations2d, relations3, scenes, video, vocab
 
 
@@ -76,6 +79,7 @@ class Task(NamedTuple):
     reports: tuple[str, ...] = ()  # the reports its data supports (folder names)
     caption_words: tuple[str, ...] = vocab.WORDS  # caption tasks: the text words
     min_pair_labels: int = 2  # the fewest pair labels its config accepts
+    config: type = relations1d.LineConfig  # its config class (`config.TaskConfig`)
 
 
 def caption_sampler(module, positives: Callable | None = None) -> Callable:
@@ -113,6 +117,7 @@ TASKS: dict[str, Task] = {
         caption_sampler(relations2d),
         reports=("relations",),
         caption_words=vocab.WORDS_2D,
+        config=relations2d.GridConfig,
     ),
     "three": Task(
         "three",
@@ -121,6 +126,7 @@ TASKS: dict[str, Task] = {
         caption_sampler(relations3, relations3.positives),
         reports=("relations",),
         min_pair_labels=3,
+        config=relations3.ThreeConfig,
     ),
     # questions about grid scenes for the autoregressive VLM: batches are
     # `scenes.SceneBatch`, eval sets `scenes.SceneEvalSets` (streaming only)
@@ -134,6 +140,7 @@ TASKS: dict[str, Task] = {
         eval_specs=scenes.eval_specs,
         reports=("patching", "spatial_ids", "steering", "diagnostics", "counterfactuals")
         + ("vit_terms", "id_loss"),
+        config=scenes.SceneConfig,
     ),
     # the scenes read as video: rows are frames, questions before / after (`data.video`)
     "video": Task(
@@ -145,9 +152,11 @@ TASKS: dict[str, Task] = {
         words=video.VIDEO_WORDS,
         eval_specs=video.eval_specs,
         reports=("patching", "spatial_ids", "temporal_ids", "id_loss"),
+        config=video.VideoConfig,
     ),
 }
-assert tuple(TASKS) == TASK_KINDS, "config.TASK_KINDS and the task registry disagree"
+for _task in TASKS.values():
+    register_task_config(_task.name, _task.config)
 
 
 def get_task(kind: str) -> Task:

@@ -24,12 +24,22 @@ Axis names (`jaxmech.shapes`): B batch rows, L = T W cells.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from jaxmech.config import ConfigError, TaskConfig
 from jaxmech.data import scenes as sc
 from jaxmech.data import spec
+
+
+@dataclasses.dataclass(frozen=True)
+class VideoConfig(sc.SceneConfig):
+    """The video task's config: the scenes' fields, the grid's rows read as frames."""
+
+    task_kind: str = "video"
+
 
 VIDEO_WORDS = tuple({"above": "before", "below": "after"}.get(w, w) for w in sc.SCENE_WORDS)
 TIME = 1  # the relation id of before / after (the scenes' vertical one)
@@ -38,9 +48,9 @@ sample_batch = sc.sample_batch  # the scenes sampler, on the tables below
 
 
 def _check(task: TaskConfig, n_layouts: int) -> None:
-    if task.task_kind != "video":
+    if not isinstance(task, VideoConfig):
         raise ConfigError(
-            f"task_kind = {task.task_kind!r} is invalid here: data.video needs 'video'"
+            f"task_kind = {task.task_kind!r} is invalid here: data.video needs a VideoConfig"
         )
     if task.layouts_per_pair > n_layouts:
         raise ConfigError(

@@ -4,7 +4,6 @@ view that the seed 003 / 004 methods use (`vlm_view`)."""
 from jaxmech.families.registry import (  # noqa: F401
     FAMILIES,
     Family,
-    checked_family,
     family_for,
     get_family,
     register,

@@ -23,9 +23,9 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
   reports                                    the reports (`jaxmech.reports`, by folder
                                                name) written for this family; one applies
                                                to a run when its task declares it too
-  config_fields                              the `ModelConfig` fields the family reads
-                                               (`checked_family` refuses the others
-                                               unless at their defaults)
+  config                                     its config class (`Config.model` of its
+                                               runs: a `config.ModelConfig` subclass
+                                               holding and checking its fields)
   vlm_view(config) -> VLMView                VLM families: what the seed 003 / 004
                                                methods may ask of them
                                                (`families.vlm_view`); None otherwise
@@ -44,20 +44,21 @@ register a stand-in the same way). `train` and `sweep` need no change.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jaxmech.config import Config, ConfigError, ModelConfig
+from jaxmech.config import Config, ConfigError, ModelConfig, register_model_config
 from jaxmech.data.tasks import get_task
 from jaxmech.families.dual_encoder import loss as contrastive
 from jaxmech.families.dual_encoder import model as dual_encoder
+from jaxmech.families.dual_encoder.config import DualEncoderConfig
 from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
 from jaxmech.families.dual_encoder.model import static_params
 from jaxmech.families.toy_vlm import evaluate as evaluate_answers
 from jaxmech.families.toy_vlm import loss as answer
 from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm.config import ToyVLMConfig
 from jaxmech.families.toy_vlm.view import toy_view
 
 
@@ -74,13 +75,10 @@ class Family(NamedTuple):
     complete_params: Callable = lambda params_K, config: params_K
     reports: tuple[str, ...] = ()
     vlm_view: Callable | None = None
-    config_fields: tuple[str, ...] = ()
+    config: type = ModelConfig
 
 
 FAMILIES: dict[str, Family] = {}
-# the transformer sizes both built-in families read
-SHARED_FIELDS = ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "layernorm", "mlp")
-SHARED_FIELDS += ("init_E", "init_P", "rope_base")
 # the seed 003 / 004 reports: written against the VLM view, for any family that has one
 VLM_REPORTS = (
     "patching",
@@ -93,8 +91,9 @@ VLM_REPORTS = (
 
 
 def register(family: Family) -> Family:
-    """Adds (or replaces) a family in the registry under its name."""
+    """Adds (or replaces) a family in the registry under its name, and its config class."""
     FAMILIES[family.name] = family
+    register_model_config(family.name, family.config)
     return family
 
 
@@ -114,27 +113,6 @@ def family_for(config: Config) -> Family:
             f"task_kind = {kind!r} is invalid with model_kind = {family.name!r}: allowed "
             + ", ".join(repr(k) for k in family.task_kinds)
         )
-    return family
-
-
-def checked_family(config: Config) -> Family:
-    """`family_for`, and the model fields of `config` that the family does not read
-    refused unless at their defaults (`Family.config_fields`): `--vision_pos=rope` on a
-    VLM is an error naming the family, not a silent no-op. For new runs (sweeps,
-    training); folders already written load without it."""
-    family = family_for(config)
-    default = ModelConfig()
-    for f in dataclasses.fields(ModelConfig):
-        value = getattr(config.model, f.name)
-        if (
-            f.name != "model_kind"
-            and f.name not in family.config_fields
-            and value != getattr(default, f.name)
-        ):
-            raise ConfigError(
-                f"{f.name} = {value!r} is invalid with model_kind = {family.name!r}: the "
-                f"family has no such field (its fields: {', '.join(family.config_fields)})"
-            )
     return family
 
 
@@ -179,9 +157,7 @@ register(
         progress_metric="unseen_acc",
         complete_params=_dual_encoder_complete,
         reports=("mechanism", "relations", "rope", "text"),
-        config_fields=SHARED_FIELDS
-        + ("text_n_layers", "d_embed", "causal_text", "cls_position", "logit_scale_init")
-        + ("logit_scale_max", "vision_pos"),
+        config=DualEncoderConfig,
     )
 )
 
@@ -196,8 +172,6 @@ register(
         progress_metric="unseen_min_acc",
         reports=VLM_REPORTS + ("vit_terms", "id_loss"),
         vlm_view=toy_view,
-        config_fields=SHARED_FIELDS
-        + ("lm_n_layers", "vit_pos", "vit_window", "vit_global_blocks", "projector")
-        + ("lm_pos_ids", "tie_labels", "vit_frames", "id_site"),
+        config=ToyVLMConfig,
     )
 )

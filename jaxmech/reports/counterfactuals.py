@@ -171,7 +171,8 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    log(f"{run.k} models; unseen-pair questions; lm_pos_ids {run.config.model.lm_pos_ids!r}")
+    ids = getattr(run.config.model, "lm_pos_ids", "the family's")
+    log(f"{run.k} models; unseen-pair questions; lm_pos_ids {ids!r}")
     summary = summarise(tables["table"], tables["errors"], res["names"], log)
     return summary | {"excluded": list(run.excluded)}
 

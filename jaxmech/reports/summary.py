@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from jaxmech import plots
-from jaxmech.config import Config
+from jaxmech.config import Config, field_default
 from jaxmech.families import family_for
 from jaxmech.reports.common import excluded_lines, setting_text
 from jaxmech.results import summary_table
@@ -27,9 +27,8 @@ def metric_ci(values, metric: str):
 
 def _non_default(config: Config, swept=()) -> dict:
     """Fields that differ from the SPEC defaults (swept fields and seed excluded)."""
-    base = Config().flat()
     skip = {"seed", *swept}
-    return {k: v for k, v in config.flat().items() if base[k] != v and k not in skip}
+    return {k: v for k, v in config.flat().items() if field_default(k) != v and k not in skip}
 
 
 def by_value(rows: list[dict], field: str, metrics: tuple[str, ...]) -> list[dict]:

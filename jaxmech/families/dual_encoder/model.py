@@ -47,7 +47,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxmech.config import Config, ModelConfig
+from jaxmech.config import Config
 from jaxmech.data.tasks import task_vocab
 from jaxmech.data.vocab import CAPTION_LEN
 from jaxmech.families.dual_encoder.checks import (
@@ -56,6 +56,7 @@ from jaxmech.families.dual_encoder.checks import (
     check_images,
     read_static,
 )
+from jaxmech.families.dual_encoder.config import DualEncoderConfig
 from jaxmech.models.attention import FirstBlock, Rotary, block_forward, layer_norm, select_rows
 from jaxmech.models.attention import n_blocks as count_blocks
 from jaxmech.models.edits import NO_EDITS, Edits
@@ -404,7 +405,7 @@ def _normal(std):
 class Block(nn.Module):
     """Declares one block's parameters and returns them as a dict."""
 
-    cfg: ModelConfig
+    cfg: DualEncoderConfig
 
     @nn.compact
     def __call__(self):
@@ -432,7 +433,7 @@ class Block(nn.Module):
 class Tower(nn.Module):
     """Declares one encoder's parameters and returns them as a dict."""
 
-    cfg: ModelConfig
+    cfg: DualEncoderConfig
     vocab_size: int
     n_pos: int
     n_layers: int
