@@ -45,8 +45,10 @@ from jaxmech.reports.common import (
 
 DEFAULT_ABLATIONS = ("none", "ep", "bp", "ep+bp", "pe", "pp")
 
+# the metric columns of a grid task (left/right and above/below) and of a line with a
+# distractor (the three-object task), by whether the task's config has a grid
 COLUMNS = {
-    "2d": (
+    True: (
         "single_h_acc",
         "single_v_acc",
         "seen_h_acc",
@@ -56,7 +58,7 @@ COLUMNS = {
         "labelset_h_acc",
         "labelset_v_acc",
     ),
-    "three": (
+    False: (
         "single_acc",
         "seen_acc",
         "unseen_acc",
@@ -134,9 +136,14 @@ def ablation_csv_rows(abl: dict, ablations) -> list[dict]:
     return rows
 
 
+def on_grid(run: LoadedRun) -> bool:
+    """Whether the run's task lays its images on a grid (`grid_h`, `grid_w`)."""
+    return hasattr(run.config.task, "grid_h")
+
+
 def print_ablations(run: LoadedRun, abl: dict, summary: dict, log) -> None:
     """Logs the all-heads table, each per-head table and (2D) per-model h / v accuracies."""
-    kind, columns = run.config.task.task_kind, COLUMNS[run.config.task.task_kind]
+    kind, columns = run.config.task.task_kind, COLUMNS[on_grid(run)]
     n_heads = run.params["vision"]["block_0"]["W_Q"].shape[1]
     log(
         f"{kind} run {run.path}: {run.k} model(s); ablations in all {n_heads} vision heads "
@@ -146,7 +153,7 @@ def print_ablations(run: LoadedRun, abl: dict, summary: dict, log) -> None:
     for name, tab in abl["per_head"].items():
         log(f"\n{name} in one head at a time (name@head)")
         print_ablation_summary(summary["per_head"][name], columns, log, style=COMPACT)
-        if kind == "2d":
+        if on_grid(run):
             log("  per model (h = unseen left/right, v = unseen above/below) under " + name)
             for i in range(run.k):
                 cells = " ".join(
@@ -264,7 +271,7 @@ def analyse_relations_run(
         raise ValueError(refusal)
     out = plots.ensure_dir(os.path.join(path, "relations"))
     run = open_run(path, log=log)
-    kind, columns = run.config.task.task_kind, COLUMNS[run.config.task.task_kind]
+    kind, columns = run.config.task.task_kind, COLUMNS[on_grid(run)]
     abl = compute_ablations(run, ablations, per_head)
     summary = {
         "kind": kind,
@@ -281,7 +288,7 @@ def analyse_relations_run(
     print_ablations(run, abl, summary, log)
     write_csv(os.path.join(out, "ablations.csv"), ablation_csv_rows(abl, ablations))
     prof = row_profiles(run)
-    if kind == "2d":
+    if on_grid(run):
         head_rows, extra, fig = grid_heads(run, np.asarray(prof["EP"]), out, log)
     else:
         head_rows, extra, fig = line_heads(prof, run.models, out, log)
