@@ -25,7 +25,9 @@ meaning, everywhere in `models/` and `analysis/`):
   F   caption forms of one image (left / right wording) in evaluation
   N   rows of a set of items: evaluation rows, or labels where a set has one row per
       label (`analysis.probes`, `analysis.align`)
-  I   distinct images of an evaluation set (rows of a set index them)
+  I   distinct images of an evaluation set (rows of a set index them); in a VLM's
+      spans (`families.vlm_view.Spans`), its image tokens in the LM's sequence
+  P   a VLM's ViT tokens (patches; the toy's are its cells, L)
   J   fit labels of a Procrustes fit (`analysis.align`)
   U   held-out (test) labels
   O   random orthogonal maps (controls)

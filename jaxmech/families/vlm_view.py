@@ -16,7 +16,7 @@ family's own modules. A family's view:
                                   intermediates (`sites` below), whole with `capture`
                                   (without it a family may compute only what the
                                   logits need: the toy's last block, the answer row)
-  answer_words [R, 2]           token ids of each relation's (first, second) answer word
+  answer_words [3, 2]           token ids of each relation's (first, second) answer word
                                   (relation ids as `data.spec`: 0 h, 1 v, 2 presence)
   n_lm_blocks(params)           the LM's blocks
   lm_position_ids(params, spans) -> [3, S]
@@ -39,7 +39,7 @@ edits a method hands to `forward` are one `models.edits.Edits`: replace / add at
 site, the ViT's positions, the LM's position ids, the image tokens' order.
 
 Axis names (`jaxmech.shapes`): B scenes, S LM tokens, I image tokens, P ViT tokens,
-V vocabulary, R relations.
+V vocabulary.
 """
 
 from __future__ import annotations

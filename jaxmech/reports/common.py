@@ -219,11 +219,12 @@ def declared(report: str, hint: str = ""):
 
 def needs_depth(config, path: str) -> str | None:
     """Why a VLM has no LM site to steer, one after an LM block and before the last
-    (None: it has one)."""
-    if config.model.lm_n_layers < 2:
+    (None: it has one, or its config does not say: `lm_n_layers`)."""
+    depth = getattr(config.model, "lm_n_layers", None)
+    if depth is not None and depth < 2:
         return (
-            f"{path}: lm_n_layers = {config.model.lm_n_layers}: steering needs a site "
-            "after an LM block and before the last"
+            f"{path}: lm_n_layers = {depth}: steering needs a site after an LM block "
+            "and before the last"
         )
     return None
 
@@ -244,10 +245,9 @@ def relation_questions(run: LoadedRun) -> Examples:
 def steering_examples(run: LoadedRun):
     """(Examples, source cells, target cells) of the unseen-pair relation questions: X
     steered from its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
-    ex = relation_questions(run)
+    ex, grid = relation_questions(run), view_of(run).grid
     cells = np.asarray(ex.spec.cells_BxK)
-    t = run.config.task
-    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), t.grid_h, t.grid_w)
+    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), grid.h, grid.w)
     return ex, cells[:, 0], target
 
 
