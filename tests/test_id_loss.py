@@ -207,7 +207,7 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
     lines = []
     report.finetune(base, out, [0.0, 1.0], FT_OVERRIDES, log=lines.append)
     assert any("already finished" in line for line in lines), lines
-    summary = report.analyse_id_loss_run(out, log=quiet)
+    summary = report.analyse_id_loss_run(out, log=quiet)["summary"]
     assert summary["id_loss_train@1"]["pairs"] == 2
     assert os.path.exists(os.path.join(out, "id_loss", "curves.png"))
     with pytest.raises(ValueError, match="id_site = 0"):

@@ -146,12 +146,12 @@ def test_vit_terms_report_runs_and_its_no_op_row_is_the_plain_accuracy(vlm_run):
     ):
         assert os.path.exists(os.path.join(vlm_run, "vit_terms", name)), name
     rows = results.load_run(vlm_run).results
-    none = [r for r in out["ablation_rows"] if r["ablation"] == "none"]
+    none = [r for r in out["tables"]["ablations"] if r["ablation"] == "none"]
     n = 64  # eval_size: one example of a set moves an accuracy by >= 1/64
     for row, ref in zip(none, rows):
         for m in ("unseen_h_acc", "unseen_v_acc", "seen_h_acc", "seen_v_acc"):
             assert abs(row[m] - ref[m]) <= 1.0 / n + 1e-6, (m, row[m], ref[m])
-    assert len(out["ablation_rows"]) == 2 * len(ABLATIONS)
+    assert len(out["tables"]["ablations"]) == 2 * len(ABLATIONS)
     run = results.load_run(vlm_run)
     p = jax.tree_util.tree_map(lambda a: a[0], run.params)
     ex = build_data(run.config).evals.unseen_pair.examples

@@ -70,6 +70,7 @@ class LoadedRun(NamedTuple):
     results: list[dict]  # results.csv rows, one per kept model
     models: tuple[int, ...]  # [K] each model's index in the run (results.csv `model`)
     excluded: tuple[str, ...]  # one line per diverged model left out (`excluded_lines`)
+    curves: list[dict] = ()  # curves.csv rows, every model's
     family: Any = None  # `families.Family` of the run
     task: Any = None  # `data.tasks.Task` of the run
 
@@ -184,7 +185,9 @@ def check_runs(text: str, refusal) -> list[str]:
     return runs
 
 
-def open_report(path: str, refusal, folder: str, log=print) -> tuple[LoadedRun, str]:
+def open_report(
+    path: str, refusal, folder: str, log=print, with_data: bool = True
+) -> tuple[LoadedRun, str]:
     """(the loaded run, its report folder `path/folder`, created) for a report's
     analyse function, after `check_run` and `refusal(config, path)` (raised as
     ValueError when the report does not apply)."""
@@ -194,7 +197,7 @@ def open_report(path: str, refusal, folder: str, log=print) -> tuple[LoadedRun, 
     if why:
         raise ValueError(why)
     out = plots.ensure_dir(os.path.join(path, folder))
-    return open_run(path, log=log), out
+    return open_run(path, with_data=with_data, log=log), out
 
 
 def declared(report: str, hint: str = ""):
@@ -284,7 +287,9 @@ class Report(NamedTuple):
     tables and figure derive from it), `tables(res, run) -> {name: rows}` (each written
     to `folder/{name}.csv`), `summarise(res, tables, run, log) -> dict` (prints the
     report and returns summary.json's contents), `plot(res, tables, run, path) -> path`
-    (the figure `folder/{figure}`)."""
+    (the figure `folder/{figure}`; a report with several figures returns their paths
+    and names the folder's first). `with_data`: whether the run's task data is built
+    (a report of the results files alone needs none)."""
 
     folder: str
     refusal: Callable
@@ -293,13 +298,14 @@ class Report(NamedTuple):
     summarise: Callable
     plot: Callable
     figure: str
+    with_data: bool = True
 
 
 def analyse(report: Report, path: str, log=print) -> dict:
     """Computes, writes, prints and plots `report` on results folder `path`: {"summary":
     summary.json's dict, "tables": {name: rows}, "res": `compute`'s result}. Raises
     ValueError (before any compute) for a run the report does not apply to."""
-    run, out = open_report(path, report.refusal, report.folder, log)
+    run, out = open_report(path, report.refusal, report.folder, log, report.with_data)
     res = report.compute(run)
     tables = report.tables(res, run)
     for name, rows in tables.items():
@@ -307,7 +313,8 @@ def analyse(report: Report, path: str, log=print) -> dict:
     summary = report.summarise(res, tables, run, log)
     write_json(os.path.join(out, "summary.json"), summary)
     fig = report.plot(res, tables, run, os.path.join(out, report.figure))
-    log("results: " + os.path.join(out, f"{next(iter(tables))}.csv") + "  figure: " + fig)
+    figs = "  ".join([fig] if isinstance(fig, str) else fig)
+    log("results: " + os.path.join(out, f"{next(iter(tables))}.csv") + "  figures: " + figs)
     return {"summary": summary, "tables": tables, "res": res}
 
 
@@ -351,6 +358,7 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
         [run.results[i] for i in keep],
         tuple(int(run.results[i]["model"]) for i in keep),
         tuple(excluded),
+        run.curves,
         run.family,
         run.task,
     )

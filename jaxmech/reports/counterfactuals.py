@@ -1,4 +1,4 @@
-"""Seed 004's counterfactual table on a results folder of toy VLMs (issue 15).
+"""Seed 004's counterfactual table on a results folder of VLMs (issue 15).
 
 On the unseen-pair questions of both relations, every model answers every example
 under every counterfactual of `analysis.counterfactuals` (with a rope2d ViT, also the

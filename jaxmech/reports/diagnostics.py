@@ -1,4 +1,4 @@
-"""Seed 003's diagnostics on a results folder of toy VLMs (issue 13, part 4).
+"""Seed 003's diagnostics on a results folder of VLMs (issue 13, part 4).
 
 On the unseen-pair questions of both relations, per model and LM site after the first
 block (`analysis.diagnostics`):

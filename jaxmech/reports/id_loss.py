@@ -37,13 +37,13 @@ from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.families.toy_vlm.evaluate import relations
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
+    analyse,
     check_run,
     declared,
     open_run,
     view_of,
-    write_json,
 )
-from jaxmech.results import load_run, write_csv
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid, InitFrom, check_init_from, run_grid
 
@@ -216,17 +216,18 @@ def plot(res: dict, path: str) -> str:
     return plots.save(fig, path)
 
 
+REPORT = Report(
+    folder=FOLDER,
+    refusal=id_loss_refusal,
+    compute=lambda run: compute(run.config, run.results, run.curves),
+    tables=lambda res, run: {"table": res["table"], "curves": res["curves"]},
+    summarise=lambda res, tables, run, log: summarise(res, log),
+    plot=lambda res, tables, run, path: plot(res, path),
+    figure="curves.png",
+    with_data=False,
+)
+
+
 def analyse_id_loss_run(path: str, log=print) -> dict:
-    """The report on a run with an ID-loss site (module docstring)."""
-    why = id_loss_refusal(check_run(path), path)
-    if why:
-        raise ValueError(why)
-    out = plots.ensure_dir(os.path.join(path, FOLDER))
-    run = open_run(path, with_data=False, log=log)
-    res = compute(run.config, run.results, load_run(path).curves)
-    write_csv(os.path.join(out, "table.csv"), res["table"])
-    write_csv(os.path.join(out, "curves.csv"), res["curves"])
-    summary = summarise(res, log)
-    write_json(os.path.join(out, "summary.json"), summary)
-    log(f"figure: {plot(res, os.path.join(out, 'curves.png'))}")
-    return summary
+    """The report on a run with an ID-loss site (module docstring; `common.analyse`)."""
+    return analyse(REPORT, path, log)

@@ -1,4 +1,4 @@
-"""Seed 003's mirror-swap patching on a results folder of toy VLMs (issue 13, part 1).
+"""Seed 003's mirror-swap patching on a results folder of VLMs (issue 13, part 1).
 
 On the unseen-pair questions of the task's first relation (scenes: left/right; video:
 before/after, whose mirror twin is the time-reversed video), every model x LM layer x

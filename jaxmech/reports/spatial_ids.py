@@ -1,4 +1,4 @@
-"""Seed 003's spatial IDs on a results folder of toy VLMs (issue 13, part 2).
+"""Seed 003's spatial IDs on a results folder of VLMs (issue 13, part 2).
 
 For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`) from
 probe scenes of every label at every cell, their horizontal and vertical axes, and the

@@ -1,4 +1,4 @@
-"""Seed 003's steering with spatial IDs on a results folder of toy VLMs (issue 13, part 3).
+"""Seed 003's steering with spatial IDs on a results folder of VLMs (issue 13, part 3).
 
 For every model, its IDs `Delta_y` from probe scenes (`analysis.spatial_ids`), then at
 every LM site after the first block (`lm/resid_pre.{y}`, y >= 1: before that the object

@@ -29,12 +29,11 @@ from jaxmech.families.toy_vlm.loss import beliefs, logits
 from jaxmech.models.edits import VIT_TERMS, Edits, term_mask
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
     ablation_rows,
+    analyse,
     declared,
     fmt_ci,
-    open_report,
-    write_csv,
-    write_json,
 )
 from jaxmech.stats import mean_ci
 
@@ -168,33 +167,43 @@ def plot_gradients(g: dict, path: str, k: int) -> str:
     return path
 
 
-def analyse_vit_terms_run(path: str, log=print) -> dict:
-    """Computes, writes, prints and plots the App. O report of one results folder.
+def _tables(res: dict, run: LoadedRun) -> dict:
+    columns = [{"ablation": a} for a in ABLATIONS]
+    return {
+        "gradients": gradient_rows(res["gradients"], run.models),
+        "ablations": ablation_rows(res["table"], columns, ABL_METRICS, run.models),
+    }
 
-    Raises ValueError for a run that is not an ar_vlm with additive ViT positions, or
-    whose every model diverged. Returns {"summary", "gradient_rows", "ablation_rows"}.
-    """
-    run, out = open_report(path, vit_terms_refusal, "vit_terms", log)
-    res = compute(run)
-    g_rows = gradient_rows(res["gradients"], run.models)
-    names = list(ABLATIONS)
-    a_rows = ablation_rows(res["table"], [{"ablation": a} for a in names], ABL_METRICS, run.models)
-    write_csv(os.path.join(out, "gradients.csv"), g_rows)
-    write_csv(os.path.join(out, "ablations.csv"), a_rows)
-    summary = summarise(res, log) | {"models": run.k, "excluded": list(run.excluded)}
-    write_json(os.path.join(out, "summary.json"), summary)
-    figs = [
-        plot_gradients(res["gradients"], os.path.join(out, "gradients.png"), run.k),
+
+def _plot(res: dict, tables: dict, run: LoadedRun, path: str) -> list[str]:
+    folder = os.path.dirname(path)
+    return [
+        plot_gradients(res["gradients"], path, run.k),
         plots.ablation_bars(
-            a_rows,
-            names,
-            os.path.join(out, "ablations.png"),
+            tables["ablations"],
+            list(ABLATIONS),
+            os.path.join(folder, "ablations.png"),
             f"first ViT block, terms removed in every head ({run.k} models)",
             keys=ABL_METRICS,
         ),
     ]
-    log(
-        "results: " + os.path.join(out, "gradients.csv") + "  " + os.path.join(out, "ablations.csv")
-    )
-    log("figures: " + "  ".join(figs))
-    return {"summary": summary, "gradient_rows": g_rows, "ablation_rows": a_rows}
+
+
+REPORT = Report(
+    folder="vit_terms",
+    refusal=vit_terms_refusal,
+    compute=compute,
+    tables=_tables,
+    summarise=lambda res, tables, run, log: (
+        summarise(res, log) | {"models": run.k, "excluded": list(run.excluded)}
+    ),
+    plot=_plot,
+    figure="gradients.png",
+)
+
+
+def analyse_vit_terms_run(path: str, log=print) -> dict:
+    """The App. O report of one results folder (`common.analyse`). Raises ValueError
+    for a run that is not a toy VLM with additive ViT positions, or whose every model
+    diverged."""
+    return analyse(REPORT, path, log)
