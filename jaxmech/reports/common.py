@@ -8,6 +8,13 @@
 * `check_run(path)`: the cheap check an entry point runs on every folder before any
   compute (config.json, results.csv, at least one finite model); `check_runs(text,
   refusal)` does it for every folder of a `--run` flag;
+* `Report` / `analyse`: the one report driver (open -> compute -> write the CSVs ->
+  print and write summary.json -> plot) that a report declares itself to;
+* `declared(name)`: a report's refusal, from what the run's family and task declare
+  (`Family.reports`, `Task.reports`); `needs_depth` for the LM-site reports;
+* `view_of(run)`, `eval_specs(run)`, `relation_questions(run)`,
+  `steering_examples(run)`: a run's VLM view and its eval questions as rendered
+  examples (`families.vlm_view`), what the seed 003 / 004 reports share;
 * `write_csv` (the one CSV writer, from `jaxmech.results`) and `write_json`;
 * `spread` / `fmt_spread` / `fmt_ci`: mean, std, min, max over models (finite values),
   and mean +- std with a 95% t-interval (`jaxmech.stats.mean_ci`);
