@@ -33,14 +33,12 @@ from jaxmech.config import Config
 from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.reports.common import (
     LoadedRun,
+    Report,
     ablation_rows,
     ablation_summary,
-    check_run,
+    analyse,
     declared,
-    open_run,
     print_ablation_summary,
-    write_csv,
-    write_json,
 )
 
 SHARE_TERMS = ("EE", "EP", "PE", "PP", "BE", "BP", "XX", "BX", "QP")
@@ -191,10 +189,46 @@ def plot_mechanism(run: LoadedRun, res: dict, abl_rows, ablations, out, unseen, 
     ]
 
 
+def mechanism_report(ablations=DEFAULT_ABLATIONS, heads=None, threshold: float = 0.9) -> Report:
+    """The mechanism report (`common.Report`) for the given ablations, heads and the
+    unseen-pair accuracy that counts as generalising (the figures' groups)."""
+
+    def compute(run: LoadedRun) -> dict:
+        res = compute_mechanism(run, ablations, heads)
+        strong = strongest_heads(res["heads"])
+        return res | {"strong": strong, "unseen": run.unseen_acc(), "models": run.models}
+
+    def tables(res: dict, run: LoadedRun) -> dict:
+        columns = [{"ablation": a} for a in ablations]
+        return {
+            "ablations": ablation_rows(res["table"], columns, METRICS, run.models),
+            "heads": head_rows(res["heads"], run.models),
+            "shares": share_rows(res["shares"], run.models),
+        }
+
+    def summarise(res: dict, tables: dict, run: LoadedRun, log) -> dict:
+        summary = {
+            "ablation_wall_s": res["wall_s"],
+            "models": run.k,
+            "excluded": list(run.excluded),
+            "ablations": ablation_summary(res["table"], ablations, METRICS),
+            "mean_shares": {t: float(np.mean(res["shares"][t])) for t in SHARE_TERMS},
+        }
+        print_mechanism(res, summary, res["unseen"], run.models, log)
+        return summary
+
+    def plot(res: dict, tables: dict, run: LoadedRun, path: str) -> list[str]:
+        out = os.path.dirname(path)
+        return plot_mechanism(run, res, tables["ablations"], ablations, out, res["unseen"], threshold)  # fmt: skip
+
+    return Report("mechanism", ep_report_refusal, compute, tables, summarise, plot, "terms.png")
+
+
 def analyse_run(
     path: str, ablations=DEFAULT_ABLATIONS, heads=None, threshold: float = 0.9, log=print
 ) -> dict:
-    """Computes, writes, prints and plots the mechanism report of one results folder.
+    """Computes, writes, prints and plots the mechanism report of one results folder
+    (`mechanism_report`, `common.analyse`).
 
     Args:
       path: a finished 1D results folder with a learned-P vision tower (else ValueError),
@@ -209,38 +243,14 @@ def analyse_run(
       "unseen": [K] unseen-pair accuracies, "ablation_rows": ablations.csv's rows,
       "models": [K] each model's index in the run}, over the K finite models.
     """
-    refusal = ep_report_refusal(check_run(path), path)
-    if refusal:
-        raise ValueError(refusal)
-    out = plots.ensure_dir(os.path.join(path, "mechanism"))
-    run = open_run(path, log=log)
-    res = compute_mechanism(run, ablations, heads)
-    res["strong"] = strongest_heads(res["heads"])
-    columns = [{"ablation": a} for a in ablations]
-    abl_rows = ablation_rows(res["table"], columns, METRICS, run.models)
-    write_csv(os.path.join(out, "ablations.csv"), abl_rows)
-    write_csv(os.path.join(out, "heads.csv"), head_rows(res["heads"], run.models))
-    write_csv(os.path.join(out, "shares.csv"), share_rows(res["shares"], run.models))
-    summary = {
-        "ablation_wall_s": res["wall_s"],
-        "models": run.k,
-        "excluded": list(run.excluded),
-        "ablations": ablation_summary(res["table"], ablations, METRICS),
-        "mean_shares": {t: float(np.mean(res["shares"][t])) for t in SHARE_TERMS},
-    }
-    unseen = run.unseen_acc()
-    print_mechanism(res, summary, unseen, run.models, log)
-    write_json(os.path.join(out, "summary.json"), summary)
-    figs = plot_mechanism(run, res, abl_rows, ablations, out, unseen, threshold)
-    csvs = ("ablations.csv", "heads.csv", "shares.csv")
-    log("mechanism results: " + "  ".join(os.path.join(out, n) for n in csvs))
-    log("figures: " + "  ".join(figs))
+    out = analyse(mechanism_report(ablations, heads, threshold), path, log)
+    res = out["res"]
     return {
-        "summary": summary,
+        "summary": out["summary"],
         "strong": res["strong"],
-        "unseen": unseen,
-        "ablation_rows": abl_rows,
-        "models": run.models,
+        "unseen": res["unseen"],
+        "ablation_rows": out["tables"]["ablations"],
+        "models": res["models"],
     }
 
 
