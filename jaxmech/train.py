@@ -221,7 +221,7 @@ def program_config(config: Config) -> Config:
         steps=config.train.eval_every,
         epochs=min(config.train.epochs, 1),
         seed=0,
-        n_pair_labels=get_task(t.task_kind).min_pair_labels,
+        n_pair_labels=type(t).min_labels,  # the fewest its task's config accepts
         layouts_per_pair=1,
         single_frac=0.0,
         lr=1e-3,

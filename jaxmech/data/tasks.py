@@ -23,7 +23,6 @@ other two run once on the host.
                                                family declares it too
   caption_words                              caption tasks: the caption words after the
                                                labels (`data.vocab`; `task_vocab`)
-  min_pair_labels                            the fewest `n_pair_labels` it accepts
   config                                     its config class (a `config.TaskConfig`
                                                subclass: the fields it reads)
   eval_specs(task_config, eval_set) -> {name: SceneSpec}
@@ -78,7 +77,6 @@ class Task(NamedTuple):
     eval_specs: Callable | None = None  # scene tasks: an eval set as `data.spec` specs
     reports: tuple[str, ...] = ()  # the reports its data supports (folder names)
     caption_words: tuple[str, ...] = vocab.WORDS  # caption tasks: the text words
-    min_pair_labels: int = 2  # the fewest pair labels its config accepts
     config: type = relations1d.LineConfig  # its config class (`config.TaskConfig`)
 
 
@@ -125,7 +123,6 @@ TASKS: dict[str, Task] = {
         relations3.build_eval_sets,
         caption_sampler(relations3, relations3.positives),
         reports=("relations",),
-        min_pair_labels=3,
         config=relations3.ThreeConfig,
     ),
     # questions about grid scenes for the autoregressive VLM: batches are

@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.config import SWEEPABLE, Config, Settings
-from jaxmech.data.spec import PRESENCE, RELATIONS, take  # noqa: F401  (RELATIONS: for reports)
+from jaxmech.data.spec import PRESENCE, take
 from jaxmech.data.tasks import get_task
 from jaxmech.families import get_family, view_for
 from jaxmech.families.vlm_view import Examples, VLMView, examples

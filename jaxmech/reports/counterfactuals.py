@@ -26,10 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
-from jaxmech.data.spec import swap_named
+from jaxmech.data.spec import RELATIONS, swap_named
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
-    RELATIONS,
     LoadedRun,
     Report,
     analyse,

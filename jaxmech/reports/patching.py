@@ -25,7 +25,7 @@ import numpy as np
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
-from jaxmech.families.vlm_view import answer_ids
+from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     LoadedRun,
     Report,
@@ -59,19 +59,21 @@ def compute(run: LoadedRun) -> dict:
     view, specs = view_of(run), eval_specs(run)
     rel, words = patched_relation(run.config, view)
     asked = np.asarray(specs["examples"].relation_B) == rel
-    ex, spans = view.render(take(specs["examples"], asked))
+    ex = examples(view, take(specs["examples"], asked))
     twins = {t: view.render(take(specs[t], asked))[0] for t in TWINS}
-    answer, other = answer_ids(view, take(specs["examples"], asked))
-    groups = token_groups(spans)
+    groups = token_groups(ex.spans)
 
     def one_model(p):
-        return {t: patch_logp(view, p, ex, twins[t], groups, answer, other) for t in TWINS}
+        return {
+            t: patch_logp(view, p, ex.inputs, twins[t], groups, ex.answer_B, ex.other_B)
+            for t in TWINS
+        }
 
     t0 = time.perf_counter()
     out = jax.block_until_ready(jax.jit(jax.vmap(one_model))(run.params))
     return {
         "logp": jax.device_get(out),
-        "answer": np.asarray(answer),
+        "answer": np.asarray(ex.answer_B),
         "words": words,
         "wall_s": time.perf_counter() - t0,
     }

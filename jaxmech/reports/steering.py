@@ -32,8 +32,8 @@ from jaxmech.analysis.steering import (
     REF_ALPHA,
     flip_rates,
 )
+from jaxmech.data.spec import RELATIONS
 from jaxmech.reports.common import (
-    RELATIONS,
     LoadedRun,
     Report,
     analyse,

@@ -23,27 +23,20 @@ from jaxmech.data.scenes import TOKEN, SceneBatch
 from jaxmech.families.toy_vlm import id_loss
 from jaxmech.families.toy_vlm import model as ar_vlm
 
-# The other answer word of each relation, indexed by token id (left <-> right,
-# above <-> below, yes <-> no; other ids map to 0 and are never answers).
-_PAIRS = (
-    (TOKEN["left"], TOKEN["right"]),
-    (TOKEN["above"], TOKEN["below"]),
-    (TOKEN["yes"], TOKEN["no"]),
+# Each relation's (first, second) answer word, by relation id (`data.spec`: 0 h, 1 v,
+# 2 presence), and the other word of each, indexed by token id (other ids map to 0 and
+# are never answers).
+ANSWER_WORDS = np.asarray(
+    [[TOKEN[a], TOKEN[b]] for a, b in (("left", "right"), ("above", "below"), ("yes", "no"))],
+    np.int32,
 )
-_PARTNER = np.zeros(max(max(p) for p in _PAIRS) + 1, np.int32)
-for _a, _b in _PAIRS:
-    _PARTNER[_a], _PARTNER[_b] = _b, _a
+_PARTNER = np.zeros(ANSWER_WORDS.max() + 1, np.int32)
+_PARTNER[ANSWER_WORDS[:, 0]], _PARTNER[ANSWER_WORDS[:, 1]] = ANSWER_WORDS[:, 1], ANSWER_WORDS[:, 0]
 
 
 def partner(answer_B):
     """The other answer word of each example's relation (token ids)."""
     return jnp.asarray(_PARTNER)[answer_B]
-
-
-def margin(logits_BxV, answer_B) -> jax.Array:
-    """[B] logit(answer) - logit(the other word of its relation): > 0 answers right."""
-    pick = lambda t: jnp.take_along_axis(logits_BxV, t[:, None], axis=-1)[:, 0]  # noqa: E731
-    return pick(answer_B) - pick(partner(answer_B))
 
 
 def logits(params, batch: SceneBatch, edits=None):

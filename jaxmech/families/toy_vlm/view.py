@@ -17,12 +17,8 @@ from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm import vit as vit2d
+from jaxmech.families.toy_vlm.loss import ANSWER_WORDS
 from jaxmech.families.vlm_view import Spans, VLMView
-
-ANSWER_WORDS = np.asarray(
-    [[sc.TOKEN[a], sc.TOKEN[b]] for a, b in (("left", "right"), ("above", "below"), ("yes", "no"))],
-    np.int32,
-)
 
 
 def spans(grid: Grid, batch: int) -> Spans:
