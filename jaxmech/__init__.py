@@ -5,7 +5,8 @@ Top-level API: configs; the dual encoder's `init_params`, `forward` (and its tow
 switches stored in params); training; the model-family and task registries; results
 loading; and the VLM interface of seeds 003 / 004: a family's `view_for(config)`, scene
 specs, and the methods that run on any VLM family (mirror-swap patching, spatial IDs,
-the counterfactual table). Axis letters: `jaxmech.shapes`.
+the counterfactual table); real checkpoints (`load_checkpoint`: Qwen2-VL and Qwen2.5-VL,
+`families.qwen2_vl`). Axis letters: `jaxmech.shapes`.
 """
 
 from jaxmech.analysis import counterfactuals
@@ -26,7 +27,7 @@ from jaxmech.config import (
 from jaxmech.data.relations1d import build_eval_sets, build_tables, sample_batch
 from jaxmech.data.spec import Grid, SceneSpec, probe_specs
 from jaxmech.data.tasks import Task, get_task
-from jaxmech.families import Family, get_family, register, view_for
+from jaxmech.families import Family, get_family, load_checkpoint, register, view_for
 from jaxmech.families.dual_encoder.checks import with_static
 from jaxmech.families.dual_encoder.evaluate import evaluate
 from jaxmech.families.dual_encoder.model import encode_images, encode_texts, forward, init_params
@@ -70,6 +71,7 @@ __all__ = [
     "get_task",
     "init_params",
     "init_state",
+    "load_checkpoint",
     "load_run",
     "patch_logp",
     "probe",

@@ -6,6 +6,7 @@ from jaxmech.families.registry import (  # noqa: F401
     Family,
     family_for,
     get_family,
+    load_checkpoint,
     register,
     trainable,
     view_for,

@@ -29,6 +29,14 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
   vlm_view(config) -> VLMView                VLM families: what the seed 003 / 004
                                                methods may ask of them
                                                (`families.vlm_view`); None otherwise
+  load(folder) -> (config, params)           checkpoint families (real models, e.g.
+                                               `qwen2_vl`): open a folder whose
+                                               config.json `model_type` is in
+                                               `checkpoint_types`. They have no loss or
+                                               evaluation (None), no task kinds and no
+                                               training config (`config` None): they are
+                                               loaded, not trained; `init_params` gives
+                                               random params of a config (tests)
 
 Everything that goes into the jitted functions besides params (the caption table, eval
 sets) comes from the task's `tables` and `evals`; settings are the model's sweepable
@@ -44,6 +52,8 @@ register a stand-in the same way). `train` and `sweep` need no change.
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -55,6 +65,9 @@ from jaxmech.families.dual_encoder import model as dual_encoder
 from jaxmech.families.dual_encoder.config import DualEncoderConfig
 from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
 from jaxmech.families.dual_encoder.model import static_params
+from jaxmech.families.qwen2_vl import load as qwen_load
+from jaxmech.families.qwen2_vl import params as qwen_params
+from jaxmech.families.qwen2_vl.config import VARIANTS
 from jaxmech.families.toy_vlm import evaluate as evaluate_answers
 from jaxmech.families.toy_vlm import loss as answer
 from jaxmech.families.toy_vlm import model as ar_vlm
@@ -67,15 +80,17 @@ class Family(NamedTuple):
 
     name: str
     init_params: Callable
-    loss: Callable
-    evaluate: Callable
+    loss: Callable | None
+    evaluate: Callable | None
     metrics: Callable
     task_kinds: tuple[str, ...]
     progress_metric: str | None = None
     complete_params: Callable = lambda params_K, config: params_K
     reports: tuple[str, ...] = ()
     vlm_view: Callable | None = None
-    config: type = ModelConfig
+    config: type | None = ModelConfig
+    load: Callable | None = None
+    checkpoint_types: tuple[str, ...] = ()
 
 
 FAMILIES: dict[str, Family] = {}
@@ -91,9 +106,11 @@ VLM_REPORTS = (
 
 
 def register(family: Family) -> Family:
-    """Adds (or replaces) a family in the registry under its name, and its config class."""
+    """Adds (or replaces) a family in the registry under its name, and its config class
+    (a training family's)."""
     FAMILIES[family.name] = family
-    register_model_config(family.name, family.config)
+    if family.config is not None:
+        register_model_config(family.name, family.config)
     return family
 
 
@@ -175,3 +192,36 @@ register(
         config=ToyVLMConfig,
     )
 )
+
+register(
+    Family(
+        name="qwen2_vl",
+        init_params=qwen_params.init_params,
+        loss=None,
+        evaluate=None,
+        metrics=lambda config: (),
+        task_kinds=(),
+        config=None,
+        load=qwen_load.load_checkpoint,
+        checkpoint_types=VARIANTS,
+    )
+)
+
+
+def load_checkpoint(folder: str, **kwargs):
+    """(family, config, params) of a real checkpoint folder, by the family whose
+    `checkpoint_types` has its config.json's `model_type` (today `qwen2_vl` reads
+    Qwen2-VL and Qwen2.5-VL); kwargs go to that family's `load` (`dtype`, `place`)."""
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        raise ValueError(f"checkpoint = {folder!r}: no config.json (not a checkpoint folder)")
+    with open(path) as f:
+        model_type = json.load(f).get("model_type")
+    for family in FAMILIES.values():
+        if model_type in family.checkpoint_types:
+            return (family, *family.load(folder, **kwargs))
+    known = [t for f in FAMILIES.values() for t in f.checkpoint_types]
+    raise ValueError(
+        f"{path}: model_type = {model_type!r} is not supported: allowed one of "
+        + ", ".join(map(repr, known))
+    )

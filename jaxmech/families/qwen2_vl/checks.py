@@ -1,0 +1,106 @@
+"""Input and edit checks of the Qwen-VL forward: shapes always (static, also under
+`jax.jit`), values only when concrete (`jaxmech.shapes`). Errors name the argument."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.shapes import is_concrete
+
+POINTS = (
+    "resid_pre",
+    "q",
+    "k",
+    "v",
+    "rot_q",
+    "rot_k",
+    "attn_scores",
+    "pattern",
+    "z",
+    "attn_out",
+    "resid_mid",
+    "mlp_out",
+    "resid_post",
+)
+UNSUPPORTED = ("term_keep", "vp_keep", "rope_keep")
+
+
+def site_names(c: QwenVLConfig) -> tuple[str, ...]:
+    """Every named site of `c`'s forward (`model` docstring), in order."""
+    vit = [f"vit/{p}.{i}" for i in range(c.vit_depth) for p in POINTS]
+    lm = [f"lm/{p}.{i}" for i in range(c.lm_layers) for p in POINTS]
+    return ("vit/embed", *vit, "merger/out", "lm/embed", *lm, "lm/final")
+
+
+def _shape(x):
+    return tuple(np.shape(x))
+
+
+def check_inputs(inputs, c: QwenVLConfig) -> None:
+    """Shapes of an `Inputs` against each other and the config."""
+    B, S = _shape(inputs.tokens_BxS)
+    P, F = _shape(inputs.pixels_BxPxF)[1:]
+    if _shape(inputs.pixels_BxPxF)[0] != B:
+        raise ValueError(f"pixels_BxPxF: batch {_shape(inputs.pixels_BxPxF)[0]}, tokens have {B}")
+    if F != c.patch_features:
+        raise ValueError(
+            f"pixels_BxPxF: {F} features per patch, expected {c.patch_features} "
+            "(channels x temporal_patch_size x patch_size^2)"
+        )
+    unit = c.merge_size**2
+    if P % unit:
+        raise ValueError(f"pixels_BxPxF: {P} patches, expected a multiple of merge_size^2 = {unit}")
+    want = {"pos_Bx3xS": (B, 3, S), "image_BxI": (B, P // unit), "valid_BxS": (B, S)}
+    want |= {n: (B, P) for n in ("rows_BxP", "cols_BxP", "frame_BxP", "window_BxP")}
+    for name, shape in want.items():
+        if _shape(getattr(inputs, name)) != shape:
+            raise ValueError(f"{name}: shape {_shape(getattr(inputs, name))}, expected {shape}")
+    if is_concrete(inputs.image_BxI) and P:
+        image = np.asarray(inputs.image_BxI)
+        if image.min() < 0 or image.max() >= S:
+            raise ValueError(
+                f"image_BxI: positions in [{image.min()}, {image.max()}], expected [0, {S})"
+            )
+
+
+def _check_names(edits, c: QwenVLConfig) -> None:
+    known = set(site_names(c))
+    for field in ("replace", "add"):
+        for name in getattr(edits, field):
+            if name not in known:
+                raise ValueError(
+                    f"Edits.{field}[{name!r}]: not a site of this Qwen-VL "
+                    f"(e.g. 'vit/resid_pre.0', 'merger/out', 'lm/resid_post.{c.lm_layers - 1}')"
+                )
+    for field in UNSUPPORTED:
+        if getattr(edits, field):
+            raise ValueError(
+                f"Edits.{field}: not supported by the qwen2_vl family (its blocks have "
+                "no term decomposition or per-head rotary switch)"
+            )
+
+
+def check_edits(edits, inputs, c: QwenVLConfig) -> None:
+    """Site names, and the position / order edits' shapes (and values when concrete)."""
+    _check_names(edits, c)
+    B, S = _shape(inputs.tokens_BxS)
+    P = _shape(inputs.pixels_BxPxF)[1]
+    n_image = P // c.merge_size**2
+    for field in ("vit_rows", "vit_cols"):
+        x = getattr(edits, field)
+        if x is not None and _shape(x) not in ((P,), (c.vit_depth, P)):
+            raise ValueError(
+                f"Edits.{field}: shape {_shape(x)}, expected ({P},) or ({c.vit_depth}, {P})"
+            )
+    if edits.lm_pos_ids is not None and _shape(edits.lm_pos_ids) not in ((S,), (3, S), (B, 3, S)):
+        raise ValueError(
+            f"Edits.lm_pos_ids: shape {_shape(edits.lm_pos_ids)}, expected ({S},), "
+            f"(3, {S}) or ({B}, 3, {S})"
+        )
+    order = edits.image_order
+    if order is not None:
+        if _shape(order) != (n_image,):
+            raise ValueError(f"Edits.image_order: shape {_shape(order)}, expected ({n_image},)")
+        if is_concrete(order) and sorted(np.asarray(order).tolist()) != list(range(n_image)):
+            raise ValueError(f"Edits.image_order: expected a permutation of 0..{n_image - 1}")

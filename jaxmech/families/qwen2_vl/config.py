@@ -1,0 +1,244 @@
+"""A Qwen2-VL / Qwen2.5-VL checkpoint's architecture, read from its `config.json`.
+
+One flat frozen config for both variants (`variant`): the vision tower's fields start
+with `vit_`, the merger's with `merge_`, the language model's with `lm_`. `from_hf`
+reads every layout of `config.json` met so far:
+
+* Hub files (transformers 4.4x): the LM's fields at the top level, `rope_scaling`
+  (`{"type": "mrope", "mrope_section": [...]}`), `torch_dtype`;
+* newer saves (transformers 5): the LM under `text_config`, `rope_parameters`, `dtype`;
+* Qwen2-VL's vision `hidden_size` is the LM's width (its ViT width is `embed_dim`, its
+  MLP `embed_dim * mlp_ratio`); Qwen2.5-VL's vision `hidden_size` is the ViT width,
+  `out_hidden_size` the LM's, `intermediate_size` the MLP's; `spatial_patch_size` and
+  `patch_size` are the same field.
+
+Qwen2-VL's ViT: LayerNorm, quick_gelu MLP, full attention within a frame. Qwen2.5-VL's:
+RMSNorm, SwiGLU MLP with biases, attention within windows of `vit_window` patches
+square except in `vit_full_blocks`. Both LMs are Qwen2 decoders (RMSNorm, grouped-query
+attention with q / k / v biases, SwiGLU) with three-part rotary positions whose
+frequency pairs are split `lm_mrope_section` (t, h, w; t the highest frequencies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+
+VARIANTS = ("qwen2_vl", "qwen2_5_vl")
+ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenVLConfig:
+    """One checkpoint's architecture (module docstring); defaults: a tiny Qwen2-VL. Not a
+    `config.ModelConfig`: a checkpoint family is loaded, not trained, so its fields are
+    no training flags."""
+
+    variant: str = "qwen2_vl"
+    # vision tower
+    vit_depth: int = 2
+    vit_width: int = 32
+    vit_heads: int = 2
+    vit_mlp: int = 128
+    vit_in_chans: int = 3
+    patch_size: int = 14
+    temporal_patch_size: int = 2
+    merge_size: int = 2
+    vit_window: int = 0  # patches per window side (Qwen2.5-VL: window_size / patch_size)
+    vit_full_blocks: tuple[int, ...] = ()
+    vit_rope_theta: float = 10000.0
+    vit_eps: float = 1e-6
+    vit_act: str = "quick_gelu"  # the ViT MLP's activation (Qwen2.5-VL: "silu", gated)
+    # language model
+    lm_vocab: int = 160
+    lm_width: int = 64
+    lm_layers: int = 2
+    lm_heads: int = 4
+    lm_kv_heads: int = 2
+    lm_mlp: int = 128
+    lm_eps: float = 1e-6
+    lm_rope_theta: float = 1000000.0
+    lm_mrope_section: tuple[int, ...] = (2, 3, 3)
+    tie_embeddings: bool = True
+    # special tokens
+    image_token_id: int = 151
+    video_token_id: int = 152
+    vision_start_token_id: int = 149
+    vision_end_token_id: int = 150
+    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
+
+    def __post_init__(self):
+        object.__setattr__(self, "vit_full_blocks", tuple(self.vit_full_blocks))
+        object.__setattr__(self, "lm_mrope_section", tuple(self.lm_mrope_section))
+        choice("variant", self.variant, VARIANTS)
+        choice("vit_act", self.vit_act, ACTIVATIONS)
+        for name in (
+            "vit_depth",
+            "vit_width",
+            "vit_heads",
+            "vit_mlp",
+            "vit_in_chans",
+            "patch_size",
+            "temporal_patch_size",
+            "merge_size",
+            "lm_vocab",
+            "lm_width",
+            "lm_layers",
+            "lm_heads",
+            "lm_kv_heads",
+            "lm_mlp",
+        ):
+            int_in(name, getattr(self, name), 1)
+        int_in("vit_window", self.vit_window, 0)
+        for name in ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"):
+            float_in(name, getattr(self, name), 0.0, lo_open=True)
+        self._check_heads()
+        for i in self.vit_full_blocks:
+            if not 0 <= i < self.vit_depth:
+                fail(
+                    "vit_full_blocks",
+                    self.vit_full_blocks,
+                    f"block indices in [0, {self.vit_depth})",
+                )
+        if self.vit_window and self.vit_window % self.merge_size:
+            fail("vit_window", self.vit_window, f"a multiple of merge_size = {self.merge_size}")
+
+    def _check_heads(self):
+        if self.vit_width % self.vit_heads or (self.vit_width // self.vit_heads) % 4:
+            fail(
+                "vit_width",
+                self.vit_width,
+                f"vit_heads = {self.vit_heads} heads of a width divisible by 4 (2D rotary)",
+            )
+        if self.lm_width % self.lm_heads:
+            fail("lm_width", self.lm_width, f"a multiple of lm_heads = {self.lm_heads}")
+        if self.lm_heads % self.lm_kv_heads:
+            fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
+        if 2 * sum(self.lm_mrope_section) != self.lm_head_dim:
+            fail(
+                "lm_mrope_section",
+                self.lm_mrope_section,
+                f"three sections summing to lm head_dim / 2 = {self.lm_head_dim // 2}",
+            )
+
+    @property
+    def vit_head_dim(self) -> int:
+        return self.vit_width // self.vit_heads
+
+    @property
+    def lm_head_dim(self) -> int:
+        return self.lm_width // self.lm_heads
+
+    @property
+    def patch_features(self) -> int:
+        """The length of one flattened patch: C x T x patch x patch (1176 for Qwen)."""
+        return self.vit_in_chans * self.temporal_patch_size * self.patch_size**2
+
+    @property
+    def merge_width(self) -> int:
+        """The merger's hidden width: merge_size^2 patches concatenated."""
+        return self.vit_width * self.merge_size**2
+
+
+def _get(d: Mapping[str, Any], *names, default=None):
+    for n in names:
+        if n in d and d[n] is not None:
+            return d[n]
+    return default
+
+
+def _mrope_section(text: Mapping[str, Any]) -> tuple[int, ...]:
+    rope = _get(text, "rope_parameters", "rope_scaling", default={}) or {}
+    section = rope.get("mrope_section")
+    if section is None:
+        raise ConfigError("config.json: no mrope_section under rope_scaling / rope_parameters")
+    return tuple(int(s) for s in section)
+
+
+def _rope_theta(text: Mapping[str, Any]) -> float:
+    rope = _get(text, "rope_parameters", default={}) or {}
+    return float(_get(rope, "rope_theta", default=_get(text, "rope_theta", default=1e6)))
+
+
+def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
+    patch = int(_get(v, "patch_size", "spatial_patch_size", default=14))
+    if variant == "qwen2_vl":
+        width = int(_get(v, "embed_dim", default=1280))
+        mlp = int(width * float(_get(v, "mlp_ratio", default=4)))
+        window, full, act = 0, (), _get(v, "hidden_act", default="quick_gelu")
+    else:
+        width = int(_get(v, "hidden_size", default=1280))
+        mlp = int(_get(v, "intermediate_size", default=3420))
+        window = int(_get(v, "window_size", default=112)) // patch
+        full = tuple(int(i) for i in _get(v, "fullatt_block_indexes", default=()))
+        act = _get(v, "hidden_act", default="silu")
+    out = int(_get(v, "out_hidden_size", default=lm_width) if variant != "qwen2_vl" else lm_width)
+    if out != lm_width:
+        raise ConfigError(
+            f"config.json: the vision tower's output width {out} is not the LM's {lm_width}"
+        )
+    return dict(
+        vit_depth=int(_get(v, "depth", default=32)),
+        vit_width=width,
+        vit_heads=int(_get(v, "num_heads", default=16)),
+        vit_mlp=mlp,
+        vit_in_chans=int(_get(v, "in_chans", "in_channels", default=3)),
+        patch_size=patch,
+        temporal_patch_size=int(_get(v, "temporal_patch_size", default=2)),
+        merge_size=int(_get(v, "spatial_merge_size", default=2)),
+        vit_window=window,
+        vit_full_blocks=full,
+        vit_act=act,
+    )
+
+
+def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
+    """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
+    is missing or not a Qwen2-VL / Qwen2.5-VL."""
+    model_type = raw.get("model_type")
+    variant = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl"}.get(model_type)
+    if variant is None:
+        raise ConfigError(
+            f"config.json: model_type = {model_type!r} is not supported: "
+            f"allowed one of {', '.join(map(repr, VARIANTS))}"
+        )
+    text = {**raw, **(raw.get("text_config") or {})}
+    vision = raw.get("vision_config") or {}
+    width = int(text["hidden_size"])
+    heads = int(text["num_attention_heads"])
+    return QwenVLConfig(
+        variant=variant,
+        **_vision_fields(variant, vision, width),
+        lm_vocab=int(text["vocab_size"]),
+        lm_width=width,
+        lm_layers=int(text["num_hidden_layers"]),
+        lm_heads=heads,
+        lm_kv_heads=int(_get(text, "num_key_value_heads", default=heads)),
+        lm_mlp=int(text["intermediate_size"]),
+        lm_eps=float(_get(text, "rms_norm_eps", default=1e-6)),
+        lm_rope_theta=_rope_theta(text),
+        lm_mrope_section=_mrope_section(text),
+        tie_embeddings=bool(
+            _get(
+                raw, "tie_word_embeddings", default=_get(text, "tie_word_embeddings", default=False)
+            )
+        ),
+        image_token_id=int(
+            _get(raw, "image_token_id", default=_get(text, "image_token_id", default=151655))
+        ),
+        video_token_id=int(
+            _get(raw, "video_token_id", default=_get(text, "video_token_id", default=151656))
+        ),
+        vision_start_token_id=int(_get(raw, "vision_start_token_id", default=151652)),
+        vision_end_token_id=int(_get(raw, "vision_end_token_id", default=151653)),
+        dtype=str(
+            _get(
+                raw,
+                "dtype",
+                "torch_dtype",
+                default=_get(text, "dtype", "torch_dtype", default="float32"),
+            )
+        ),
+    )

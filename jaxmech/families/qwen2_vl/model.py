@@ -1,0 +1,282 @@
+"""The Qwen2-VL / Qwen2.5-VL forward as one pure function of (params, inputs).
+
+    patches --W_patch--> ViT blocks (2D rotary, windows) --merger--> image features
+    tokens --E--> embeddings, image features placed at the <|image_pad|> tokens
+                  --> LM blocks (M-RoPE, causal, grouped-query) --lnf--> logits
+
+Params: `params.py` (TransformerLens layout). Inputs: `Inputs` below, as the processor
+(`processor.py`) makes them. Positions: `positions.py`. Numerics as the reference: norms,
+the rotary rotation and the softmax in float32, everything else in the params' dtype.
+
+Named sites (each a point where `Edits.replace` / `Edits.add` act and `capture` reads):
+
+  vit/embed                     [B, P, E]   the patch embedding
+  vit/{point}.{i}               resid_pre, q, k, v ([B, P, H, Dh]), rot_q, rot_k,
+                                attn_scores, pattern ([B, H, P, P]), z, attn_out,
+                                resid_mid, mlp_out, resid_post
+  merger/out                    [B, I, D]   the image features the LM reads
+  lm/embed                      [B, S, D]   the LM's input (image features placed)
+  lm/{point}.{i}                as the ViT's (k and v have Hkv heads)
+  lm/final                      [B, S, D]   after the last norm
+
+Position edits: `Edits.vit_rows / vit_cols` ([P] every block, or [n_vit_blocks, P] one
+row per block; fractional values rotate by fractional angles) replace the rows / columns
+the ViT's rotary positions read (windows stay those of the physical patches);
+`Edits.lm_pos_ids` ([S], [3, S] or [B, 3, S]) replaces the LM's (t, h, w) ids;
+`Edits.image_order` ([I]) makes image slot i read merged token image_order[i].
+
+Axis names (`jaxmech.shapes`): B sequences, P patches, I merged image tokens, S LM
+tokens, E / D ViT / LM width, H heads, Dh head width, R rotary pairs, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.families.qwen2_vl import positions
+from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
+from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models.attention import rotate
+from jaxmech.models.edits import NO_EDITS, Edits
+
+
+class Inputs(NamedTuple):
+    """One batch for `forward` (every leaf leads with B; one image per sequence).
+
+    tokens_BxS: int32 token ids. pixels_BxPxF: the flattened patches (`processor`).
+    pos_Bx3xS: int32 M-RoPE ids (`positions.mrope_ids`). image_BxI: int32 the LM
+    positions of each image's merged tokens, in reading order. rows_BxP, cols_BxP,
+    frame_BxP, window_BxP: int32 each patch's row, column, frame and attention window
+    (`positions.patch_grid`, `window_ids`). valid_BxS: bool, False at (left) padding,
+    which no token attends to.
+    """
+
+    tokens_BxS: Any
+    pixels_BxPxF: Any
+    pos_Bx3xS: Any
+    image_BxI: Any
+    rows_BxP: Any
+    cols_BxP: Any
+    frame_BxP: Any
+    window_BxP: Any
+    valid_BxS: Any
+
+
+class _Sites:
+    """Applies the edits at each named site and keeps what `capture` asks for: True
+    (every site), False (none) or names (a full name like "lm/resid_pre.3", or a name
+    without its block like "lm/resid_pre" for every block)."""
+
+    def __init__(self, edits: Edits, capture):
+        self.edits, self.capture, self.aux = edits, capture, {}
+
+    def __call__(self, name: str, x):
+        x = self.edits(name, x)
+        if self.capture is True or (
+            self.capture and (name in self.capture or name.split(".")[0] in self.capture)
+        ):
+            self.aux[name] = x
+        return x
+
+
+def rms_norm(x, w, eps):
+    """Qwen2's RMSNorm: float32 statistics, then the weight in the input's dtype."""
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + eps)
+    return w * h.astype(x.dtype)
+
+
+def layer_norm(x, w, b, eps):
+    h = x.astype(jnp.float32)
+    mu = h.mean(-1, keepdims=True)
+    h = (h - mu) * jax.lax.rsqrt(((h - mu) ** 2).mean(-1, keepdims=True) + eps)
+    return (h * w + b).astype(x.dtype)
+
+
+def _norm(block, prefix, x, eps):
+    if f"{prefix}_b" in block:
+        return layer_norm(x, block[f"{prefix}_w"], block[f"{prefix}_b"], eps)
+    return rms_norm(x, block[f"{prefix}_w"], eps)
+
+
+ACT = {
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def _rot(x, angles):
+    """x [B, N, H, Dh] rotated by angles [B, N, R] in float32 (rotate-half layout)."""
+    return rotate(x.astype(jnp.float32), angles[:, :, None, :]).astype(x.dtype)
+
+
+def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int):
+    """One attention sublayer: [B, N, D] -> [B, N, D] (grouped-query where W_K has fewer
+    heads than W_Q; bias b_O if the block has one)."""
+
+    def at(point, x):
+        return site(f"{part}/{point}.{i}", x)
+
+    def proj(w):
+        return jnp.einsum("bnd,hde->bnhe", x_in, block[f"W_{w}"]) + block[f"b_{w}"]
+
+    q, k, v = at("q", proj("Q")), at("k", proj("K")), at("v", proj("V"))
+    q, k = at("rot_q", _rot(q, angles)), at("rot_k", _rot(k, angles))
+    groups = q.shape[2] // k.shape[2]
+    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
+    scores = at("attn_scores", jnp.einsum("bqhe,bkhe->bhqk", q, k) * q.shape[-1] ** -0.5)
+    logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
+    pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
+    z = at("z", jnp.einsum("bhqk,bkhe->bqhe", pattern, v))
+    out = jnp.einsum("bqhe,hed->bqd", z, block["W_O"])
+    return out + block["b_O"] if "b_O" in block else out
+
+
+def mlp(block, x, act):
+    """The MLP: W_out(act(x W_gate) * x W_in) when gated, else W_out(act(x W_in)); biases
+    where the block has them."""
+
+    def lin(w, b):
+        y = x @ block[w]
+        return y + block[b] if b in block else y
+
+    h = (
+        act(lin("W_gate", "b_gate")) * lin("W_in", "b_in")
+        if "W_gate" in block
+        else act(lin("W_in", "b_in"))
+    )
+    y = h @ block["W_out"]
+    return y + block["b_out"] if "b_out" in block else y
+
+
+def block_forward(block, x, angles, mask, site, part: str, i: int, eps, act):
+    """One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x))."""
+    x = site(f"{part}/resid_pre.{i}", x)
+    attn = attention(block, _norm(block, "ln1", x, eps), angles, mask, site, part, i)
+    x = site(f"{part}/resid_mid.{i}", x + site(f"{part}/attn_out.{i}", attn))
+    out = site(f"{part}/mlp_out.{i}", mlp(block, _norm(block, "ln2", x, eps), act))
+    return site(f"{part}/resid_post.{i}", x + out)
+
+
+def _vit_positions(inputs: Inputs, edits: Edits, depth: int):
+    """Per block the (rows, cols) [B, P] the rotary positions read (edits override)."""
+    out = []
+    for i in range(depth):
+        rc = []
+        for own, edit in ((inputs.rows_BxP, edits.vit_rows), (inputs.cols_BxP, edits.vit_cols)):
+            if edit is None:
+                rc.append(own)
+            else:
+                e = jnp.asarray(edit, jnp.float32)
+                rc.append(jnp.broadcast_to(e[i] if e.ndim == 2 else e, own.shape))
+        out.append(rc)
+    return out
+
+
+def vision(params, inputs: Inputs, c: QwenVLConfig, edits: Edits, site) -> jax.Array:
+    """[B, I, D] the merged image features."""
+    vit = params["vit"]
+    x = site(
+        "vit/embed",
+        jnp.einsum("bpf,fe->bpe", inputs.pixels_BxPxF.astype(vit["W_patch"].dtype), vit["W_patch"]),
+    )
+    freq = positions.inv_freq(c.vit_head_dim // 2, c.vit_rope_theta)
+    full = inputs.frame_BxP[:, :, None] == inputs.frame_BxP[:, None, :]
+    windowed = inputs.window_BxP[:, :, None] == inputs.window_BxP[:, None, :]
+    for i, (rows, cols) in enumerate(_vit_positions(inputs, edits, c.vit_depth)):
+        mask = windowed if c.vit_window and i not in c.vit_full_blocks else full
+        angles = positions.vit_angles(rows, cols, freq)
+        x = block_forward(
+            vit[f"block_{i}"], x, angles, mask, site, "vit", i, c.vit_eps, ACT[c.vit_act]
+        )
+    return site("merger/out", merger(params["merger"], x, c))
+
+
+def merger(m, x, c: QwenVLConfig):
+    """norm, each merge block of patches concatenated, Linear, GELU, Linear."""
+    h = _norm(m, "ln", x, 1e-6)
+    h = h.reshape(h.shape[0], h.shape[1] // c.merge_size**2, c.merge_width)
+    h = ACT["gelu"](h @ m["W1"] + m["b1"])
+    return h @ m["W2"] + m["b2"]
+
+
+def place_images(emb_BxSxD, feats_BxIxD, image_BxI):
+    """The LM's input: token embeddings with the image features at their positions."""
+    b = jnp.arange(emb_BxSxD.shape[0])[:, None]
+    return emb_BxSxD.at[b, image_BxI].set(feats_BxIxD.astype(emb_BxSxD.dtype))
+
+
+def _lm_pos(inputs: Inputs, edits: Edits):
+    if edits.lm_pos_ids is None:
+        return inputs.pos_Bx3xS
+    e = jnp.asarray(edits.lm_pos_ids)
+    e = jnp.broadcast_to(e, (3,) + e.shape) if e.ndim == 1 else e
+    return jnp.broadcast_to(e, inputs.pos_Bx3xS.shape)
+
+
+def lm_mask(valid_BxS):
+    """[B, S, S] causal attention to the valid tokens (and each token to itself, so a
+    padding row stays finite)."""
+    S = valid_BxS.shape[1]
+    causal = jnp.tril(jnp.ones((S, S), bool))
+    return causal & (valid_BxS[:, None, :] | jnp.eye(S, dtype=bool))
+
+
+def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site):
+    """[B, S, D] the final-normed residual stream."""
+    freq = positions.inv_freq(c.lm_head_dim, c.lm_rope_theta)
+    angles = positions.lm_angles(pos_Bx3xS, freq, c.lm_mrope_section)
+    causal = lm_mask(jnp.asarray(valid_BxS, bool))
+    for i in range(c.lm_layers):
+        x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, c.lm_eps, ACT["silu"])
+    return site("lm/final", rms_norm(x, lm["lnf_w"], c.lm_eps))
+
+
+def unembed(lm, x):
+    """Logits of the rows `x` [..., D]: x W_U, or x E^T for tied embeddings."""
+    if "W_U" in lm:
+        return x @ lm["W_U"]
+    return jnp.einsum("...d,vd->...v", x, lm["E"])
+
+
+def forward(
+    params,
+    inputs: Inputs,
+    edits: Edits | None = None,
+    *,
+    config: QwenVLConfig,
+    capture=False,
+    rows=None,
+):
+    """(logits, aux): logits [B, S, V], or [B, V] at `rows` ([B] positions, e.g. each
+    sequence's last); aux the captured sites (module docstring). Jittable with `config`
+    static; vmappable over stacked edits."""
+    edits = NO_EDITS if edits is None else edits
+    check_inputs(inputs, config)
+    check_edits(edits, inputs, config)
+    site = _Sites(edits, capture)
+    feats = vision(params, inputs, config, edits, site)
+    if edits.image_order is not None:
+        feats = feats[:, jnp.asarray(edits.image_order)]
+    lm = params["lm"]
+    x = place_images(lm["E"][inputs.tokens_BxS], feats, inputs.image_BxI)
+    x = site("lm/embed", x)
+    x = language_model(lm, x, _lm_pos(inputs, edits), inputs.valid_BxS, config, site)
+    if rows is not None:
+        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows)]
+    return unembed(lm, x), site.aux
+
+
+def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:
+    """[B, I, D] the vision tower's output (the merger's), unedited."""
+    return vision(params, inputs, config, NO_EDITS, _Sites(NO_EDITS, False))
+
+
+def to_numpy(aux: dict) -> dict:
+    return {k: np.asarray(v) for k, v in aux.items()}

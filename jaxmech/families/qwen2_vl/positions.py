@@ -1,0 +1,151 @@
+"""Where each Qwen-VL token sits: the ViT's patch rows / columns, frames and windows, and
+the LM's three-part (t, h, w) M-RoPE position ids, computed here from the inputs alone.
+
+Patch order. The processor flattens an image of `grid = (t, h, w)` patches in merge-block
+order: frame, then merged row, merged column, then the merge_size x merge_size patches
+of that block row-major. Every per-patch array here follows that order, so a block of
+merge_size^2 consecutive patches is one merged (LM) token.
+
+M-RoPE ids (`mrope_ids`), per sequence: text tokens count up from 0 with all three ids
+equal; an image's merged tokens get (s + f, s + row, s + col) with s the next free id
+and (f, row, col) in the merged grid; the text after it resumes at s + max(h, w) /
+merge_size (the ids are not the token count). Rotary angles: frequency pair i of the LM
+(R = head_dim / 2 pairs, f_i = theta^(-2i / head_dim)) turns by the id of the section
+it falls in (`mrope_section`, e.g. [16, 24, 24]: t the highest frequencies, then h, then
+w). The ViT's pairs: the first head_dim / 4 turn by the patch row, the rest by the
+column, at f_i = theta^(-4i / head_dim).
+
+Axis names (`jaxmech.shapes`): P patches, I merged image tokens, S LM tokens, R pairs.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def patch_grid(grid, merge: int):
+    """(rows_P, cols_P, frame_P) int32 of a `(t, h, w)` patch grid in merge-block order."""
+    t, h, w = (int(g) for g in grid)
+    if h % merge or w % merge:
+        raise ValueError(
+            f"grid = {tuple(grid)}: expected h and w multiples of merge_size = {merge}"
+        )
+    r, c = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    shape = (h // merge, merge, w // merge, merge)
+    rows = r.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+    cols = c.reshape(shape).transpose(0, 2, 1, 3).reshape(-1)
+    frame = np.repeat(np.arange(t), h * w)
+    return (
+        np.tile(rows, t).astype(np.int32),
+        np.tile(cols, t).astype(np.int32),
+        frame.astype(np.int32),
+    )
+
+
+def window_ids(grid, merge: int, window: int):
+    """[P] int32, the attention window of each patch: windows of `window` x `window`
+    patches per frame (Qwen2.5-VL: 8, i.e. 4 x 4 merged tokens), counted row-major from
+    the top-left; the last window row / column may be cut by the image's edge. window = 0:
+    one window per frame."""
+    rows, cols, frame = patch_grid(grid, merge)
+    if window == 0:
+        return frame
+    t, h, w = (int(g) for g in grid)
+    per_row = -(-w // window)
+    per_frame = -(-h // window) * per_row
+    return (frame * per_frame + (rows // window) * per_row + cols // window).astype(np.int32)
+
+
+def merged_grid(grid, merge: int):
+    """(frame_I, row_I, col_I) int32 of each merged token, in the LM's order."""
+    t, h, w = (int(g) for g in grid)
+    f, r, c = np.meshgrid(np.arange(t), np.arange(h // merge), np.arange(w // merge), indexing="ij")
+    return (
+        f.reshape(-1).astype(np.int32),
+        r.reshape(-1).astype(np.int32),
+        c.reshape(-1).astype(np.int32),
+    )
+
+
+def _image_runs(ids, image_token_id: int, sizes):
+    """(start, length) of each image's tokens in one sequence, in order; `sizes` are the
+    merged-token counts of its images."""
+    at = np.flatnonzero(ids == image_token_id)
+    runs, k = [], 0
+    for n in sizes:
+        if k + n > len(at) or at[k + n - 1] - at[k] != n - 1:
+            raise ValueError(
+                f"input_ids: expected {n} consecutive image tokens for image "
+                f"{len(runs)} (image_token_id = {image_token_id})"
+            )
+        runs.append((int(at[k]), n))
+        k += n
+    if k != len(at):
+        raise ValueError(f"input_ids: {len(at)} image tokens, but the grids account for {k}")
+    return runs
+
+
+def mrope_ids(
+    input_ids_BxS, grids, image_token_id: int, merge: int, images_per_row=None, valid_BxS=None
+):
+    """[B, 3, S] int32, the LM's (t, h, w) position ids (module docstring); padding 0.
+
+    Args:
+      input_ids_BxS: token ids.
+      grids: `(t, h, w)` patch grids of the images in reading order, row after row.
+      image_token_id: the `<|image_pad|>` id (each image is one run of its merged tokens).
+      merge: the merger's spatial merge size.
+      images_per_row: [B] how many of `grids` each row has (default: one each).
+      valid_BxS: bool, the tokens that are not padding (default: all); ids count the
+        valid tokens only, wherever the padding is.
+    """
+    ids = np.asarray(input_ids_BxS)
+    B, S = ids.shape
+    valid = np.ones((B, S), bool) if valid_BxS is None else np.asarray(valid_BxS, bool)
+    per_row = [1] * B if images_per_row is None else [int(n) for n in images_per_row]
+    if sum(per_row) != len(grids):
+        raise ValueError(f"grids: {len(grids)} grids for {sum(per_row)} images in the batch")
+    out = np.zeros((B, 3, S), np.int32)
+    g = 0
+    for b in range(B):
+        mine = [tuple(int(x) for x in grids[g + k]) for k in range(per_row[b])]
+        g += per_row[b]
+        row = ids[b][valid[b]]
+        runs = _image_runs(row, image_token_id, [t * h * w // merge**2 for t, h, w in mine])
+        out[b][:, valid[b]] = _row_ids(len(row), runs, mine, merge)
+    return out
+
+
+def _row_ids(S: int, runs, grids, merge: int):
+    ids = np.zeros((3, S), np.int32)
+    pos, next_id = 0, 0
+    for (start, n), grid in zip(runs, grids):
+        ids[:, pos:start] = next_id + np.arange(start - pos)
+        next_id += start - pos
+        f, r, c = merged_grid(grid, merge)
+        ids[:, start : start + n] = next_id + np.stack([f, r, c])
+        next_id += max(grid[1], grid[2]) // merge
+        pos = start + n
+    ids[:, pos:] = next_id + np.arange(S - pos)
+    return ids
+
+
+def lm_angles(pos_Bx3xS, inv_freq_R, section):
+    """[B, S, R] float32, the LM's rotary angles: pair i turned by the id of its section."""
+    axis = np.repeat(np.arange(3), np.asarray(section))
+    pos = jnp.asarray(pos_Bx3xS, jnp.float32)[:, axis, :]  # [B, R, S]
+    return jnp.swapaxes(pos, 1, 2) * jnp.asarray(inv_freq_R, jnp.float32)
+
+
+def vit_angles(rows_P, cols_P, inv_freq):
+    """[P, R] float32, the ViT's rotary angles (rows on the first half of the pairs)."""
+    r = jnp.asarray(rows_P, jnp.float32)[..., None] * inv_freq
+    c = jnp.asarray(cols_P, jnp.float32)[..., None] * inv_freq
+    return jnp.concatenate([r, c], -1)
+
+
+def inv_freq(dim: int, theta: float) -> np.ndarray:
+    """[dim / 2] float32, theta^(-2i / dim): the LM's pairs (dim = head_dim) or the ViT's
+    per axis (dim = head_dim / 2)."""
+    return (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
