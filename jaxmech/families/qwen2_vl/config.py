@@ -198,8 +198,8 @@ def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is missing or not a Qwen2-VL / Qwen2.5-VL."""
     model_type = raw.get("model_type")
-    variant = {"qwen2_vl": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl"}.get(model_type)
-    if variant is None:
+    variant = model_type
+    if variant not in VARIANTS:
         raise ConfigError(
             f"config.json: model_type = {model_type!r} is not supported: "
             f"allowed one of {', '.join(map(repr, VARIANTS))}"
@@ -220,11 +220,9 @@ def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
         lm_eps=float(_get(text, "rms_norm_eps", default=1e-6)),
         lm_rope_theta=_rope_theta(text),
         lm_mrope_section=_mrope_section(text),
-        tie_embeddings=bool(
-            _get(
-                raw, "tie_word_embeddings", default=_get(text, "tie_word_embeddings", default=False)
-            )
-        ),
+        # tied if either level says so (as transformers 5 reads files that kept it in
+        # text_config)
+        tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
         image_token_id=int(
             _get(raw, "image_token_id", default=_get(text, "image_token_id", default=151655))
         ),

@@ -311,7 +311,8 @@ def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
     config = read_config(folder)
     stored = Stored(weight_files(folder))
     m = check_tensors(stored, config)
-    n_bytes = sum(np.prod(v[1]) for v in m.values()) * np.dtype(dtype).itemsize
+    stored_shapes = {k.split("#")[0]: v[1] for k, v in m.items()}  # the fused qkv once
+    n_bytes = sum(np.prod(shape) for shape in stored_shapes.values()) * np.dtype(dtype).itemsize
     devices = jax.devices()
     shard = len(devices) > 1 and (place == "shard" or (place == "auto" and not _fits_one(n_bytes)))
     params: dict = {}
