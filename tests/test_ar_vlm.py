@@ -347,3 +347,19 @@ def test_jitted_value_and_grad_trains():
         # in NumPy: eager jax ops would compile one small program per leaf shape
         p = jax.tree_util.tree_map(lambda a, g: np.asarray(a) - 0.05 * np.asarray(g), p, grads)
     assert float(step(p)[0]) < float(value)
+
+
+def test_fractional_learned_positions_clamp_at_the_edges_and_refuse_beyond():
+    """Column -0.5 reads the first column's code (it was read as +0.5's), 0.5 the mean of
+    the first two, W - 0.5 the last; an edit more than half a cell outside is refused."""
+    from jaxmech.families.toy_vlm.vit import position_parts
+
+    p = params()
+    col_P = np.asarray(p["vit"]["col_P"])
+    cols = jnp.asarray([-0.5, 0.0, 0.5, GW - 1.0, GW - 0.5], jnp.float32)
+    _, col = position_parts(p, jnp.zeros_like(cols), cols)
+    want = [col_P[0], col_P[0], (col_P[0] + col_P[1]) / 2, col_P[-1], col_P[-1]]
+    close(col, np.stack(want), 1e-6)
+    for bad in (-0.6, GW - 0.4):
+        with pytest.raises(ValueError, match=r"edits\.vit_cols: positions in"):
+            run(p, inputs(), edits=Edits(vit_cols=jnp.full((L,), bad, jnp.float32)))

@@ -160,3 +160,16 @@ def test_the_table_counts_agreement_with_the_mirror_and_changes():
     from jaxmech.config import Config
 
     assert "has no counterfactuals report" in report.counterfactuals_refusal(Config(), "RUN")
+
+
+def test_half_cell_candidates_on_a_hand_made_grid():
+    """On the 3 x 4 grid (columns 0..3 per row): the plain shift adds half a cell, the
+    offset mirror reads W - 1 - col + 0.5, the roll wraps by half the width; rows stay."""
+    config, params, view, ex = _setup()
+    cfs = cfa.build(view, params, ex.spans)
+    cols = np.tile(np.arange(4.0), 3)
+    want = {"vit_half": cols + 0.5, "vit_half_mirror": 3.5 - cols, "vit_half_roll": (cols + 2) % 4}
+    for name, expected in want.items():
+        cf = _pick(cfs, name)
+        np.testing.assert_array_equal(cf.vit_cols, expected)
+        np.testing.assert_array_equal(cf.vit_rows, np.repeat(np.arange(3.0), 4))

@@ -9,7 +9,7 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
-from jaxmech.data.spec import take
+from jaxmech.data.spec import probe_specs, take
 from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples
@@ -72,7 +72,7 @@ def test_diagnose_runs_and_occluding_a_free_cell_changes_nothing():
     spec = sc.eval_specs(t, s)["examples"]
     ex = examples(view, take(spec, np.asarray(spec.relation_B) < 2))
     labels = range(1, t.n_labels + 1)
-    probes = [si.probe(view, labels, 2, named_first=first) for first in (True, False)]
+    probes = [[si.probe(view, labels, 2, named_first=f, relation=r) for f in (True, False)] for r in (0, 1)]  # fmt: skip
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
     occ = dg.occlusions(ex.spec, jax.random.PRNGKey(1), view.grid.cells)
     occ = jax.tree_util.tree_map(stack, *(view.render(o)[0] for o in occ))
@@ -84,6 +84,32 @@ def test_diagnose_runs_and_occluding_a_free_cell_changes_nothing():
     # the scenes hold two objects only, so the random cell is background already
     np.testing.assert_allclose(out["occluded"][dg.OCCLUSIONS.index("random")], out["margin"], atol=1e-5)  # fmt: skip
     assert np.abs(np.asarray(out["occluded"][0] - out["margin"])).max() > 1e-4
+
+
+def test_each_relation_is_probed_in_its_own_template():
+    """Y's word follows the relation's words, so its centres and IDs depend on the
+    template. On examples that are the Y probes themselves, Y's believed-minus-true part
+    averages to zero by construction and X's part (X precedes the relation's words) is
+    the same for a horizontal and a vertical asking: the two mean offsets agree. Reading
+    the vertical asking against the horizontal template's probes (the bug this fixes:
+    every Y probe was horizontal) does not."""
+    config = tiny_vlm_config(lm_n_layers=2)
+    view = toy_view(config)
+    params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+    labels = range(1, config.task.n_labels + 1)
+    probes = [[si.probe(view, labels, 2, named_first=f, relation=r) for f in (True, False)] for r in (0, 1)]  # fmt: skip
+
+    def mean_offset(relation, pairs):
+        spec = probe_specs(view.grid, labels, view.n_labels, view.n_colours, 2, 0, False, relation)[0]  # fmt: skip
+        ex = examples(view, spec)
+        occ = jax.tree_util.tree_map(lambda x: x[None], ex.inputs)
+        out = jax.jit(lambda p: dg.diagnose(view, p, ex, pairs, occ))(params)
+        return np.asarray(out["believed"] - out["true"]).mean(1)  # [sites, 2]
+
+    horizontal = mean_offset(0, probes)
+    np.testing.assert_allclose(mean_offset(1, probes), horizontal, atol=1e-4)
+    wrong = mean_offset(1, [probes[0], probes[0]])
+    assert np.abs(wrong - horizontal).max() > 1e-2
 
 
 def test_deviation_rows_count_and_test_only_with_enough_wrong_answers():

@@ -20,6 +20,11 @@ The names (`COUNTERFACTUALS`; _w: width, _h: height):
   facing             every facing flipped in place
   vit_w, vit_h       the ViT's column / row codes mirrored, pixels unchanged
   vit_half           the ViT's column codes shifted by half a cell (col + 0.5)
+  vit_half_mirror    ... mirrored and offset by half a cell (W - 1 - col + 0.5)
+  vit_half_roll      ... rolled by half the width, wrapping around ((col + W / 2) mod W)
+                     (seed 004's "half-cell shift" is ambiguous: these are its
+                     candidates; under rotary positions a uniform shift of every
+                     column cancels in q . k, so only the last two can act there)
   lm_ids_w, lm_ids_h the image tokens' LM position ids mirrored
   order_w, order_h   the image tokens enter the LM in mirrored order
   facing_order_w     facings flipped and the token order mirrored (content and order,
@@ -49,7 +54,8 @@ from jaxmech.families.vlm_view import Spans, VLMView, margin
 from jaxmech.models.edits import Edits
 
 # What each counterfactual changes: cells ("w" / "h" mirror), flip (facings), vit
-# ("w" / "h" mirror of the column / row positions, "half": columns + 0.5), ids (the
+# ("w" / "h" mirror of the column / row positions, "half": columns + 0.5, "half_mirror":
+# W - 1 - col + 0.5, "half_roll": (col + W / 2) mod W), ids (the
 # image tokens' LM position ids mirrored), order (the image tokens' order into the LM).
 CHANGES = {
     "plain": {},
@@ -60,6 +66,8 @@ CHANGES = {
     "vit_w": {"vit": "w"},
     "vit_h": {"vit": "h"},
     "vit_half": {"vit": "half"},
+    "vit_half_mirror": {"vit": "half_mirror"},
+    "vit_half_roll": {"vit": "half_roll"},
     "lm_ids_w": {"ids": "w"},
     "lm_ids_h": {"ids": "h"},
     "order_w": {"order": "w"},
@@ -116,6 +124,8 @@ def _vit_positions(view: VLMView, params, name: str):
     """(rows, cols) the ViT sees under counterfactual `name`: [P], or [n_blocks, P]."""
     rows, cols, (h, w) = view.vit_positions(params)
     mirrored = {"w": (rows, w - 1 - cols), "h": (h - 1 - rows, cols), "half": (rows, cols + 0.5)}
+    mirrored["half_mirror"] = (rows, w - 1 - cols + 0.5)
+    mirrored["half_roll"] = (rows, jnp.mod(cols + w / 2, w))
     mirrored[None] = (rows, cols)
     n_blocks = view.vit_blocks(params)
     if "@" not in name:

@@ -73,13 +73,37 @@ def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid):
     return (delta, means.mean(2), *si.grid_axes(delta, *grid))
 
 
+def _word_coords(view: VLMView, params, aux, ex: Examples, probe, probe_pos, slot: int):
+    """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
+    1 Y) at sites 1.., from one probe's IDs."""
+    delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid)
+    pos_B = (ex.spans.x_B, ex.spans.y_B)[slot]
+    state = si.states_at(aux, view.n_lm_blocks(params), pos_B)
+    label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
+    cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
+    sites = range(1, delta.shape[0])
+    believed = [believed_coords(state[y], centres[y][label], h[y], v[y]) for y in sites]
+    true = [believed_coords(delta[y][cell], 0.0, h[y], v[y]) for y in sites]
+    return jnp.stack(believed), jnp.stack(true)
+
+
+def _per_relation(coords_R, relation_B):
+    """[Y', B, 2] each example's coordinates from its own relation's probes, of
+    R stacked [R, Y', B, 2]."""
+    stacked = jnp.stack(coords_R)
+    return jnp.moveaxis(stacked[relation_B, :, jnp.arange(relation_B.shape[0])], 0, 1)
+
+
 def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs) -> dict:
     """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
       view: the family's VLM view; params: one model's params.
-      probes: two `spatial_ids.Probe`s naming the probed label first (X) and second
-        (Y) (host arrays: close over them under jit); every label 1..n must be probed.
+      probes: per relation r of the examples (0 horizontal, 1 vertical), a pair of
+        `spatial_ids.Probe`s in r's question template, naming the probed label first
+        (X) and second (Y) (host arrays: close over them under jit); every label 1..n
+        must be probed. Each example's words are read against its own relation's IDs:
+        Y's word follows the relation's words, so its state depends on the template.
       occluded_inputs: the examples under each of `OCCLUSIONS` (`occlusions`), rendered
         and stacked [O, ...].
 
@@ -88,26 +112,16 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs) -> di
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
-    grid, sp = view.grid, ex.spans
     plain, aux = view.forward(params, ex.inputs, capture=True)  # one forward of the examples
-    coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
-    words = ((sp.x_B, probes[0].spans.x_B), (sp.y_B, probes[1].spans.y_B))
-    for slot, (probe, (pos_B, probe_pos)) in enumerate(zip(probes, words)):
-        delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, grid)
-        state = si.states_at(aux, view.n_lm_blocks(params), pos_B)
-        label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
-        cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
-        sites = range(1, delta.shape[0])
-        coords.append(
-            (
-                jnp.stack(
-                    [believed_coords(state[y], centres[y][label], h[y], v[y]) for y in sites]
-                ),
-                jnp.stack([believed_coords(delta[y][cell], 0.0, h[y], v[y]) for y in sites]),
-            )
-        )
-    (bx, tx), (by, ty) = coords
     rel = jnp.asarray(ex.spec.relation_B)
+    coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
+    for slot in (0, 1):
+        per = [
+            _word_coords(view, params, aux, ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot)
+            for pair in probes
+        ]  # fmt: skip
+        coords.append(tuple(_per_relation([c[i] for c in per], rel) for i in (0, 1)))
+    (bx, tx), (by, ty) = coords
     deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, rel)
 
     def occluded(inputs):

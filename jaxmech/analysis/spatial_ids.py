@@ -39,11 +39,13 @@ class Probe(NamedTuple):
     cell_N: np.ndarray
 
 
-def probe(view: VLMView, labels, placements: int = 4, seed: int = 0, named_first: bool = True):
+def probe(view: VLMView, labels, placements: int = 4, seed: int = 0, named_first: bool = True,
+          relation: int = 0):  # fmt: skip
     """Every label in `labels` at every cell (`data.spec.probe_specs`), rendered by the
-    family: the probed label named first (X) or second (Y)."""
+    family: the probed label named first (X) or second (Y), in the question template of
+    `relation` (0 horizontal, 1 vertical)."""
     spec, label, cell = probe_specs(
-        view.grid, labels, view.n_labels, view.n_colours, placements, seed, named_first
+        view.grid, labels, view.n_labels, view.n_colours, placements, seed, named_first, relation
     )
     inputs, spans = view.render(spec)
     return Probe(inputs, spans, label, cell)

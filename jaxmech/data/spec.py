@@ -149,12 +149,13 @@ def occlude(spec: SceneSpec, cell_B) -> SceneSpec:
 
 
 def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: int = 4,
-                seed: int = 0, named_first: bool = True):  # fmt: skip
+                seed: int = 0, named_first: bool = True, relation: int = 0):  # fmt: skip
     """Every label in `labels` at every cell, each with `placements` draws of another
-    label (1..n_labels) at another cell (host NumPy), asked as a horizontal question;
-    the probe label is named first (X; `named_first`) or second (Y). Returns (spec [N],
-    label_N, cell_N), N = len(labels) L placements: the spatial IDs average states over
-    these (the answers are not used)."""
+    label (1..n_labels) at another cell (host NumPy), asked as a question of `relation`
+    (0 horizontal, the default; 1 vertical: the second word then follows that relation's
+    words); the probe label is named first (X; `named_first`) or second (Y). Returns
+    (spec [N], label_N, cell_N), N = len(labels) L placements: the spatial IDs average
+    states over these (the answers are not used)."""
     rng = np.random.default_rng([seed, 13])
     L = grid.cells
     lab, cell = np.meshgrid(np.asarray(labels), np.arange(L), indexing="ij")
@@ -177,6 +178,6 @@ def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: i
         np.stack([a for a, _ in slots], 1).astype(np.int32),
         colours_NxL[rows, cells].astype(np.int32),
         facings_NxL[rows, cells].astype(np.int32),
-        np.zeros(N, np.int32),
+        np.full(N, relation, np.int32),
     )
     return spec, lab, cell

@@ -53,7 +53,11 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
     view = view_of(run)
     labels = range(1, view.n_labels + 1)
-    probes = [si.probe(view, labels, named_first=first) for first in (True, False)]
+    # per relation (0 horizontal, 1 vertical), X and Y probes in its own template
+    probes = [
+        [si.probe(view, labels, named_first=first, relation=r) for first in (True, False)]
+        for r in (0, 1)
+    ]
     ex = relation_questions(run)
     keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731

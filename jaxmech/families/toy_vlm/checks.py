@@ -135,6 +135,22 @@ def _shape(name: str, x, shapes, what: str) -> None:
         )
 
 
+def _check_learned_range(params, name: str, value) -> None:
+    """Learned position tables (learned2d) are read by interpolation: a position may lie
+    at most half a cell outside the table (read as the edge row; half-cell shifts and
+    offset mirrors stay defined). Sin-cos and rotary codes take any position."""
+    table = {"vit_rows": "row_P", "vit_cols": "col_P"}[name]
+    if value is None or table not in params["vit"] or not is_concrete(value):
+        return
+    n = params["vit"][table].shape[0]
+    lo, hi = float(np.min(value)), float(np.max(value))
+    if not (-0.5 <= lo and hi <= n - 0.5):
+        raise ValueError(
+            f"edits.{name}: positions in [{lo}, {hi}], expected [-0.5, {n - 0.5}] (a learned "
+            f"table of {n} rows is read at most half a cell beyond its edges)"
+        )
+
+
 def check_edits(params, edits, n_question: int) -> None:
     """Checks an `Edits` against the params: the fields this family reads, names,
     shapes, and a permutation order."""
@@ -174,6 +190,7 @@ def check_edits(params, edits, n_question: int) -> None:
         _shape(name, value, [(L,)] + per_block, "a position per cell (rope2d: or per block)")
         if value is not None and np.ndim(value) == 2 and not rotary_vit:
             raise ValueError(f"edits.{name}: per-block positions [{Y}, {L}] need a rope2d ViT")
+        _check_learned_range(params, name, value)
     _shape("lm_pos_ids", edits.lm_pos_ids, [(S,), (3, S)], "per LM token, S = L + Q")
     order = edits.image_order
     _shape("image_order", order, [(L,)], "a permutation of the image tokens")

@@ -83,13 +83,17 @@ def rotary_angles(ids_AxS, freqs_R, axis_R):
 
 
 def _interp_rows(P, pos):
-    """Rows of P at float positions [L]: linear interpolation, clamped to the table.
+    """Rows of P at float positions [L]: linear interpolation between neighbouring rows;
+    a position beyond the table reads its edge row (the position is clamped first, so
+    -0.5 reads P[0], not the +0.5 row; `checks.check_edits` refuses positions more than
+    half a cell outside).
 
     At an integer position the row is `1 * P[i] + 0 * P[i + 1]`, exactly P[i]."""
-    lo_f = jnp.floor(pos)
-    lo = jnp.clip(lo_f.astype(jnp.int32), 0, P.shape[0] - 1)
-    hi = jnp.clip(lo + 1, 0, P.shape[0] - 1)
-    frac = (pos - lo_f)[:, None]
+    n = P.shape[0]
+    p = jnp.clip(pos, 0.0, n - 1.0)
+    lo = jnp.floor(p).astype(jnp.int32)
+    hi = jnp.minimum(lo + 1, n - 1)
+    frac = (p - lo)[:, None]
     return (1.0 - frac) * P[lo] + frac * P[hi]
 
 
