@@ -109,6 +109,50 @@ def test_flip_rates_count_flips_among_answers_right_before():
     assert fr[("rel_norm", "horizontal")][0, 0, 0] == 1.0  # the wrong example is left out
 
 
+def test_the_authors_protocol_arithmetic_on_hand_made_numbers():
+    """5 x the token's norm along the unit ID difference; a flip is any sign change over
+    all examples (a wrong answer turned right counts); the top-3-site mean reads the
+    controls at the ID's best sites."""
+    delta = jnp.asarray([[0.0, 0.0], [3.0, 4.0], [0.0, 1.0]])  # [L=3, D=2]
+    v = st.authors_vectors(
+        delta, jnp.asarray([0, 2]), jnp.asarray([1, 0]), jnp.asarray([2.0, 1.0]), 5.0
+    )
+    np.testing.assert_allclose(
+        v, [[6.0, 8.0], [0.0, -5.0]], atol=1e-6
+    )  # 10 x (0.6, 0.8); 5 x (0, -1)
+    res = {
+        "relation": np.array([0, 0, 0, 1]),
+        "authors": {  # [K=1, Y'=4, B=4]
+            "plain": np.tile([[1.0, -1.0, 2.0, 1.0]], (1, 4, 1)),
+            "id": np.array([[[-1.0, 1.0, 2.0, 1.0], [-1.0, -1.0, 2.0, 1.0], [1.0, -1.0, 2.0, 1.0], [-1.0, 1.0, -2.0, -1.0]]]),
+            "noise": np.array([[[1.0, -1.0, 2.0, 1.0], [1.0, 1.0, 2.0, 1.0], [-1.0, 1.0, -2.0, 1.0], [1.0, -1.0, 2.0, 1.0]]]),
+            "orthogonal": np.tile([[1.0, -1.0, 2.0, 1.0]], (1, 4, 1)),
+        },
+    }  # fmt: skip
+    ar = st.authors_flip_rates(res)
+    np.testing.assert_allclose(ar[("id", "horizontal")], [[2 / 3, 1 / 3, 0.0, 1.0]])
+    np.testing.assert_allclose(ar[("noise", "horizontal")], [[0.0, 1 / 3, 1.0, 0.0]])
+    top = ar[("top", "horizontal")]  # the best 3 ID sites: 3, 0, 1
+    np.testing.assert_allclose(
+        [top["id"][0], top["noise"][0], top["orthogonal"][0]], [2 / 3, 1 / 9, 0.0]
+    )
+    assert ar[("id", "vertical")][0].tolist() == [0.0, 0.0, 0.0, 1.0]
+
+
+def test_the_authors_steering_is_a_no_op_at_scale_zero_and_acts_at_five(model_and_set):
+    """Scale 0 adds zeros to both words (a no-op); 5 x their norms changes the margins."""
+    config, params, view, ex = model_and_set
+    delta = jax.random.normal(jax.random.PRNGKey(0), (config.task.image_len, config.model.d_model))
+    src = jnp.asarray(ex.spec.cells_BxK)[:, 0]
+    tgt = (src + 1) % config.task.image_len
+    run = jax.jit(
+        lambda s: st.authors_margins(view, params, ex, 1, delta, src, tgt, s, jax.random.PRNGKey(1))
+    )
+    zero, five = run(0.0), run(5.0)
+    np.testing.assert_allclose(zero["id"], zero["plain"], atol=1e-5)
+    assert np.abs(np.asarray(five["id"] - five["plain"])).max() > 1e-3
+
+
 def test_steering_refuses_a_one_block_lm(tmp_path):
     config = tiny_vlm_config()
     assert "lm_n_layers" in report.steering_refusal(config, "RUN")

@@ -15,6 +15,14 @@ Controls, each matched per example to the steering vector's norm: Gaussian noise
 a Gaussian direction projected off the ID subspace (`id_span_projector`: the span of
 `Delta_y` over the cells that holds `energy` of its variance).
 
+The authors' protocol (their adversarial script; `authors_margins`), beside it: the
+direction `Delta_y(target) - Delta_y(source)` rescaled to `AUTHORS_SCALE` times the norm
+of the unsteered residual at that token, added to X's word and, in the opposite
+direction, to Y's; each LM site steered on its own; a flip is any sign change of the
+margin logp(answer) - logp(other) (= the logit margin), counted over all examples, right
+or wrong; the summary is the mean over the `TOP_LAYERS` sites of highest ID flip rate,
+the controls read at those same sites (`top_sites_mean`).
+
 A family enters only through its VLM view (`families.vlm_view`).
 
 Axis names (`jaxmech.shapes`): B examples, S LM tokens, L cells, D d_model, V
@@ -33,6 +41,8 @@ from jaxmech.families.vlm_view import VLMView, margin, rows_at
 from jaxmech.models.edits import Edits
 
 KINDS = ("id", "noise", "orthogonal")
+AUTHORS_SCALE = 5.0  # the authors' script: 5 x the unsteered activation's norm
+TOP_LAYERS = 3  # their summary: the mean flip rate of the 3 best layers
 ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
 REF_ALPHA = 5.0  # the paper's grid-searched value
 CURVE_ALPHA = 1.0  # moving X's ID exactly to the target's (no extrapolation)
@@ -114,6 +124,56 @@ def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, 
     }
 
 
+def authors_vectors(delta_LxD, source_B, target_B, norms_B, scale: float):
+    """[B, D] `scale * norms_B[b]` times the unit ID difference Delta(target) - Delta(source)."""
+    u = delta_LxD[target_B] - delta_LxD[source_B]
+    unit = u / jnp.maximum(jnp.linalg.norm(u, axis=-1, keepdims=True), 1e-30)
+    return scale * jnp.asarray(norms_B)[:, None] * unit
+
+
+def authors_margins(view, params, ex, site, delta_LxD, source_B, target_B, scale, key) -> dict:
+    """The authors' steering at one site (module docstring): {"plain": [B], kind: [B]}
+    margins with X's word moved towards `target_B` and Y's word the opposite way, each
+    by `scale` x its own residual's norm; the controls at the same words and norms."""
+    plain, aux = view.forward(params, ex.inputs, capture=True)
+    resid = aux[f"lm/resid_pre.{site}"]
+    words = (ex.spans.x_B, ex.spans.y_B)
+    vecs = [
+        sign * authors_vectors(delta_LxD, source_B, target_B, jnp.linalg.norm(rows_at(resid, w), axis=-1), scale)
+        for sign, w in zip((1.0, -1.0), words)
+    ]  # fmt: skip
+    projector = id_span_projector(delta_LxD)
+    keys = jax.random.split(key, 4)
+    controls = {
+        "id": vecs,
+        "noise": [matched_noise(keys[i], v) for i, v in enumerate(vecs)],
+        "orthogonal": [matched_noise(keys[2 + i], v, projector) for i, v in enumerate(vecs)],
+    }
+
+    def steered(pair):
+        add = sum(at_word(v, w, ex.spans.length) for v, w in zip(pair, words))
+        logits = view.forward(params, ex.inputs, Edits(add={f"lm/resid_pre.{site}": add}))[0]
+        return margin(logits, ex.answer_B, ex.other_B)
+
+    return {k: steered(controls[k]) for k in KINDS} | {
+        "plain": margin(plain, ex.answer_B, ex.other_B)
+    }
+
+
+def sign_flips(plain_B, steered_B) -> jax.Array:
+    """[B] bool: the margin changed sign (the authors' flip: right or wrong before)."""
+    return (jnp.asarray(plain_B) > 0) != (jnp.asarray(steered_B) > 0)
+
+
+def top_sites_mean(id_rate_KxY, control_rates: dict, n: int = TOP_LAYERS) -> dict:
+    """{"id": [K], kind: [K]}: per model the mean ID flip rate over its `n` sites of
+    highest ID flip rate, and each control's mean over those same sites."""
+    rate = np.asarray(id_rate_KxY)
+    top = np.argsort(-rate, axis=1, kind="stable")[:, : min(n, rate.shape[1])]
+    pick = lambda r: np.take_along_axis(np.asarray(r), top, axis=1).mean(1)  # noqa: E731
+    return {"id": pick(rate)} | {k: pick(v) for k, v in control_rates.items()}
+
+
 def id_curve(view, params, ex, site, delta_LxD, source_B, alpha, words):
     """[L, B, W] the logits of `words` (token ids [W]) with X steered from its cell to
     every cell in turn (`alpha * (Delta(target) - Delta(source))`)."""
@@ -139,7 +199,8 @@ def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.n
 def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
-    the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`), with
+    the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`), the
+    authors' protocol's margins [K, Y', B] (`authors_margins` at `AUTHORS_SCALE`), with
     the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
     scenes of every label (`spatial_ids.probe`)."""
     pr = si.probe(view, range(1, view.n_labels + 1))
@@ -155,6 +216,7 @@ def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0)
             (
                 flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key),
                 id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words),
+                authors_margins(view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key),
             )
             for y in sites
         ]
@@ -163,10 +225,13 @@ def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0)
 
     k = len(jax.tree_util.tree_leaves(params_K)[0])
     keys = jax.random.split(jax.random.PRNGKey(seed), k)
-    flips, curves, delta = jax.device_get(jax.lax.map(jax.jit(one_model), (params_K, keys)))
+    flips, curves, authors, delta = jax.device_get(
+        jax.lax.map(jax.jit(one_model), (params_K, keys))
+    )
     return {
         "flips": flips,
         "curves": curves,
+        "authors": authors,
         "relation": np.asarray(ex.spec.relation_B),
         "delta": np.asarray(delta),
     }
@@ -187,4 +252,18 @@ def flip_rates(res: dict) -> dict:
             flipped = w[:, :, None] & (f[kind] < 0)
             out[(kind, name)] = flipped.sum(-1) / den
         out[("rel_norm", name)] = (f["rel_norm"] * w[:, :, None]).sum(-1) / den
+    return out
+
+
+def authors_flip_rates(res: dict) -> dict:
+    """{(kind, relation): [K, Y']} the authors' flip rates (any sign change, over all of
+    the relation's examples), and {("top", relation): `top_sites_mean`}."""
+    a = res["authors"]
+    out = {}
+    for r, name in enumerate(RELATIONS):
+        w = res["relation"] == r
+        for kind in KINDS:
+            out[(kind, name)] = np.asarray(sign_flips(a["plain"], a[kind]))[..., w].mean(-1)
+        controls = {k: out[(k, name)] for k in KINDS if k != "id"}
+        out[("top", name)] = top_sites_mean(out[("id", name)], controls)
     return out

@@ -14,10 +14,15 @@ word has seen no image) on the unseen-pair questions of both relations:
   above/below ones, per target cell;
 * steerability vs accuracy: the ID flip rate at REF_ALPHA against each model's
   unseen-pair accuracy, Pearson and Spearman r over models.
+* the authors' protocol beside it (`analysis.steering.authors_margins`): the unit ID
+  difference at AUTHORS_SCALE x the token's own norm, added to X's word and the other
+  way to Y's, each site on its own, a flip any sign change over all examples; the mean
+  of the TOP_LAYERS best sites, the controls at the same sites.
 
 Writes into `RUN/steering/`:
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
   curves.csv    model, site, relation, target_row, target_col, belief
+  authors.csv   model, site, relation, kind, flip_rate (the authors' protocol, every site)
   summary.json  means over models with 95% intervals; figure steering.png
 """
 
@@ -122,6 +127,33 @@ def _edge_gap(cb: dict) -> dict:
     }
 
 
+def authors_rows(ar: dict, models) -> list[dict]:
+    k, n_sites = ar[("id", "horizontal")].shape
+    return [
+        {"model": models[i], "site": y + 1, "relation": rel, "kind": kind,
+         "flip_rate": float(ar[(kind, rel)][i, y])}
+        for i in range(k)
+        for y in range(n_sites)
+        for rel in RELATIONS
+        for kind in st.KINDS
+    ]  # fmt: skip
+
+
+def summarise_authors(ar: dict, log) -> dict:
+    """The authors' protocol: the top-site mean per relation, 95% CI over models."""
+    log(
+        f"\nthe authors' protocol: {st.AUTHORS_SCALE:g} x |h| at both object words, each "
+        f"site alone, flips over all examples; mean of the {st.TOP_LAYERS} best sites per "
+        "model (controls at the same sites), 95% CI over models"
+    )
+    out = {}
+    for rel in RELATIONS:
+        top = ar[("top", rel)]
+        out[f"authors/{rel}"] = {k: mean_ci(v) for k, v in top.items()}
+        log(f"{rel:>10} " + " ".join(f"{k} {fmt_ci(v, 0.0, 1.0)}" for k, v in top.items()))
+    return out
+
+
 def summarise(fr: dict, cb: dict, acc: np.ndarray, log) -> dict:
     out = {}
     j = ALPHAS.index(REF_ALPHA)
@@ -198,18 +230,28 @@ def _compute(run: LoadedRun) -> dict:
     res = compute(run)
     t = run.config.task
     cb = curve_beliefs(res, t.grid_h, t.grid_w)
-    return res | {"flip_rates": flip_rates(res), "beliefs": cb, "accuracy": accuracy(run)}
+    return res | {
+        "flip_rates": flip_rates(res),
+        "authors_rates": st.authors_flip_rates(res),
+        "beliefs": cb,
+        "accuracy": accuracy(run),
+    }
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
     args = (res["flip_rates"], res["beliefs"], run.models, run.config.task.grid_w)
     flip_rows, curve_rows = _rows(*args)
-    return {"flips": flip_rows, "curves": curve_rows}
+    return {
+        "flips": flip_rows,
+        "curves": curve_rows,
+        "authors": authors_rows(res["authors_rates"], run.models),
+    }
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair questions, X's word steered")
     summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log)
+    summary |= summarise_authors(res["authors_rates"], log)
     return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded)}
 
 
