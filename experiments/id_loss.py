@@ -34,6 +34,9 @@ flags.DEFINE_string("weights", "0,1", "ID-loss weights to fine-tune with (0 amon
 flags.DEFINE_integer("id_site", 1, "LM site of the ID loss (fine-tuning)")
 flags.DEFINE_integer("steps", 1000, "fine-tuning steps")
 flags.DEFINE_float("lr", 1e-3, "fine-tuning peak learning rate")
+flags.DEFINE_string(
+    "train_only", "", "parameters that train ('+'-separated globs, e.g. 'proj/*'); default all"
+)
 flags.DEFINE_bool("overwrite", False, "replace an existing --out")
 FLAGS = flags.FLAGS
 
@@ -56,7 +59,9 @@ def main(argv):
     if not FLAGS.out:
         raise app.UsageError("--base needs --out (the fine-tuned run's folder)")
     setup_runtime()
-    overrides = dict(id_site=FLAGS.id_site, steps=FLAGS.steps, lr=FLAGS.lr)
+    overrides = dict(
+        id_site=FLAGS.id_site, steps=FLAGS.steps, lr=FLAGS.lr, train_only=FLAGS.train_only
+    )
     out = finetune(FLAGS.base, FLAGS.out, _weights(FLAGS.weights), overrides, FLAGS.overwrite)
     print(f"\n=== {out}")
     analyse_id_loss_run(out)

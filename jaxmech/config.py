@@ -229,6 +229,12 @@ class TrainConfig:
 
     `id_weight` (sweepable) weighs the spatial-ID loss of an autoregressive VLM with
     `id_site` > 0; 0 trains on the plain loss.
+
+    `train_only`: "" trains every parameter; else "+"-separated glob patterns over the
+    parameter paths (`part/name`, `part/block_i/name`, e.g. `proj/*+vit/block_1/W_in`):
+    only the matching parameters train, the rest (and `params["static"]`) stay bit for
+    bit as they started (`train.trainable_mask`; a pattern matching nothing is an error
+    naming the field). The seed 003 ID-loss recipe freezes the LM this way.
     """
 
     steps: int = 1500
@@ -244,6 +250,7 @@ class TrainConfig:
     epochs: int = 0
     seed: int = 0
     id_weight: float = 0.0
+    train_only: str = ""
 
     @property
     def n_evals(self) -> int:
@@ -270,6 +277,14 @@ class TrainConfig:
         int_in("epochs", self.epochs, 0, 10**6, " (0 = streaming batches)")
         int_in("seed", self.seed, 0, 2**31 - 1)
         float_in("id_weight", self.id_weight, 0.0, 1000.0)
+        if not isinstance(self.train_only, str) or (
+            self.train_only and not all(p.strip() for p in self.train_only.split("+"))
+        ):
+            fail(
+                "train_only",
+                self.train_only,
+                '"" or "+"-separated glob patterns of parameter paths',
+            )
 
 
 class Settings(NamedTuple):

@@ -34,6 +34,7 @@ from jaxmech.outdir import SweepMismatchError  # noqa: F401  (re-exported: calle
 from jaxmech.train import (
     TrainState,
     build_data,
+    check_train_only,
     curve_fields,
     diverged_models,
     init_program,
@@ -148,6 +149,7 @@ def expand(
     # the swept field's default would not be (e.g. --n_labels=8 --n_pair=3,5).
     base = config.replace(**overrides, **{n: v[0] for n, v in values.items()})
     family_for(base)  # the model family and its task pairing fail here, before any compute
+    check_train_only(base)
     s0 = base.train.seed if first_seed is None else first_seed
     swept = tuple(values)
     settings = []

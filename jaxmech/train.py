@@ -27,6 +27,7 @@ index and settings (`diverged_models`).
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 from typing import Any, NamedTuple
 
@@ -37,7 +38,7 @@ import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
-from jaxmech.config import SWEEPABLE, Config, Settings, TrainConfig
+from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings, TrainConfig
 from jaxmech.data.tasks import Data, build_data, get_task  # noqa: F401  (Data: re-exported)
 from jaxmech.families import Family, family_for, trainable
 
@@ -86,6 +87,43 @@ def make_optimizer(config: Config, lr, weight_decay, horizon=None) -> optax.Grad
         weight_decay=weight_decay,
         mask=lambda params: jax.tree_util.tree_map(lambda x: x.ndim >= 2, params),
     )
+
+
+def param_paths(params) -> list[str]:
+    """Every leaf's path, `part/.../name`, in `tree_leaves` order."""
+    paths = jax.tree_util.tree_flatten_with_path(params)[0]
+    return ["/".join(str(getattr(k, "key", k)) for k in path) for path, _ in paths]
+
+
+def trainable_mask(config: Config, params):
+    """A pytree of Python bools like `params`: which leaves train under
+    `config.train.train_only` (all when it is empty; never `static/...`), or None for
+    all. ConfigError naming `train_only` for a pattern that matches no parameter."""
+    spec = config.train.train_only
+    if not spec:
+        return None
+    patterns = [p.strip() for p in spec.split("+")]
+    paths = param_paths(params)
+    for pat in patterns:
+        if not any(fnmatch.fnmatchcase(p, pat) for p in paths):
+            raise ConfigError(
+                f"train_only = {spec!r}: {pat!r} matches no parameter (paths look like "
+                f"{', '.join(paths[:3])}, ...)"
+            )
+    keep = [
+        not p.startswith("static/") and any(fnmatch.fnmatchcase(p, q) for q in patterns)
+        for p in paths
+    ]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), keep)
+
+
+def check_train_only(config: Config) -> None:
+    """`trainable_mask` on the family's parameter shapes (no compute): before training."""
+    if config.train.train_only:
+        shapes = jax.eval_shape(
+            lambda k: family_for(config).init_params(config, k), jax.random.key(0)
+        )
+        trainable_mask(config, shapes)
 
 
 def _tree_norm(tree):
@@ -149,6 +187,12 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
     opt = make_optimizer(config, settings.lr, settings.weight_decay, budget)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
+    mask = trainable_mask(config, state.params)
+    if mask is not None:  # frozen leaves keep their old values exactly (not old + 0)
+        params = jax.tree_util.tree_map(
+            lambda new, old, m: new if m else old, params, state.params, mask
+        )
+        updates = jax.tree_util.tree_map(lambda u, m: u if m else jnp.zeros_like(u), updates, mask)
     grad_norm = _tree_norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     ok = finite & (state.diverged_step < 0) & (state.step < budget)
@@ -327,6 +371,7 @@ def train_models(
       {name: [K, n_chunks]}.
     """
     family_for(config)  # an unknown model_kind or task pairing fails before any compute
+    check_train_only(config)
     finite = np.asarray(settings.epochs) > 0
     if finite.any() != finite.all() or finite.any() != (config.train.epochs > 0):
         raise ValueError(

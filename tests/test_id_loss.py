@@ -255,3 +255,27 @@ def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finet
     a, b = results.load_run(finetuned), results.load_run(out)
     for x, y in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
         np.testing.assert_array_equal(x, y)
+
+
+def test_train_only_keeps_the_frozen_parameters_bit_equal():
+    """With the ID loss on and only the projector and one ViT matrix training (the authors'
+    recipe freezes the LM), a further segment of training leaves every other parameter
+    bit for bit where it was (both states from the training program: its init rounds
+    differently from another program's); a pattern matching nothing, or an empty one, is
+    refused before any compute. ~14 s: `train_only` is static, so its own program."""
+    from jaxmech.train import param_paths
+
+    cfg = tiny_vlm_config(steps=20, eval_every=10, id_site=1, train_only="proj/*+vit/block_0/W_V")
+    settings = stack_settings([cfg.replace(id_weight=w).settings() for w in (0.0, 1.0)] * 2)
+    first = train_models(cfg, settings, n_chunks=1)[0]
+    second = train_models(cfg, settings, state=first, n_chunks=1)[0]
+    a, b = first.params, second.params
+    for path, x, y in zip(
+        param_paths(a), jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+    ):
+        trained = path.startswith("proj/") or path == "vit/block_0/W_V"
+        assert (np.abs(np.asarray(x) - np.asarray(y)).max() > 0) == trained, path
+    with pytest.raises(ConfigError, match="train_only = 'lm/nothing'"):
+        train_models(cfg.replace(train_only="lm/nothing"), settings)
+    with pytest.raises(ConfigError, match="train_only = 'proj/\\*\\+'"):
+        cfg.replace(train_only="proj/*+")

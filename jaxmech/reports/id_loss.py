@@ -46,6 +46,7 @@ from jaxmech.reports.common import (
 )
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid, InitFrom, check_init_from, run_grid
+from jaxmech.train import check_train_only
 
 FOLDER = "id_loss"
 
@@ -126,6 +127,7 @@ def finetune(
         raise ValueError("id_site = 0: fine-tuning with the ID loss needs an LM site (>= 1)")
     for w in weights:
         config.replace(id_weight=float(w))  # a weight out of range fails here, by name
+    check_train_only(config)  # a pattern that matches no parameter fails here, by name
     outdir.check_usable(out)
     run = open_run(base, with_data=False, log=log)
     check_init_from(*finetune_grid(run, config, weights))  # before the targets' compute
