@@ -64,7 +64,9 @@ BY_NAME = {p.name: p for p in PROTOCOLS}
 # (generalisation decays under a constant one). `vlm_window` adds seed 004's shape, a
 # window block followed by a global block. `vlm_deep` has 4 LM blocks, so that seed
 # 003's layer-by-layer analyses have middle layers to find (about 1.9x the cost per
-# model-step). `vlm_video` is the same recipe on the video task (issue 14): the ViT
+# model-step). `vlm_route` is the planted-route control (issue 26): only the object
+# words attend to the image, so position can reach the answer only through them.
+# `vlm_video` is the same recipe on the video task (issue 14): the ViT
 # sees each frame alone, and the LM's three-part position ids carry the frame.
 VLM = {
     "task_kind": "scenes",
@@ -95,6 +97,12 @@ MODEL_PRESETS = {
     ),
     "vlm_deep": Protocol(
         "vlm_deep", "model", "toy VLM with 4 LM blocks", {**VLM, "lm_n_layers": 4}
+    ),
+    "vlm_route": Protocol(
+        "vlm_route",
+        "model",
+        "toy VLM, planted route: only the object words see the image (seed 003's control)",
+        {**VLM, "planted_route": True},
     ),
     "vlm_video": Protocol(
         "vlm_video",

@@ -18,7 +18,12 @@ class ToyVLMConfig(TransformerConfig):
     blocks) and its LM (`lm_n_layers`). `vit_frames` reads the grid's rows as video
     frames (the ViT sees each frame alone, without a row code; the LM's three-part ids
     carry the frame); `id_site` > 0 adds the spatial-ID loss at that LM site
-    (`families.toy_vlm.id_loss`), weighted by the sweepable `id_weight`."""
+    (`families.toy_vlm.id_loss`), weighted by the sweepable `id_weight`.
+
+    `planted_route` (the planted-route control of seed 003's methods): question tokens
+    other than the object words cannot attend to the image tokens, so position reaches
+    the answer only through the object words (the route the papers describe).
+    """
 
     model_kind: str = "ar_vlm"
     lm_n_layers: int = 2
@@ -30,6 +35,7 @@ class ToyVLMConfig(TransformerConfig):
     tie_labels: bool = False
     vit_frames: bool = False
     id_site: int = 0
+    planted_route: bool = False
 
     @property
     def global_blocks(self) -> tuple[int, ...]:
@@ -43,7 +49,7 @@ class ToyVLMConfig(TransformerConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("tie_labels", "vit_frames"):
+        for name in ("tie_labels", "vit_frames", "planted_route"):
             if not isinstance(getattr(self, name), bool):
                 fail(name, getattr(self, name), "True or False")
         int_in("lm_n_layers", self.lm_n_layers, 1, 64)

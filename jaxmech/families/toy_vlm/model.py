@@ -19,6 +19,9 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
                                      cells' rows are then 0: a frame is one row)
           id_target [L, D]           the spatial-ID loss's target (id_site > 0 only:
                                      `families.toy_vlm.id_loss`)
+          lm_route []                1 (planted_route only): question tokens other than
+                                     the label words do not attend to the image tokens
+                                     (`route_visible`)
 
 V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
 `families.toy_vlm.vit` (cells, positions, windows). The LM reads `[L image tokens][Q question
@@ -128,6 +131,8 @@ def static_params(config: Config) -> dict:
         s["sincos_scale"] = jnp.float32(vit2d.sincos_scale(m.init_P))
     if m.vit_pos == "rope2d":
         s["vit_rope_freqs"], s["vit_rope_axis"] = vit2d.rope2d_tables(m.d_head, m.rope_base)
+    if m.planted_route:
+        s["lm_route"] = jnp.float32(1.0)
     if m.vit_window > 0:
         s["vit_window"] = jnp.float32(m.vit_window)
         glob = [float(i in m.global_blocks) for i in range(m.n_layers)]
@@ -243,6 +248,21 @@ def question_embedding(params, question_BxQ):
     return jnp.where(use[..., None], tied[label], words)
 
 
+def route_visible(params, question_BxQ, L: int):
+    """[B, S, S] bool, the keys each LM query may see under the planted route (None
+    without it): every key, except that a question token other than a label word sees
+    no image token (the causal mask is applied on top)."""
+    if "lm_route" not in params["static"]:
+        return None
+    B, Q = question_BxQ.shape
+    is_label = question_BxQ > N_SCENE_WORDS - 1  # label l's token is 10 + l
+    query_sees_image = jnp.concatenate([jnp.ones((B, L), bool), is_label], axis=1)  # [B, S]
+    key_is_image = jnp.arange(L + Q) < L
+    blocked = (~query_sees_image)[:, :, None] & key_is_image[None, None, :]
+    open_all = read(params, "lm_route") <= 0
+    return ~blocked | open_all
+
+
 def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
     """The causal LM over [image tokens][question]: the last position's residual [B, D].
 
@@ -254,20 +274,26 @@ def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
     x = jnp.concatenate([image_BxLxD, question_embedding(params, question_BxQ)], axis=1)
     S = x.shape[1]
     rotary = Rotary(lm_angles(params, Q, edits))
+    route = route_visible(params, question_BxQ, image_BxLxD.shape[1])
     x = edits("lm/resid_pre.0", x)
     n = n_lm_blocks(params)
     for layer in range(n):
         last = layer == n - 1
+        rows = None if all_rows or not last else jnp.full((B, 1), S - 1, jnp.int32)
+        visible = None
+        if route is not None:
+            visible = (route if rows is None else route[:, S - 1 :])[:, None]  # [B, 1, Q, S]
         aux[f"lm/resid_pre.{layer}"] = x
         x, block_aux = block_forward(
             lm[f"block_{layer}"],
             x,
             causal=True,
-            q_rows_BxQ=None if all_rows or not last else jnp.full((B, 1), S - 1, jnp.int32),
+            q_rows_BxQ=rows,
             edits=edits,
             prefix="lm/",
             suffix=f".{layer}",
             rotary=rotary,
+            visible=visible,
         )
         aux.update(block_aux)
         if not last:
