@@ -46,6 +46,7 @@ TOP_LAYERS = 3  # their summary: the mean flip rate of the 3 best layers
 ALPHAS = (0.5, 1.0, 2.0, 5.0, 10.0)
 REF_ALPHA = 5.0  # the paper's grid-searched value
 CURVE_ALPHA = 1.0  # moving X's ID exactly to the target's (no extrapolation)
+PAPER_CURVE_ALPHA = REF_ALPHA  # the paper's ID-curve figure steers at alpha 5
 
 
 def at_word(vectors_BxD, pos_B, length: int):
@@ -199,7 +200,8 @@ def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.n
 def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
-    the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`), the
+    the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`; at
+    `PAPER_CURVE_ALPHA` under "curves_paper"), the
     authors' protocol's margins [K, Y', B] (`authors_margins` at `AUTHORS_SCALE`), with
     the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
     scenes of every label (`spatial_ids.probe`)."""
@@ -216,6 +218,7 @@ def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0)
             (
                 flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key),
                 id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words),
+                id_curve(view, p, ex, y, delta[y], source_B, PAPER_CURVE_ALPHA, words),
                 authors_margins(view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key),
             )
             for y in sites
@@ -225,12 +228,13 @@ def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0)
 
     k = len(jax.tree_util.tree_leaves(params_K)[0])
     keys = jax.random.split(jax.random.PRNGKey(seed), k)
-    flips, curves, authors, delta = jax.device_get(
+    flips, curves, paper_curves, authors, delta = jax.device_get(
         jax.lax.map(jax.jit(one_model), (params_K, keys))
     )
     return {
         "flips": flips,
         "curves": curves,
+        "curves_paper": paper_curves,
         "authors": authors,
         "relation": np.asarray(ex.spec.relation_B),
         "delta": np.asarray(delta),

@@ -22,6 +22,7 @@ word has seen no image) on the unseen-pair questions of both relations:
 Writes into `RUN/steering/`:
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
   curves.csv    model, site, relation, target_row, target_col, belief
+  curves_paper.csv  the same at the paper's alpha (PAPER_CURVE_ALPHA = 5)
   authors.csv   model, site, relation, kind, flip_rate (the authors' protocol, every site)
   summary.json  means over models with 95% intervals; figure steering.png
 """
@@ -62,10 +63,11 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     return st.steer_models(view_of(run), run.params, ex, source, target, seed)
 
 
-def curve_beliefs(res: dict, grid_h: int, grid_w: int) -> dict:
+def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
     """{relation: [K, Y', H, W]} mean belief per target cell over the relation's
-    examples: logit(right) - logit(left), logit(below) - logit(above)."""
-    c = res["curves"]  # [K, Y', L, B, 4]
+    examples: logit(right) - logit(left), logit(below) - logit(above); `key`: "curves"
+    (alpha CURVE_ALPHA) or "curves_paper" (the paper's alpha)."""
+    c = res[key]  # [K, Y', L, B, 4]
     out = {}
     for r, name in enumerate(RELATIONS):
         w = res["relation"] == r
@@ -137,6 +139,22 @@ def authors_rows(ar: dict, models) -> list[dict]:
         for rel in RELATIONS
         for kind in st.KINDS
     ]  # fmt: skip
+
+
+def summarise_paper_curves(cb: dict, log) -> dict:
+    """The ID curves' far-minus-near edge gap at the paper's alpha, per site."""
+    gap, out = _edge_gap(cb), {}
+    for y in range(cb["horizontal"].shape[1]):
+        for rel in RELATIONS:
+            g = gap[rel][:, y]
+            out[f"resid_pre.{y + 1}/{rel}/curve_edge_gap_alpha{st.PAPER_CURVE_ALPHA:g}"] = mean_ci(
+                g, None, None
+            )
+            log(
+                f"ID curve at resid_pre.{y + 1} ({rel}, alpha {st.PAPER_CURVE_ALPHA:g}, the "
+                f"paper's): far edge minus near edge {fmt_ci(g, None, None)} logits"
+            )
+    return out
 
 
 def summarise_authors(ar: dict, log) -> dict:
@@ -230,10 +248,12 @@ def _compute(run: LoadedRun) -> dict:
     res = compute(run)
     t = run.config.task
     cb = curve_beliefs(res, t.grid_h, t.grid_w)
+    cb_paper = curve_beliefs(res, t.grid_h, t.grid_w, "curves_paper")
     return res | {
         "flip_rates": flip_rates(res),
         "authors_rates": st.authors_flip_rates(res),
         "beliefs": cb,
+        "beliefs_paper": cb_paper,
         "accuracy": accuracy(run),
     }
 
@@ -241,9 +261,13 @@ def _compute(run: LoadedRun) -> dict:
 def _tables(res: dict, run: LoadedRun) -> dict:
     args = (res["flip_rates"], res["beliefs"], run.models, run.config.task.grid_w)
     flip_rows, curve_rows = _rows(*args)
+    _, paper_rows = _rows(
+        res["flip_rates"], res["beliefs_paper"], run.models, run.config.task.grid_w
+    )
     return {
         "flips": flip_rows,
         "curves": curve_rows,
+        "curves_paper": paper_rows,
         "authors": authors_rows(res["authors_rates"], run.models),
     }
 
@@ -252,6 +276,7 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(f"{run.k} models; unseen-pair questions, X's word steered")
     summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log)
     summary |= summarise_authors(res["authors_rates"], log)
+    summary |= summarise_paper_curves(res["beliefs_paper"], log)
     return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded)}
 
 
