@@ -98,11 +98,18 @@ class Rotary(NamedTuple):
     keep: Any = None
 
 
-def layer_norm(x, w, b):
+def layer_norm(x, w, b, eps: float = LN_EPS):
     """LayerNorm over the last axis with weight w and bias b."""
     mu = x.mean(-1, keepdims=True)
     var = ((x - mu) ** 2).mean(-1, keepdims=True)
-    return (x - mu) * jax.lax.rsqrt(var + LN_EPS) * w + b
+    return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
+
+
+def rotary_angles(ids_AxS, freqs_R, axis_R):
+    """Angles [S, R]: pair i turns by `ids[axis[i], s] * freqs[i]` (ids float [A, S]):
+    one id per token (A = 1), or several, e.g. (t, row, col), each turning its pairs."""
+    picked = jnp.take(ids_AxS, axis_R.astype(jnp.int32), axis=0)  # [R, S]
+    return picked.T * freqs_R
 
 
 def ln_parts(x, parts, w, b):

@@ -35,11 +35,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
 from jaxmech.models.edits import NO_EDITS, Edits
 
@@ -91,10 +91,8 @@ def rms_norm(x, w, eps):
 
 
 def layer_norm(x, w, b, eps):
-    h = x.astype(jnp.float32)
-    mu = h.mean(-1, keepdims=True)
-    h = (h - mu) * jax.lax.rsqrt(((h - mu) ** 2).mean(-1, keepdims=True) + eps)
-    return (h * w + b).astype(x.dtype)
+    """LayerNorm (`models.attention`) in float32, back in the input's dtype."""
+    return attention_layer_norm(x.astype(jnp.float32), w, b, eps).astype(x.dtype)
 
 
 def _norm(block, prefix, x, eps):
@@ -276,7 +274,3 @@ def forward(
 def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:
     """[B, I, D] the vision tower's output (the merger's), unedited."""
     return vision(params, inputs, config, NO_EDITS, _Sites(NO_EDITS, False))
-
-
-def to_numpy(aux: dict) -> dict:
-    return {k: np.asarray(v) for k, v in aux.items()}

@@ -20,8 +20,11 @@ Axis names (`jaxmech.shapes`): P patches, I merged image tokens, S LM tokens, R 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxmech.models.attention import rotary_angles
 
 
 def patch_grid(grid, merge: int):
@@ -134,15 +137,16 @@ def _row_ids(S: int, runs, grids, merge: int):
 def lm_angles(pos_Bx3xS, inv_freq_R, section):
     """[B, S, R] float32, the LM's rotary angles: pair i turned by the id of its section."""
     axis = np.repeat(np.arange(3), np.asarray(section))
-    pos = jnp.asarray(pos_Bx3xS, jnp.float32)[:, axis, :]  # [B, R, S]
-    return jnp.swapaxes(pos, 1, 2) * jnp.asarray(inv_freq_R, jnp.float32)
+    pos = jnp.asarray(pos_Bx3xS, jnp.float32)
+    return jax.vmap(rotary_angles, (0, None, None))(pos, jnp.asarray(inv_freq_R), axis)
 
 
-def vit_angles(rows_P, cols_P, inv_freq):
-    """[P, R] float32, the ViT's rotary angles (rows on the first half of the pairs)."""
-    r = jnp.asarray(rows_P, jnp.float32)[..., None] * inv_freq
-    c = jnp.asarray(cols_P, jnp.float32)[..., None] * inv_freq
-    return jnp.concatenate([r, c], -1)
+def vit_angles(rows_BxP, cols_BxP, inv_freq):
+    """[B, P, R] float32, the ViT's rotary angles (rows on the first half of the pairs)."""
+    ids = jnp.stack([rows_BxP, cols_BxP], 1).astype(jnp.float32)  # [B, 2, P]
+    freqs = np.concatenate([inv_freq, inv_freq])
+    axis = np.repeat(np.arange(2), len(inv_freq))
+    return jax.vmap(rotary_angles, (0, None, None))(ids, jnp.asarray(freqs), axis)
 
 
 def inv_freq(dim: int, theta: float) -> np.ndarray:

@@ -36,7 +36,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxmech.models.attention import FirstBlock, Rotary, block_forward, n_blocks
+from jaxmech.models.attention import FirstBlock, Rotary, block_forward, n_blocks, rotary_angles
 
 POSITION_KINDS = ("learned2d", "sincos2d", "rope2d")
 
@@ -74,12 +74,6 @@ def rope2d_tables(d_head: int, base: float):
     f = base ** (-2.0 * jnp.arange(half, dtype=jnp.float32) / (2 * half))
     axis = jnp.concatenate([jnp.zeros(half), jnp.ones(half)]).astype(jnp.float32)
     return jnp.concatenate([f, f]), axis
-
-
-def rotary_angles(ids_AxS, freqs_R, axis_R):
-    """Angles [S, R]: pair i turns by `ids[axis[i], s] * freqs[i]` (ids float [A, S])."""
-    picked = jnp.take(ids_AxS, axis_R.astype(jnp.int32), axis=0)  # [R, S]
-    return picked.T * freqs_R
 
 
 def _interp_rows(P, pos):
