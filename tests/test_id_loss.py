@@ -3,6 +3,7 @@ below its site, weight 0 as the plain loss, the probe's layout, the config check
 fine-tuning (`reports.id_loss.finetune`, a sweep from a trained run's params): its
 paired folder and report, and its resume after kill -9."""
 
+import csv
 import functools
 import json
 import os
@@ -211,8 +212,23 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
     lines = []
     report.finetune(base, out, [0.0, 1.0], FT_OVERRIDES, log=lines.append)
     assert any("already finished" in line for line in lines), lines
-    summary = report.analyse_id_loss_run(out, log=quiet)["summary"]
-    assert summary["id_loss_train@1"]["pairs"] == 2
+    # grouped by the base models' generalisation before fine-tuning (seed 1 of the base
+    # marked generalising by hand: 10 steps reach no 0.9)
+    file = os.path.join(base, "results.csv")
+    kept, rows = file_bytes(file), results.load_run(base, with_data=False).results
+    try:
+        with open(file, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows([{**r, "unseen_min_acc": 0.95 if r["model"] == 1 else 0.5} for r in rows])
+        assert report.base_groups(ft) == ["others", "others", "generalising", "generalising"]
+        summary = report.analyse_id_loss_run(out, log=quiet)["summary"]
+    finally:
+        with open(file, "wb") as f:
+            f.write(kept)
+    for g in ("generalising", "others"):
+        assert summary[f"{g}/id_loss_train@1"]["pairs"] == 1
+        assert summary[f"{g}/seen_h_acc@0"]["n"] == 1
     assert os.path.exists(os.path.join(out, "id_loss", "curves.png"))
     with pytest.raises(ValueError, match="id_site = 0"):
         report.analyse_id_loss_run(base, log=quiet)

@@ -301,3 +301,66 @@ def test_mechanism_entry_point_refuses_bad_runs_before_any_compute(tmp_path):
                 common.check_runs(run, refusal)
     with pytest.raises(ValueError, match="--run"):
         common.check_runs(",", text_refusal)
+
+
+def _hand_run(unseen_min, **settings):
+    """A LoadedRun of len(unseen_min) hand-made models (no params worth running)."""
+    from jaxmech.config import Settings
+
+    k = len(unseen_min)
+    flat = Config().replace(task_kind="scenes").flat()
+    cols = {n: np.full(k, settings.get(n, flat[n])) for n in Settings._fields}
+    rows = [{"model": 10 + i, "unseen_min_acc": u} for i, u in enumerate(unseen_min)]
+    return common.LoadedRun("hand", Config().replace(task_kind="scenes"), {"w": np.arange(k)},
+                            Settings(**cols), None, rows, tuple(10 + i for i in range(k)), ())  # fmt: skip
+
+
+def test_report_parts_split_question_sets_and_model_groups():
+    run = _hand_run([0.95, 0.5, 0.92, 0.89])
+    seen = []
+
+    def compute(r):
+        return {"per": np.arange(r.k) + (100 if r.examples == "unseen" else 0), "other": "x"}
+
+    def summarise(res, tables, r, log):
+        seen.append((r.examples, r.models, res["per"].tolist(), [x["model"] for x in tables["t"]]))
+        return {}
+
+    report = common.Report("f", None, compute, lambda res, r: {"t": [{"model": m, "v": 1} for m in r.models]},
+                           summarise, None, "x.png", examples=common.EXAMPLES, per_model=("per",))  # fmt: skip
+    parts, tables, full = common.report_parts(report, run)
+    assert [p.key for p in parts] == ["seen/generalising", "seen/others", "unseen/generalising", "unseen/others"]  # fmt: skip
+    for p in parts:
+        report.summarise(p.res, p.tables, p.run, None)
+    assert seen == [("seen", (10, 12), [0, 2], [10, 12]), ("seen", (11, 13), [1, 3], [11, 13]),
+                    ("unseen", (10, 12), [100, 102], [10, 12]), ("unseen", (11, 13), [101, 103], [11, 13])]  # fmt: skip
+    assert parts[0].res["other"] == "x" and full["unseen"]["per"].tolist() == [100, 101, 102, 103]
+    groups = [(r["examples"], r["model"], r["model_group"]) for r in tables["t"]]
+    assert groups[:4] == [("seen", 10, "generalising"), ("seen", 11, "others"),
+                          ("seen", 12, "generalising"), ("seen", 13, "others")]  # fmt: skip
+    assert len(groups) == 8 and groups[4][0] == "unseen"
+    # results without unseen_min_acc: one group of every model
+    no_acc = run._replace(results=[{"model": m} for m in run.models])
+    assert [(g, i.tolist()) for g, i in common.model_groups(no_acc)] == [("all", [0, 1, 2, 3])]
+
+
+def test_seen_questions_belong_to_every_models_seen_set():
+    from types import SimpleNamespace
+
+    from jaxmech.data import scenes as sc
+    from jaxmech.data.tasks import get_task
+
+    run = _hand_run([0.5, 0.5])
+    n_pair = np.asarray([15, 9])
+    run = run._replace(settings=run.settings._replace(n_pair_labels=n_pair, layouts_per_pair=np.asarray([15, 20])))  # fmt: skip
+    t = run.config.task
+    evals = sc.build_eval_sets(t, sc.build_tables(t))
+    run = run._replace(data=SimpleNamespace(evals=evals), task=get_task("scenes"), examples="seen")
+    spec = common.question_specs(run)["examples"]
+    s = evals.seen_pair
+    keep = (np.asarray(s.pair_Nx2) <= 9).all(-1) & (np.asarray(s.rank_N) >= 20)
+    assert 0 < keep.sum() < len(keep)
+    np.testing.assert_array_equal(spec.cells_BxK, sc.eval_specs(t, s)["examples"].cells_BxK[keep])
+    assert list(common.id_labels(run)) == list(range(1, 10))
+    unseen = common.question_specs(run._replace(examples="unseen"))["examples"]
+    assert len(unseen.relation_B) == len(s.rank_N)

@@ -4,6 +4,7 @@ recovered, and the probe scenes are what the extraction assumes."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
@@ -89,3 +90,22 @@ def test_probe_scenes_can_name_the_probed_label_as_y():
     q_x, q_y = bx.inputs.question_BxQ, by.inputs.question_BxQ
     assert (q_y[:, sc.Y_SLOT] == sc.label_token(by.label_N)).all()
     np.testing.assert_array_equal(q_y[:, sc.X_SLOT], q_x[:, sc.Y_SLOT])
+
+
+def test_split_half_ceiling_is_the_share_of_the_id_the_label_halves_share():
+    """States = a per-cell signal + per-(label, cell) noise of known size: the ceiling
+    is 1 without noise, ~|s|^2 / (|s|^2 + sigma^2 / n_labels) with it, ~0 without signal."""
+    rng = np.random.default_rng(0)
+    L, D, n_labels, reps = 9, 256, 40, 3
+    label = np.repeat(np.arange(1, n_labels + 1), L * reps)
+    cell = np.tile(np.repeat(np.arange(L), reps), n_labels)
+    signal = rng.normal(size=(L, D))
+    signal -= signal.mean(0)
+    noise = rng.normal(size=(n_labels, L, D))  # the same for a label's repeats
+    for scale, want in ((0.0, 1.0), (4.0, 1 / (1 + 16 / n_labels)), (None, 0.0)):
+        s = 0.0 if scale is None else signal
+        states = (s + (1.0 if scale is None else scale) * noise)[label - 1, cell][None]
+        got = float(si.split_half_ceiling(jnp.asarray(states), label, cell, L)[0])
+        np.testing.assert_allclose(got, want, atol=1e-5 if scale == 0.0 else 0.06)
+    with pytest.raises(ValueError, match="needs >= 2 labels"):
+        si.split_half_ceiling(jnp.asarray(states[:, :L]), label[:L], cell[:L], L)

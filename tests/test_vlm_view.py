@@ -181,9 +181,10 @@ def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
     sh = pat["res"]["shifts"][("mirror", "both", "logp")]  # [K, Y, G]
     assert sh.shape == (2, 1, 5) and np.isfinite(sh).all()
     r2 = ids["tables"]["r2"]
-    assert len(r2) == 2 * 2 * len(RANKS)  # models x sites (in and out of the block)
+    assert len(r2) == 2 * 2 * 2 * len(RANKS)  # label sets x models x sites (in, out of the block)
+    assert {r["examples"] for r in r2} == {"seen", "unseen"}
     assert all(np.isfinite(r["r2"]) for r in r2 if r["site"] == 1)
-    rows = {(r["model"], r["counterfactual"], r["relation"]): r for r in cf["tables"]["table"]}
+    rows = {(r["model"], r["counterfactual"], r["relation"]): r for r in cf["tables"]["table"] if r["examples"] == "seen"}  # fmt: skip
     assert all(rows[(m, "plain", rel)]["changed"] == 0.0 for m in (0, 1) for rel in ("horizontal", "vertical"))  # fmt: skip
     # the stand-in's positions follow the edits: mirroring them moves its margins
     view, params = _view(config), _init(config, jax.random.PRNGKey(0))

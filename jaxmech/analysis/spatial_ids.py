@@ -120,6 +120,25 @@ def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
     return jax.vmap(one_site)(delta_YxLxD)
 
 
+def split_half_ceiling(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
+    """[Y] the noise ceiling of an R^2 against the ID: the share of its variance over
+    the cells that two halves of the labels agree on, `<a, b> / |(a + b) / 2|^2`, with a
+    and b the IDs of alternate labels (in sorted order), centred over the cells. With
+    independent label noise this estimates |signal|^2 / |ID|^2: a fit that explains
+    more of the ID than this explains noise. Needs at least two labels."""
+    label_N = np.asarray(label_N)
+    labels = np.unique(label_N)
+    if len(labels) < 2:
+        raise ValueError(f"split_half_ceiling needs >= 2 labels, got {labels.tolist()}")
+    halves = [np.isin(label_N, labels[i::2]) for i in (0, 1)]
+    a, b = (
+        spatial_ids(states_YxNxD[:, h], label_N[h], np.asarray(cell_N)[h], n_cells) for h in halves
+    )
+    a, b = a - a.mean(1, keepdims=True), b - b.mean(1, keepdims=True)
+    mean = (a + b) / 2
+    return (a * b).sum((1, 2)) / jnp.maximum((mean**2).sum((1, 2)), 1e-30)
+
+
 def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int) -> dict:
     """The IDs each LM block's attention would write if the object word attended to its
     own object's image token alone (the paper's sketch `Delta ~ W_O W_V P psi`), against

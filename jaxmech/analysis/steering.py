@@ -197,15 +197,18 @@ def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.n
     return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
 
 
-def steer_models(view: VLMView, params_K, ex, source_B, target_B, seed: int = 0) -> dict:
+def steer_models(
+    view: VLMView, params_K, ex, source_B, target_B, seed: int = 0, labels=None
+) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
     the four spatial answer words [K, Y', L, B, 4] (`id_curve` at `CURVE_ALPHA`; at
     `PAPER_CURVE_ALPHA` under "curves_paper"), the
     authors' protocol's margins [K, Y', B] (`authors_margins` at `AUTHORS_SCALE`), with
     the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
-    scenes of every label (`spatial_ids.probe`)."""
-    pr = si.probe(view, range(1, view.n_labels + 1))
+    scenes of `labels` (`spatial_ids.probe`; default every label: a caller with
+    training labels passes those, as the paper's universal ID)."""
+    pr = si.probe(view, range(1, view.n_labels + 1) if labels is None else labels)
     sites = range(1, view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K)))
     words = np.asarray(view.answer_words)[:2].ravel()  # left, right, above, below
     L = view.grid.cells

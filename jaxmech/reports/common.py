@@ -12,9 +12,14 @@
   print and write summary.json -> plot) that a report declares itself to;
 * `declared(name)`: a report's refusal, from what the run's family and task declare
   (`Family.reports`, `Task.reports`); `needs_depth` for the LM-site reports;
-* `view_of(run)`, `eval_specs(run)`, `relation_questions(run)`,
-  `steering_examples(run)`: a run's VLM view and its eval questions as rendered
-  examples (`families.vlm_view`), what the seed 003 / 004 reports share;
+* `view_of(run)`, `eval_specs(run)`, `question_specs(run)`, `relation_questions(run)`,
+  `steering_examples(run)`, `id_labels(run)`: a run's VLM view, its questions of one
+  set (`EXAMPLES`: seen pairs, the main set, and unseen pairs) as rendered examples
+  (`families.vlm_view`), and the labels its universal IDs average over, what the seed
+  003 / 004 reports share;
+* `model_groups(run)`, `subset(run, index)`: the generalising models (unseen_min_acc
+  >= `GENERALISING`) and the others, so that no mean mixes the two; `report_parts`
+  splits a report into (question set, model group) parts, main first;
 * `write_csv` (the one CSV writer, from `jaxmech.results`) and `write_json`;
 * `spread` / `fmt_spread` / `fmt_ci`: mean, std, min, max over models (finite values),
   and mean +- std with a 95% t-interval (`jaxmech.stats.mean_ci`);
@@ -36,6 +41,7 @@ import numpy as np
 
 from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.data.scenes import eval_masks
 from jaxmech.data.spec import PRESENCE, take
 from jaxmech.data.tasks import get_task
 from jaxmech.families import get_family, view_for
@@ -80,10 +86,16 @@ class LoadedRun(NamedTuple):
     curves: list[dict] = ()  # curves.csv rows, every model's
     family: Any = None  # `families.Family` of the run
     task: Any = None  # `data.tasks.Task` of the run
+    examples: str = "unseen"  # which questions the seed 003 / 004 reports ask (`EXAMPLES`)
 
     @property
     def k(self) -> int:
         return len(self.results)
+
+    def unseen_min(self) -> np.ndarray:
+        """[K] each model's smallest unseen-pair accuracy over the relations (NaN where
+        the results have no `unseen_min_acc`)."""
+        return np.asarray([r.get("unseen_min_acc", np.nan) for r in self.results], float)
 
     def unseen_acc(self) -> np.ndarray:
         """[K] each model's final unseen-pair accuracy (NaN where the task has none)."""
@@ -244,17 +256,49 @@ def view_of(run: LoadedRun) -> VLMView:
     return view_for(run.config)
 
 
+EXAMPLES = ("seen", "unseen")  # the seed 003 / 004 reports' question sets, main first
+EXAMPLE_SETS = {"seen": "seen_pair", "unseen": "unseen_pair"}
+EXAMPLE_WORDS = {
+    "seen": "seen-pair questions (training-pair labels, layouts no model trained on)",
+    "unseen": "unseen-pair questions (validation labels)",
+}
+GENERALISING = 0.9  # unseen_min_acc at which a model counts as generalising
+
+
+def question_specs(run: LoadedRun) -> dict:
+    """{"examples": spec, twin: spec}: the questions of `run.examples` (`EXAMPLES`) as
+    scene specs. "unseen": the whole unseen-pair set; "seen": the seen-pair rows that
+    belong to every model's seen set (`data.scenes.eval_masks`: both labels trained in
+    pairs, a layout held out), so one batch serves every model of the run."""
+    specs = eval_specs(run, EXAMPLE_SETS[run.examples])
+    if run.examples == "unseen":
+        return specs
+    evals = run.data.evals
+    rows = jax.vmap(lambda s: eval_masks(evals, s)["seen_pair"])(run.settings)
+    keep = np.asarray(rows).all(0)
+    if not keep.any():
+        raise ValueError(f"{run.path}: no seen-pair question belongs to every model's seen set")
+    return {k: take(v, keep) for k, v in specs.items()}
+
+
+def id_labels(run: LoadedRun) -> range:
+    """The labels a universal spatial ID is averaged over: those every model of the run
+    saw in training pairs (1..min n_pair_labels; the validation labels' IDs agree with
+    them only in part, issue 26)."""
+    return range(1, int(np.min(np.asarray(run.settings.n_pair_labels))) + 1)
+
+
 def relation_questions(run: LoadedRun) -> Examples:
-    """The unseen-pair questions of both spatial relations (presence questions left
-    out), rendered by the run's family; `spec.cells_BxK` [N, 3]: X, Y, distractor (-1:
-    none)."""
-    spec = eval_specs(run)["examples"]
+    """The questions of `run.examples` (`question_specs`) of both spatial relations
+    (presence questions left out), rendered by the run's family; `spec.cells_BxK`
+    [N, 3]: X, Y, distractor (-1: none)."""
+    spec = question_specs(run)["examples"]
     return examples(view_of(run), take(spec, np.asarray(spec.relation_B) < PRESENCE))
 
 
 def steering_examples(run: LoadedRun):
-    """(Examples, source cells, target cells) of the unseen-pair relation questions: X
-    steered from its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
+    """(Examples, source cells, target cells) of `relation_questions`: X steered from
+    its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
     ex, grid = relation_questions(run), view_of(run).grid
     cells = np.asarray(ex.spec.cells_BxK)
     target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), grid.h, grid.w)
@@ -264,6 +308,35 @@ def steering_examples(run: LoadedRun):
 def eval_specs(run: LoadedRun, name: str = "unseen_pair") -> dict:
     """{"examples": spec, twin: spec}: one of the run's eval sets as scene specs."""
     return run.task.eval_specs(run.config.task, getattr(run.data.evals, name))
+
+
+def model_groups(run: LoadedRun) -> list[tuple[str, np.ndarray]]:
+    """[(name, positions of the models in the run)]: "generalising" (unseen_min_acc >=
+    `GENERALISING`) first, then "others", so a mean never mixes the two kinds; empty
+    groups left out. A run whose results have no unseen_min_acc: [("all", every)]."""
+    u = run.unseen_min()
+    if np.isnan(u).all():
+        return [("all", np.arange(run.k))]
+    gen = u >= GENERALISING
+    groups = [("generalising", np.flatnonzero(gen)), ("others", np.flatnonzero(~gen))]
+    return [(g, i) for g, i in groups if len(i)]
+
+
+def subset(run: LoadedRun, index) -> LoadedRun:
+    """`run` with only the models at positions `index`."""
+    index = np.asarray(index)
+    return run._replace(
+        params=_take(run.params, index),
+        settings=_take(run.settings, index),
+        results=[run.results[i] for i in index],
+        models=tuple(run.models[i] for i in index),
+    )
+
+
+def take_models(res: dict, keys, index) -> dict:
+    """`res` with the leaves under `keys` (models on axis 0) at model positions `index`."""
+    pick = lambda x: np.asarray(x)[np.asarray(index)]  # noqa: E731
+    return res | {k: jax.tree_util.tree_map(pick, res[k]) for k in keys}
 
 
 def report_main(analyse, refusal):
@@ -296,7 +369,14 @@ class Report(NamedTuple):
     report and returns summary.json's contents), `plot(res, tables, run, path) -> path`
     (the figure `folder/{figure}`; a report with several figures returns their paths
     and names the folder's first). `with_data`: whether the run's task data is built
-    (a report of the results files alone needs none)."""
+    (a report of the results files alone needs none).
+
+    `examples`: the question sets it is computed on, each once (`EXAMPLES`, main
+    first; `LoadedRun.examples` says which); () computes once. `per_model`: the keys of
+    `compute`'s result whose leaves have the models on axis 0: the summary is then
+    printed per model group (`model_groups`, generalising first); () does not split.
+    The figure shows the main set and group; `example_words` name the sets in the
+    printed headers."""
 
     folder: str
     refusal: Callable
@@ -306,23 +386,100 @@ class Report(NamedTuple):
     plot: Callable
     figure: str
     with_data: bool = True
+    examples: tuple[str, ...] = ()
+    per_model: tuple[str, ...] = ()
+    example_words: dict = EXAMPLE_WORDS  # how the printed header names each set
+
+
+class _Part(NamedTuple):
+    """One (question set, model group) of a report: its run, result and tables."""
+
+    key: str
+    words: str
+    run: LoadedRun
+    res: Any
+    tables: dict
+
+
+def _group_words(group: str, models) -> str:
+    sign, name = (">=", "generalising") if group == "generalising" else ("<", "other")
+    return f"{name} models (unseen_min_acc {sign} {GENERALISING:g}): {list(models)}"
+
+
+def _labelled(rows: list[dict], examples: str | None, group_of: dict | None) -> list[dict]:
+    """`rows` with their question set (`examples`) and model group after `model`."""
+    head = {} if examples is None else {"examples": examples}
+    if group_of is None:
+        return [{**head, **x} for x in rows]
+    return [{"model": x["model"], **head, "model_group": group_of[x["model"]], **x} for x in rows]
+
+
+def _part(report: Report, run: LoadedRun, res, tables: dict, group: str, index) -> _Part:
+    """The part of `run`'s result and tables (one question set) for one model group."""
+    sub = subset(run, index) if report.per_model else run
+    kept = set(sub.models)
+    own = {n: [x for x in rows if x.get("model", -1) in kept or "model" not in x]
+           for n, rows in tables.items()}  # fmt: skip
+    e = report.examples and run.examples
+    words = ([report.example_words[e]] if e else []) + (
+        [] if group == "all" else [_group_words(group, sub.models)]
+    )
+    key = "/".join(x for x in (e, None if group == "all" else group) if x)
+    return _Part(key, ", ".join(words), sub, take_models(res, report.per_model, index), own)
+
+
+def report_parts(report: Report, run: LoadedRun) -> tuple[list[_Part], dict, dict]:
+    """(every (question set, model group) part, main first; the tables of every set,
+    each row labelled with its `examples` and `model_group` where the report splits
+    them; {question set: `compute`'s result over every model})."""
+    groups = model_groups(run) if report.per_model else [("all", np.arange(run.k))]
+    group_of = {run.models[i]: g for g, index in groups for i in index}
+    parts, tables, full = [], {}, {}
+    for e in report.examples or (None,):
+        r = run if e is None else run._replace(examples=e)
+        res = full[e] = report.compute(r)
+        own = report.tables(res, r)
+        for name, rows in own.items():
+            tables.setdefault(name, []).extend(
+                _labelled(rows, e, group_of if report.per_model else None)
+            )
+        parts += [_part(report, r, res, own, g, index) for g, index in groups]
+    return parts, tables, full
 
 
 def analyse(report: Report, path: str, log=print) -> dict:
     """Computes, writes, prints and plots `report` on results folder `path`: {"summary":
-    summary.json's dict, "tables": {name: rows}, "res": `compute`'s result}. Raises
-    ValueError (before any compute) for a run the report does not apply to."""
+    summary.json's dict, "tables": {name: rows}, "res": `compute`'s result on the
+    main question set (every model), "by_examples": {question set: that result},
+    "parts": {part key: its result}}. Raises ValueError
+    (before any compute) for a run the report does not apply to.
+
+    A report with question sets or model groups (`Report.examples`, `per_model`) prints
+    one summary per part, the main one (seen pairs, generalising models) first; the
+    summary holds each under its key ("seen/generalising", ...) and names the main."""
     run, out = open_report(path, report.refusal, report.folder, log, report.with_data)
-    res = report.compute(run)
-    tables = report.tables(res, run)
+    parts, tables, full = report_parts(report, run)
     for name, rows in tables.items():
         write_csv(os.path.join(out, f"{name}.csv"), rows)
-    summary = report.summarise(res, tables, run, log)
+    if len(parts) == 1 and not parts[0].key:
+        summary = report.summarise(parts[0].res, parts[0].tables, run, log)
+    else:
+        summary = {"main": parts[0].key, "threshold": GENERALISING}
+        for i, p in enumerate(parts):
+            log(f"\n--- {'main: ' if i == 0 else 'beside: '}{p.words}")
+            summary[p.key] = report.summarise(p.res, p.tables, p.run, log)
     write_json(os.path.join(out, "summary.json"), summary)
-    fig = report.plot(res, tables, run, os.path.join(out, report.figure))
+    main = parts[0]
+    fig = report.plot(main.res, main.tables, main.run, os.path.join(out, report.figure))
     figs = "  ".join([fig] if isinstance(fig, str) else fig)
     log("results: " + os.path.join(out, f"{next(iter(tables))}.csv") + "  figures: " + figs)
-    return {"summary": summary, "tables": tables, "res": res}
+    return {
+        "summary": summary,
+        "tables": tables,
+        "res": next(iter(full.values())),
+        "by_examples": full,
+        "parts": {p.key: p.res for p in parts},
+    }
 
 
 def _take(tree, index: np.ndarray):

@@ -1,6 +1,7 @@
 """Seed 004's counterfactual table on a results folder of VLMs (issue 15).
 
-On the unseen-pair questions of both relations, every model answers every example
+On the questions of both relations (the seen-pair questions first and the unseen-pair ones beside them, each summarised
+over the generalising models and then the others (`common.analyse`)), every model answers every example
 under every counterfactual of `analysis.counterfactuals` (with a rope2d ViT, also the
 ViT mirrors in one block at a time) in one compiled call. Per
 model, relation and counterfactual:
@@ -13,7 +14,7 @@ model, relation and counterfactual:
 * among the plain run's errors, binding failures: the same relation word whichever
   object is asked about.
 
-Writes into `RUN/counterfactuals/`:
+Writes into `RUN/counterfactuals/` (every row also names its `examples` and `model_group`):
   table.csv     model, counterfactual, relation, agree_mirror, changed, n
   errors.csv    model, relation, errors, binding_failures, share
   summary.json  means over models with 95% intervals; figure counterfactuals.png
@@ -29,6 +30,8 @@ from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.data.spec import RELATIONS, swap_named
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
+    EXAMPLE_WORDS,
+    EXAMPLES,
     LoadedRun,
     Report,
     analyse,
@@ -43,6 +46,19 @@ counterfactuals_refusal = declared(
     "counterfactuals"
 )  # why the report does not apply (None: it does)
 MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
+
+
+def notes(config) -> dict[str, str]:
+    """{counterfactual: why it is an exact no-op for this model}, printed beside its
+    row: under rotary ViT positions a uniform column shift cancels in q . k; a ViT that
+    sees each frame alone has one row per frame, so mirroring rows changes nothing."""
+    model = config.model
+    out = {}
+    if getattr(model, "vit_pos", None) == "rope2d":
+        out["vit_half"] = "exact no-op: a uniform shift cancels in rotary q.k"
+    if getattr(model, "vit_frames", False):
+        out["vit_h"] = "exact no-op: the ViT sees one row (a frame) at a time"
+    return out
 
 
 def compute(run: LoadedRun) -> dict:
@@ -112,7 +128,7 @@ def error_rows(res: dict, models) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], errors: list[dict], names, log) -> dict:
+def summarise(rows: list[dict], errors: list[dict], names, log, note=None) -> dict:
     out = {}
     log(
         "share of answers equal to the mirrored image's (agree) and different from the "
@@ -126,7 +142,8 @@ def summarise(rows: list[dict], errors: list[dict], names, log) -> dict:
             agree, changed = [x["agree_mirror"] for x in sel], [x["changed"] for x in sel]
             out[f"{name}/{rel}"] = {"agree_mirror": mean_ci(agree), "changed": mean_ci(changed)}
             cells += [fmt_ci(agree, 0.0, 1.0), fmt_ci(changed, 0.0, 1.0)]
-        log(f"{name:>20} " + " ".join(f"{c:>28}" for c in cells))
+        beside = f"  ({note[name.split('@')[0]]})" if name.split("@")[0] in (note or {}) else ""
+        log(f"{name:>20} " + " ".join(f"{c:>28}" for c in cells) + beside)
     log("\nbinding failures among the plain run's errors (same word for X-Y and Y-X):")
     for rel in RELATIONS:
         sel = [e for e in errors if e["relation"] == rel]
@@ -171,8 +188,10 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     ids = getattr(run.config.model, "lm_pos_ids", "the family's")
-    log(f"{run.k} models; unseen-pair questions; lm_pos_ids {ids!r}")
-    summary = summarise(tables["table"], tables["errors"], res["names"], log)
+    log(f"{run.k} models; {EXAMPLE_WORDS[run.examples]}; lm_pos_ids {ids!r}")
+    note = notes(run.config)
+    summary = summarise(tables["table"], tables["errors"], res["names"], log, note)
+    summary |= {"notes": note} if note else {}
     return summary | {"excluded": list(run.excluded)}
 
 
@@ -184,6 +203,8 @@ REPORT = Report(
     summarise=_summary,
     plot=lambda res, tables, run, path: plot(tables["table"], res["names"], path, run.k),
     figure="counterfactuals.png",
+    examples=EXAMPLES,
+    per_model=("margins", "swapped"),
 )
 
 

@@ -1,7 +1,8 @@
 """Seed 003's diagnostics on a results folder of VLMs (issue 13, part 4).
 
-On the unseen-pair questions of both relations, per model and LM site after the first
-block (`analysis.diagnostics`):
+On the questions of both relations (the seen-pair questions first and the unseen-pair ones beside them, each summarised
+over the generalising models and then the others (`common.analyse`)), per model and LM site after the first
+block (`analysis.diagnostics`), with the universal IDs of the training-pair labels:
 
 * the signed ID deviation of right vs wrong answers, with a Mann-Whitney U test per
   model and over the pooled examples (the paper: wrong answers deviate negatively);
@@ -12,7 +13,7 @@ block (`analysis.diagnostics`):
 * occlusion: |change of the answer margin| when X's, Y's or a random free cell is
   blanked, for right and wrong answers.
 
-Writes into `RUN/diagnostics/`:
+Writes into `RUN/diagnostics/` (every row also names its `examples` and `model_group`):
   deviation.csv  model, site, n_right, n_wrong, median_right, median_wrong, u, p, auc
                  (P(a wrong answer's deviation > a right one's)), id_wrong_among_wrong,
                  id_wrong_among_right, readout_corr (the believed against the true
@@ -31,11 +32,14 @@ import numpy as np
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
+    EXAMPLE_WORDS,
+    EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     declared,
     fmt_ci,
+    id_labels,
     relation_questions,
     view_of,
 )
@@ -52,7 +56,7 @@ diagnostics_refusal = declared(
 def compute(run: LoadedRun, seed: int = 0) -> dict:
     """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
     view = view_of(run)
-    labels = range(1, view.n_labels + 1)
+    labels = id_labels(run)  # the universal IDs: training-pair labels
     # per relation (0 horizontal, 1 vertical), X and Y probes in its own template
     probes = [
         [si.probe(view, labels, named_first=first, relation=r) for first in (True, False)]
@@ -238,7 +242,10 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    log(f"{run.k} models; unseen-pair questions of both relations")
+    log(
+        f"{run.k} models; {EXAMPLE_WORDS[run.examples]} of both relations; IDs of the "
+        f"training-pair labels"
+    )
     summary = summarise(res, tables["deviation"], tables["occlusion"], log)
     return summary | {"excluded": list(run.excluded)}
 
@@ -251,6 +258,8 @@ REPORT = Report(
     summarise=_summary,
     plot=lambda res, tables, run, path: plot(res, tables["occlusion"], path),
     figure="diagnostics.png",
+    examples=EXAMPLES,
+    per_model=("margin", "deviation", "believed", "true", "occluded"),
 )
 
 

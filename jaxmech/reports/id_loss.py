@@ -15,17 +15,31 @@ Two ways in, one report:
   and locked like any sweep; a resume against a changed RUN is refused.
 
 The report (`analyse_id_loss_run`): per weight, learning curves (unseen-pair accuracy,
-the ID loss on training-pair and validation labels), final accuracies with 95%
-intervals over seeds, and the paired difference to weight 0: models with the same
-seed start alike and see the same batches, so the difference is the loss's effect.
+the ID loss on training-pair and validation labels), final accuracies on seen and
+unseen pairs with 95% intervals over seeds, and the paired difference to weight 0:
+models with the same seed start alike and see the same batches, so the difference is
+the loss's effect. A fine-tuned run is summarised per group of its base models
+(`base_groups`: generalising before fine-tuning, then the others), generalising first.
 
-Files (in RUN/id_loss/): table.csv (weight, metric, mean and interval, the paired
+The authors' recipe (issue 26: the last ViT MLPs and the projector train, the LM is
+frozen, lr 5e-5, weight 1), scaled to the 2-block `vlm` preset (its last ViT block's
+MLP, the only middle LM site 1):
+
+    python -m experiments.id_loss --base=runs/vlm --out=runs/id_authors --weights=0,1 \
+        --id_site=1 --lr=5e-5 --train_only='proj/*+vit/block_1/W_in+vit/block_1/b_in+vit/block_1/W_out+vit/block_1/b_out'
+
+(Their ID arm also trains on grouped batches and the plain arm not, a confound they
+leave; here both arms see the same batches.)
+
+Files (in RUN/id_loss/): table.csv (model_group, weight, metric, mean and interval, the paired
 difference to weight 0), curves.csv (weight, step, metric, mean and interval),
 summary.json, curves.png.
 """
 
 from __future__ import annotations
 
+import csv
+import json
 import os
 
 import jax
@@ -36,6 +50,7 @@ from jaxmech.analysis import spatial_ids as sid
 from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.families.toy_vlm.evaluate import relations
 from jaxmech.reports.common import (
+    GENERALISING,
     LoadedRun,
     Report,
     analyse,
@@ -143,9 +158,28 @@ def metrics_of(config) -> tuple[str, ...]:
     return (
         "unseen_min_acc",
         *(f"unseen_{rel}_acc" for rel, _ in relations(config)),
+        *(f"seen_{rel}_acc" for rel, _ in relations(config)),
         "id_loss_train",
         "id_loss_unseen",
     )
+
+
+def base_groups(run: LoadedRun) -> list[str]:
+    """[K] each model's group by its base model's unseen_min_acc before fine-tuning
+    ("generalising" at >= `common.GENERALISING`, else "others"), so that a mean never
+    mixes the two kinds; ["all", ...] for a run trained from scratch or whose base's
+    results are gone."""
+    start = None
+    if os.path.isfile(path := os.path.join(run.path, "sweep.json")):
+        with open(path) as f:
+            start = json.load(f).get("init_from")
+    rows = os.path.join(start["run"], "results.csv") if start else ""
+    if not os.path.isfile(rows):
+        return ["all"] * run.k
+    with open(rows, newline="") as f:
+        base = {int(r["model"]): float(r.get("unseen_min_acc") or "nan") for r in csv.DictReader(f)}
+    own = [base.get(start["models"][m], np.nan) for m in run.models]
+    return ["generalising" if u >= GENERALISING else "others" for u in own]
 
 
 def _bounds(metric: str) -> tuple[float, float]:
@@ -161,10 +195,22 @@ def _by_weight(rows: list[dict]) -> dict[float, dict[int, dict]]:
     return out
 
 
-def compute(config, results: list[dict], curves: list[dict]) -> dict:
+def compute(config, results: list[dict], curves: list[dict], groups=None) -> dict:
     """Final metrics and curves per weight (module docstring) from a run's results.csv
-    rows of the kept models and its curves.csv rows."""
-    metrics = metrics_of(config)
+    rows of the kept models and its curves.csv rows, per model group (`groups` [K],
+    `base_groups`; default one group "all"), generalising first."""
+    groups = ["all"] * len(results) if groups is None else groups
+    out = {"table": [], "curves": [], "weights": sorted({float(r["id_weight"]) for r in results})}
+    for g in ("generalising", "others", "all"):
+        rows = [r for r, own in zip(results, groups) if own == g]
+        if rows:
+            part = _group_tables(metrics_of(config), rows, curves)
+            out["table"] += [{"model_group": g, **r} for r in part["table"]]
+            out["curves"] += [{"model_group": g, **r} for r in part["curves"]]
+    return out
+
+
+def _group_tables(metrics, results: list[dict], curves: list[dict]) -> dict:
     groups = _by_weight(results)
     table, curve_table = [], []
     plain = groups.get(0.0, {})
@@ -182,19 +228,27 @@ def compute(config, results: list[dict], curves: list[dict]) -> dict:
             for m in metrics:
                 mean, lo, hi, n = mean_ci([c[m] for c in at], *_bounds(m))
                 curve_table.append(dict(weight=w, step=step, metric=m, mean=mean, lo=lo, hi=hi))
-    return {"table": table, "curves": curve_table, "weights": sorted(groups)}
+    return {"table": table, "curves": curve_table}
 
 
 def summarise(res: dict, log) -> dict:
-    log(f"{'weight':>7} {'metric':>15} {'mean [95% CI]':>24} {'paired diff to weight 0':>30}")
+    group = None
     for r in res["table"]:
+        if r["model_group"] != group:
+            group = r["model_group"]
+            n = max(x["n"] for x in res["table"] if x["model_group"] == group)
+            log(f"\n--- {'all' if group == 'all' else group} models ({n} per weight"
+                + ("" if group == "all" else f"; by the base model's unseen_min_acc vs {GENERALISING:g}") + ")")  # fmt: skip
+            log(
+                f"{'weight':>7} {'metric':>15} {'mean [95% CI]':>24} {'paired diff to weight 0':>30}"
+            )
         diff = (
             ""
             if r["weight"] == 0
             else f"{r['diff']:+.3f} [{r['diff_lo']:+.3f}, {r['diff_hi']:+.3f}] n={r['pairs']}"
         )
         log(f"{r['weight']:>7.3g} {r['metric']:>15} {r['mean']:.3f} [{r['lo']:.3f}, {r['hi']:.3f}] {diff:>30}")  # fmt: skip
-    return {f"{r['metric']}@{r['weight']:g}": r for r in res["table"]}
+    return {f"{r['model_group']}/{r['metric']}@{r['weight']:g}": r for r in res["table"]}
 
 
 def plot(res: dict, path: str) -> str:
@@ -206,7 +260,8 @@ def plot(res: dict, path: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for ax, (metric, title) in zip(axes, panels):
         for w in res["weights"]:
-            rows = [c for c in res["curves"] if c["weight"] == w and c["metric"] == metric]
+            main = res["curves"][0]["model_group"]  # generalising where there are any
+            rows = [c for c in res["curves"] if (c["weight"], c["metric"], c["model_group"]) == (w, metric, main)]  # fmt: skip
             step = [c["step"] for c in rows]
             line = ax.plot(step, [c["mean"] for c in rows], label=f"id_weight {w:g}")[0]
             ax.fill_between(step, [c["lo"] for c in rows], [c["hi"] for c in rows],
@@ -221,7 +276,7 @@ def plot(res: dict, path: str) -> str:
 REPORT = Report(
     folder=FOLDER,
     refusal=id_loss_refusal,
-    compute=lambda run: compute(run.config, run.results, run.curves),
+    compute=lambda run: compute(run.config, run.results, run.curves, base_groups(run)),
     tables=lambda res, run: {"table": res["table"], "curves": res["curves"]},
     summarise=lambda res, tables, run, log: summarise(res, log),
     plot=lambda res, tables, run, path: plot(res, path),

@@ -1,18 +1,21 @@
 """Seed 003's mirror-swap patching on a results folder of VLMs (issue 13, part 1).
 
-On the unseen-pair questions of the task's first relation (scenes: left/right; video:
-before/after, whose mirror twin is the time-reversed video), every model x LM layer x
-token group x example is patched with the mirrored twin's residual stream, and with the recolour
-twin's as the control, in one compiled call (`analysis.patching.patch_logp`). An
+On the questions of the task's first relation (scenes: left/right; video: before/after,
+whose mirror twin is the time-reversed video), every model x LM layer x token group x
+example is patched with the mirrored twin's residual stream, and with the recolour
+twin's as the control, in one compiled call (`analysis.patching.patch_logp`). The
+seen-pair questions are the main set, the unseen-pair ones beside them; each is
+summarised over the generalising models, then the others (`common.analyse`). An
 example counts when the model answers it and its mirror right (the mirror must move
 the belief for a shift to mean anything); shifts are means over those examples, per
 answer word of the original (left / right; before / after) and over both.
 
 Writes into `RUN/patching/`:
-  shifts.csv    model, twin (mirror / recolour), layer, group, word, shift_logp,
-                shift_p, n
-  summary.json  per twin, layer and group (word "both"): mean over models and 95%
-                interval of shift_logp and shift_p; figure shifts.png
+  shifts.csv    model, examples (seen / unseen), model_group (generalising / others), twin
+                (mirror / recolour), layer, group, word, shift_logp, shift_p, n
+  summary.json  per question set and model group ("seen/generalising", ...), twin,
+                layer and token group (word "both"): mean over models and 95%
+                interval of shift_logp and shift_p; figure shifts.png (the main part)
 """
 
 from __future__ import annotations
@@ -27,12 +30,14 @@ from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
+    EXAMPLE_WORDS,
+    EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     declared,
-    eval_specs,
     fmt_ci,
+    question_specs,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -53,10 +58,10 @@ patching_refusal = declared("patching")  # why the report does not apply to a ru
 
 
 def compute(run: LoadedRun) -> dict:
-    """{twin: patch_logp over K models} on the unseen-pair questions of the patched
-    relation (`patched_relation`), the answer words [B], the word names and the wall
-    time of the one compiled call."""
-    view, specs = view_of(run), eval_specs(run)
+    """{twin: patch_logp over K models} on the questions of `run.examples`
+    (`common.question_specs`) of the patched relation (`patched_relation`), the answer
+    words [B], the word names and the wall time of the one compiled call."""
+    view, specs = view_of(run), question_specs(run)
     rel, words = patched_relation(run.config, view)
     asked = np.asarray(specs["examples"].relation_B) == rel
     ex = examples(view, take(specs["examples"], asked))
@@ -188,7 +193,7 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     n = res["shifts"][("n", "both")]
     log(
-        f"{run.k} models; unseen-pair {'/'.join(list(res['words'])[:2])} examples kept (right on the example and "
+        f"{run.k} models; {EXAMPLE_WORDS[run.examples]}, {'/'.join(list(res['words'])[:2])} ones kept (right on the example and "
         f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
         f"{res['wall_s']:.1f} s"
     )
@@ -207,6 +212,8 @@ REPORT = Report(
     summarise=_summary,
     plot=lambda res, tables, run, path: plot_shifts(res["shifts"], path, run.k),
     figure="shifts.png",
+    examples=EXAMPLES,
+    per_model=("logp", "shifts"),
 )
 
 

@@ -1,13 +1,16 @@
 """Seed 003's spatial IDs on a results folder of VLMs (issue 13, part 2).
 
 For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`) from
-probe scenes of every label at every cell, their horizontal and vertical axes, and the
-R^2 of a rank-k map from the ViT's position basis, k = 1..RANKS; also the IDs from the
-training-pair labels alone and from the validation labels alone, and the cosine
-between the two (is the ID the same for labels never seen in a pair?).
+probe scenes of the training-pair labels at every cell (the main set; beside it the
+validation labels' IDs), their horizontal and vertical axes, the R^2 of a rank-k map
+from the ViT's position basis, k = 1..RANKS, beside its split-half noise ceiling (how
+much of the ID two halves of the labels agree on), and the cosine between the two label
+sets' IDs (is the ID the same for labels never seen in a pair?). Each set is summarised
+over the generalising models, then the others (`common.analyse`).
 
-Writes into `RUN/spatial_ids/`:
-  r2.csv        model, site, rank, r2
+Writes into `RUN/spatial_ids/` (every row also names its `examples`: seen for the
+training-pair labels' IDs, unseen for the validation labels'; and its `model_group`):
+  r2.csv        model, site, rank, r2, ceiling
   axes.csv      model, site, h_norm, v_norm, cos_hv, cos_train_val (IDs of the two
                 label sets, flattened over cells)
   analytic.csv  model, block, peak (the object word's mean attention to its own
@@ -26,14 +29,21 @@ import numpy as np
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.families.vlm_view import cell_tokens
 from jaxmech.reports.common import (
+    EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     declared,
     fmt_ci,
+    id_labels,
     view_of,
 )
 from jaxmech.stats import mean_ci
+
+LABEL_WORDS = {
+    "seen": "IDs of the training-pair labels",
+    "unseen": "IDs of the validation labels (never seen in a pair)",
+}
 
 RANKS = (1, 2, 3, 4, 6)
 
@@ -55,25 +65,31 @@ def analytic(a: dict) -> dict:
 
 
 def compute(run: LoadedRun) -> dict:
-    """Per model: r2 [K, Y, len(RANKS)], h, v [K, Y, D], cos_train_val [K, Y], delta
-    [K, Y, L, D] (all labels), analytic {name: [K, blocks]} (`analytic`)."""
+    """Per model, from the probe scenes of the labels of `run.examples` ("seen": the
+    training-pair labels, `common.id_labels`; "unseen": the others): r2 [K, Y,
+    len(RANKS)] with its split-half noise ceiling [K, Y], h, v [K, Y, D], delta [K, Y,
+    L, D], analytic {name: [K, blocks]} (`analytic`); and cos_train_val [K, Y], the
+    cosine of the two label sets' IDs."""
     view = view_of(run)
     pr = si.probe(view, range(1, view.n_labels + 1))
     label, cell, L = pr.label_N, pr.cell_N, view.grid.cells
-    train = label <= run.config.task.max_pair_labels
+    train = np.isin(label, id_labels(run))
+    use = np.flatnonzero(train if run.examples == "seen" else ~train)
     token = cell_tokens(pr.spans, cell)
 
     def one_model(p):
         _, aux = view.forward(p, pr.inputs, capture=True)  # one forward of the probe scenes
         states = si.states_at(aux, view.n_lm_blocks(p), pr.spans.x_B)
-        delta = si.spatial_ids(states, label, cell, L)
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
+        delta = d_train if run.examples == "seen" else d_val
         h, v = si.grid_axes(delta, *view.grid)
-        ana = si.analytic_ids(p, aux, pr.spans.x_B, token, label, cell, L)
+        own = jax.tree_util.tree_map(lambda x: x[use], aux)  # the set's probe rows
+        ana = si.analytic_ids(p, own, pr.spans.x_B[use], token[use], label[use], cell[use], L)
         return {
             "delta": delta,
             "r2": si.rank_k_r2(view.position_basis(p), delta, RANKS),
+            "ceiling": si.split_half_ceiling(states[:, use], label[use], cell[use], L),
             "h": h,
             "v": v,
             "cos_train_val": si.id_cosine(d_train, d_val),
@@ -86,7 +102,13 @@ def compute(run: LoadedRun) -> dict:
 def _rows(res: dict, models) -> tuple[list[dict], list[dict], list[dict]]:
     k, n_sites, _ = res["r2"].shape
     r2 = [
-        {"model": models[i], "site": y, "rank": r, "r2": float(res["r2"][i, y, j])}
+        {
+            "model": models[i],
+            "site": y,
+            "rank": r,
+            "r2": float(res["r2"][i, y, j]),
+            "ceiling": float(res["ceiling"][i, y]),
+        }
         for i in range(k)
         for y in range(n_sites)
         for j, r in enumerate(RANKS)
@@ -133,11 +155,15 @@ def summarise_analytic(res: dict, log) -> dict:
 def summarise(res: dict, axes: list[dict], log) -> dict:
     n_sites = res["r2"].shape[1]
     out = {}
-    log("R^2 of a rank-k map from the ViT position basis to the spatial ID (95% CI over models):")
-    log(f"{'site':>5} " + " ".join(f"{'rank ' + str(r):>30}" for r in RANKS))
+    log(
+        "R^2 of a rank-k map from the ViT position basis to the spatial ID, and its "
+        "split-half noise ceiling (95% CI over models):"
+    )
+    log(f"{'site':>5} " + " ".join(f"{t:>30}" for t in [f"rank {r}" for r in RANKS] + ["ceiling"]))
     for y in range(n_sites):
-        cells = [res["r2"][:, y, j] for j in range(len(RANKS))]
+        cells = [res["r2"][:, y, j] for j in range(len(RANKS))] + [res["ceiling"][:, y]]
         out[f"r2/{y}"] = {str(r): mean_ci(c, None, None) for r, c in zip(RANKS, cells)}
+        out[f"r2/{y}"]["ceiling"] = mean_ci(cells[-1], None, None)
         log(f"{y:>5} " + " ".join(f"{fmt_ci(c, None, None):>30}" for c in cells))
     log(
         "\naxes: |h|, |v| (ID change per column / row), cos(h, v), cos(ID of training-pair labels, ID of validation labels):"
@@ -202,6 +228,9 @@ REPORT = Report(
         res, path, run.config.task.grid_h, run.config.task.grid_w
     ),
     figure="spatial_ids.png",
+    examples=EXAMPLES,
+    per_model=("delta", "r2", "ceiling", "h", "v", "cos_train_val", "analytic"),
+    example_words=LABEL_WORDS,
 )
 
 

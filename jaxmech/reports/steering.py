@@ -2,7 +2,10 @@
 
 For every model, its IDs `Delta_y` from probe scenes (`analysis.spatial_ids`), then at
 every LM site after the first block (`lm/resid_pre.{y}`, y >= 1: before that the object
-word has seen no image) on the unseen-pair questions of both relations:
+word has seen no image) on the questions of both relations, the seen-pair ones first
+and the unseen-pair ones beside them, each summarised over the generalising models and
+then the others (`common.analyse`); the IDs are the universal ones of the training-pair
+labels (`common.id_labels`):
 
 * adversarial steering: X's word moved by `alpha * (Delta(target) - Delta(source))`
   from its own cell to the far edge on the other side of Y (same row for left/right,
@@ -19,7 +22,7 @@ word has seen no image) on the unseen-pair questions of both relations:
   way to Y's, each site on its own, a flip any sign change over all examples; the mean
   of the TOP_LAYERS best sites, the controls at the same sites.
 
-Writes into `RUN/steering/`:
+Writes into `RUN/steering/` (every row also names its `examples` and `model_group`):
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
   curves.csv    model, site, relation, target_row, target_col, belief
   curves_paper.csv  the same at the paper's alpha (PAPER_CURVE_ALPHA = 5)
@@ -40,11 +43,14 @@ from jaxmech.analysis.steering import (
 )
 from jaxmech.data.spec import RELATIONS
 from jaxmech.reports.common import (
+    EXAMPLE_WORDS,
+    EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     declared,
     fmt_ci,
+    id_labels,
     needs_depth,
     steering_examples,
     view_of,
@@ -58,9 +64,10 @@ def steering_refusal(config, path: str) -> str | None:
 
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
-    """`analysis.steering.steer_models` on the run's unseen-pair relation questions."""
+    """`analysis.steering.steer_models` on the relation questions of `run.examples`,
+    with the universal IDs of the training-pair labels (`common.id_labels`)."""
     ex, source, target = steering_examples(run)
-    return st.steer_models(view_of(run), run.params, ex, source, target, seed)
+    return st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run))
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -273,7 +280,10 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    log(f"{run.k} models; unseen-pair questions, X's word steered")
+    log(
+        f"{run.k} models; {EXAMPLE_WORDS[run.examples]}, X's word steered; IDs of the "
+        f"training-pair labels {id_labels(run).start}-{id_labels(run).stop - 1}"
+    )
     summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log)
     summary |= summarise_authors(res["authors_rates"], log)
     summary |= summarise_paper_curves(res["beliefs_paper"], log)
@@ -290,6 +300,8 @@ REPORT = Report(
         res["flip_rates"], res["beliefs"], res["accuracy"], path
     ),
     figure="steering.png",
+    examples=EXAMPLES,
+    per_model=("flip_rates", "authors_rates", "beliefs", "beliefs_paper", "accuracy"),
 )
 
 

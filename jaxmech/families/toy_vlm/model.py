@@ -192,10 +192,12 @@ def init_params(config: Config, key: jax.Array) -> dict:
 
 
 def project(proj, x_BxLxD):
-    """The projector: x W + b, or GELU(x W1 + b1) W2 + b2."""
+    """The projector: x W + b, or GELU(x W1 + b1) W2 + b2 (GELU's tanh approximation,
+    as the blocks' MLPs: `models.attention.mlp`)."""
     if "W" in proj:
         return x_BxLxD @ proj["W"] + proj["b"]
-    return jax.nn.gelu(x_BxLxD @ proj["W1"] + proj["b1"]) @ proj["W2"] + proj["b2"]
+    hidden = jax.nn.gelu(x_BxLxD @ proj["W1"] + proj["b1"], approximate=True)
+    return hidden @ proj["W2"] + proj["b2"]
 
 
 def lm_position_ids(params, n_question: int):
