@@ -420,7 +420,7 @@ def _part(report: Report, run: LoadedRun, res, tables: dict, group: str, index) 
     kept = set(sub.models)
     own = {n: [x for x in rows if x.get("model", -1) in kept or "model" not in x]
            for n, rows in tables.items()}  # fmt: skip
-    e = report.examples and run.examples
+    e = run.examples if report.examples else None
     words = ([report.example_words[e]] if e else []) + (
         [] if group == "all" else [_group_words(group, sub.models)]
     )
@@ -451,8 +451,8 @@ def analyse(report: Report, path: str, log=print) -> dict:
     """Computes, writes, prints and plots `report` on results folder `path`: {"summary":
     summary.json's dict, "tables": {name: rows}, "res": `compute`'s result on the
     main question set (every model), "by_examples": {question set: that result},
-    "parts": {part key: its result}}. Raises ValueError
-    (before any compute) for a run the report does not apply to.
+    "parts": {part key: its result}}. Raises ValueError (before any compute) for a run
+    the report does not apply to.
 
     A report with question sets or model groups (`Report.examples`, `per_model`) prints
     one summary per part, the main one (seen pairs, generalising models) first; the
