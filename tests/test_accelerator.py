@@ -71,7 +71,12 @@ def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
 
 
 def test_bad_accelerator_flags_fail_before_any_compute(tmp_path):
-    for flag, message in (("--accel_ks=2,x", "accel_ks"), ("--accel_ks=0", "accel_ks")):
+    bad = (
+        ("--accel_ks=2,x", "accel_ks"),
+        ("--accel_ks=0", "accel_ks"),
+        ("--preset=nope", "--preset"),
+    )
+    for flag, message in bad:
         cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", flag]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
