@@ -6,6 +6,7 @@
     python -m experiments.bench --ks= --ablation_models=64   # one ablation-table call
     python -m experiments.bench --accelerator  # GPU/TPU: K = 64..4096, memory, chunk
     python -m experiments.bench --preset=vlm --ks=1,4,8 --timed_steps=50   # the toy VLM
+    python -m experiments.bench --preset=vlm --ks= --breakdown   # where one step's time goes
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -20,6 +21,7 @@ from jaxmech.reports.benchmark import (
     dense_step_flops,
     matmul_rate,
     model_steps_per_second,
+    step_breakdown,
     step_flops_xla,
     sweep_throughput,
 )
@@ -28,6 +30,9 @@ from jaxmech.sweep import coerce
 flags.DEFINE_string("ks", "1,4,16,64", "numbers of vmapped models to measure")
 flags.DEFINE_string("preset", None, "a named base config (jaxmech.presets; flags override it)")
 flags.DEFINE_integer("timed_steps", 100, "training steps per timed call")
+flags.DEFINE_bool(
+    "breakdown", False, "time one model's step and its parts (batch, forward, backward)"
+)
 flags.DEFINE_integer("sweep_models", 0, "also train this many models as a sweep (models/hour)")
 flags.DEFINE_integer("chunk_size", None, "models per compiled call in the sweep measurement")
 flags.DEFINE_integer(
@@ -114,6 +119,15 @@ def main(argv):
             f"{sps * dense / 1e9:>14.1f} {sps * dense / rate:>12.2f} "
             f"{(sps * xla / rate if xla else float('nan')):>12.2f}"
         )
+
+    if FLAGS.breakdown:
+        parts = step_breakdown(config, FLAGS.timed_steps)
+        total = parts["step"]
+        print(
+            "one model's training step, by part (best of 3, ms per step; each part includes the ones before it):"
+        )
+        for name, sec in parts.items():
+            print(f"  {name:>9} {1000 * sec:8.2f} ms  {sec / total:6.1%} of the step")
 
     if FLAGS.sweep_models:
         sw = sweep_throughput(config, FLAGS.sweep_models, FLAGS.chunk_size)

@@ -164,6 +164,21 @@ def _step_keys(settings: Settings, step):
     )
 
 
+def step_batch(step, settings: Settings, data: Data, config: Config):
+    """The training batch of one model at `step` (a function of its seed and the step)."""
+    key, order_key = _step_keys(settings, step)
+    return get_task(config.task.task_kind).sample_batch(
+        data.tables,
+        key,
+        settings,
+        config.task,
+        config.train.batch_size,
+        finite=config.train.epochs > 0,
+        step=step,
+        order_key=order_key,
+    )
+
+
 def train_step(state: TrainState, settings: Settings, data: Data, config: Config, budget=None):
     """One optimiser step of one model; returns (state, per-step metrics).
 
@@ -171,17 +186,7 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
     keeps its params frozen; its step counter still advances with the program.
     """
     budget = step_budget(settings, config) if budget is None else budget
-    key, order_key = _step_keys(settings, state.step)
-    batch = get_task(config.task.task_kind).sample_batch(
-        data.tables,
-        key,
-        settings,
-        config.task,
-        config.train.batch_size,
-        finite=config.train.epochs > 0,
-        step=state.step,
-        order_key=order_key,
-    )
+    batch = step_batch(state.step, settings, data, config)
     loss_fn = family_for(config).loss
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch, data.tables, settings, config)
     opt = make_optimizer(config, settings.lr, settings.weight_decay, budget)

@@ -22,7 +22,8 @@ import jax.numpy as jnp
 
 from jaxmech.config import Config
 from jaxmech.data.vocab import CAPTION_LEN
-from jaxmech.train import build_data, init_state, stack_settings, train_step
+from jaxmech.families import family_for
+from jaxmech.train import build_data, init_state, stack_settings, step_batch, train_step
 
 
 def _tower_forward_flops(config: Config, seq: int, layers: int, readout_only: bool) -> float:
@@ -89,6 +90,38 @@ def step_flops_xla(config: Config) -> float | None:
     if isinstance(cost, (list, tuple)):
         cost = cost[0] if cost else None
     return None if not cost or "flops" not in cost else float(cost["flops"])
+
+
+def step_breakdown(config: Config, n_steps: int = 50, repeats: int = 3) -> dict:
+    """{part: best-of seconds per step} of one model's training: "batch" (sampling it),
+    "forward" (the loss), "backward" (value and gradient), "step" (the whole step:
+    the optimiser, the norms and the divergence guard too). Each part runs `n_steps`
+    times in one scan over the step index, so every step sees a new batch."""
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
+    s = jax.tree_util.tree_map(jnp.asarray, config.settings())
+    state = init_state(config, s)
+    loss = family_for(config).loss
+
+    def at(i):
+        return step_batch(i, s, data, config)
+
+    parts = {
+        "batch": lambda i: sum(jnp.sum(x) for x in jax.tree_util.tree_leaves(at(i))),
+        "forward": lambda i: loss(state.params, at(i), data.tables, s, config),
+        "backward": lambda i: jax.grad(loss)(state.params, at(i), data.tables, s, config),
+        "step": lambda i: train_step(state._replace(step=i), s, data, config)[1],
+    }
+    out = {}
+    for name, f in parts.items():
+        run = jax.jit(lambda f=f: jax.lax.map(f, jnp.arange(n_steps)))
+        jax.block_until_ready(run())  # compile + warm up
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            jax.block_until_ready(run())
+            best = min(best, time.perf_counter() - t)
+        out[name] = best / n_steps
+    return out
 
 
 def model_steps_per_second(config: Config, k: int, n_steps: int = 100, repeats: int = 3) -> float:
