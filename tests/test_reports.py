@@ -368,7 +368,7 @@ def test_seen_questions_belong_to_every_models_seen_set():
 
 def test_step_breakdown_times_each_part_of_a_real_step():
     """The bench's breakdown (issue 28) runs the family's own batch, loss and step on a
-    tiny model: every part is timed. ~10 s: four small programs compile (one per part)."""
+    tiny model: every part is timed. ~12 s: four small programs compile (one per part)."""
     from jaxmech.reports.benchmark import step_breakdown
 
     parts = step_breakdown(tiny_config(), n_steps=2, repeats=1)
