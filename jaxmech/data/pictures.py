@@ -1,0 +1,158 @@
+"""Scene specs drawn as pictures a real VLM can read (issue 27, part 1: the renderer).
+
+Each object is a coloured glyph centred in its grid cell on a plain canvas: the label
+picks the shape (`SHAPES`: circle, square, triangle, ...), the colour id a named
+colour (`COLOURS`), and the facing an eye, a dark dot on the side the object faces
+(0: none, 1: left, 2: right). The canvas is `size` pixels square; each cell gets
+`size / w` x `size / h` pixels, so a size that is a multiple of 28 x the grid (e.g. 448
+on a 4 x 4 grid: 112-pixel cells, 4 x 4 merged Qwen2-VL tokens each) gives every merged
+token one cell.
+
+The glyphs are analytic masks on pixel centres measured from the cell's centre, every
+one of them symmetric in x, so the picture of the mirrored spec (`spec.mirror`:
+positions and facings mirrored) is the picture flipped left to right, pixel for pixel
+(tested). Up-down they are not symmetric (a triangle points up, a heart's lobes are at
+the top): a height mirror moves objects without turning them over, as in the world.
+
+`questions(spec)` words each scene's question as the papers do ("Is the red circle to
+the left or the right of the blue square? Answer with one word."), and `object_names`
+gives the two names it mentions, whose last sub-tokens a family's spans point at.
+
+NumPy only; axis names (`jaxmech.shapes`): B scenes, K object slots.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxmech.data.spec import Grid, SceneSpec
+
+SHAPES = (
+    "circle", "square", "triangle", "star", "cross", "heart", "diamond", "ring", "hexagon", "plus",
+)  # fmt: skip
+COLOURS = {
+    "red": (215, 38, 38),
+    "green": (34, 160, 60),
+    "blue": (35, 85, 215),
+    "yellow": (235, 200, 20),
+    "purple": (140, 50, 170),
+    "orange": (245, 130, 20),
+}
+BACKGROUND = (255, 255, 255)
+EYE = (20, 20, 20)
+RADIUS = 0.36  # a glyph's half-size, in cells
+# the papers' wording per relation (0 horizontal, 1 vertical, 2 presence)
+TEMPLATES = (
+    "Is the {x} to the left or the right of the {y}? Answer with one word.",
+    "Is the {x} above or below the {y}? Answer with one word.",
+    "Is there {a} {x} in the image? Answer with one word.",
+)
+MIDDLE = "centre of the image"  # what a question names when Y's label is 0
+
+
+def _glyph(name: str, x, y):
+    """bool mask of glyph `name` at coordinates x, y (glyph radius 1; y grows downward)."""
+    r, ax, ay = np.hypot(x, y), np.abs(x), np.abs(y)
+    if name == "circle":
+        return r <= 1
+    if name == "square":
+        return (ax <= 0.85) & (ay <= 0.85)
+    if name == "triangle":  # apex up (y = -1), base at y = 0.8
+        return (y >= -1) & (y <= 0.8) & (ax <= (y + 1.0) / 1.8 * 0.95)
+    if name == "star":  # five points, one up
+        t = np.arctan2(x, -y)  # 0 straight up, symmetric in x
+        return r <= 0.45 + 0.55 * np.abs(np.cos(2.5 * t)) ** 3
+    if name == "cross":  # an X
+        return (np.abs(x - y) <= 0.3) & (r <= 1) | (np.abs(x + y) <= 0.3) & (r <= 1)
+    if name == "heart":
+        u, v = 1.15 * x, -1.15 * y + 0.25
+        return (u**2 + v**2 - 1) ** 3 - u**2 * v**3 <= 0
+    if name == "diamond":
+        return ax + ay <= 1
+    if name == "ring":
+        return (r <= 1) & (r >= 0.6)
+    if name == "hexagon":
+        return (ay <= 0.87) & (ax * 0.87 + ay * 0.5 <= 0.87)
+    if name == "plus":
+        return ((ax <= 0.28) & (ay <= 1)) | ((ay <= 0.28) & (ax <= 1))
+    raise ValueError(f"unknown glyph {name!r}; known: {', '.join(SHAPES)}")
+
+
+def _tile(cell_h: int, cell_w: int, label: int, colour: int, facing: int) -> np.ndarray:
+    """[cell_h, cell_w, 3] uint8: one object on the background."""
+    half = RADIUS * min(cell_h, cell_w)
+    # pixel centres relative to the cell's centre: a set symmetric under x -> -x
+    x = (np.arange(cell_w) + 0.5 - cell_w / 2) / half
+    y = (np.arange(cell_h) + 0.5 - cell_h / 2) / half
+    x, y = np.meshgrid(x, y)
+    tile = np.empty((cell_h, cell_w, 3), np.uint8)
+    tile[:] = BACKGROUND
+    tile[_glyph(SHAPES[label - 1], x, y)] = list(COLOURS.values())[colour - 1]
+    if facing:
+        side = -1.0 if facing == 1 else 1.0
+        tile[np.hypot(x - side * 0.55, y + 0.2) <= 0.22] = EYE
+    return tile
+
+
+def check_spec(spec: SceneSpec) -> None:
+    """Refuses labels, colours or facings the renderer cannot draw, naming the field."""
+    drawn = np.asarray(spec.labels_BxK) > 0
+    for field, values, top in (
+        ("labels_BxK", spec.labels_BxK, len(SHAPES)),
+        ("colours_BxK", spec.colours_BxK, len(COLOURS)),
+        ("facings_BxK", spec.facings_BxK, 2),
+    ):
+        v = np.asarray(values)[drawn]
+        low = 0 if field == "facings_BxK" else 1
+        if v.size and (v.min() < low or v.max() > top):
+            raise ValueError(
+                f"spec.{field} holds {sorted(set(v.tolist()) - set(range(low, top + 1)))}: "
+                f"the renderer draws {low}..{top}"
+            )
+
+
+def draw(grid: Grid, spec: SceneSpec, size: int = 448) -> np.ndarray:
+    """[B, size, size, 3] uint8: every scene of `spec` as a picture (module docstring).
+    Slots with label 0 or cell -1 are not drawn. Raises ValueError naming `size` when
+    the grid does not divide it, or the spec field the renderer cannot draw."""
+    if size % grid.w or size % grid.h:
+        raise ValueError(f"size = {size}: must be a multiple of the grid's {grid.h} x {grid.w}")
+    check_spec(spec)
+    ch, cw = size // grid.h, size // grid.w
+    cells, labels = np.asarray(spec.cells_BxK), np.asarray(spec.labels_BxK)
+    colours, facings = np.asarray(spec.colours_BxK), np.asarray(spec.facings_BxK)
+    out = np.empty((len(cells), size, size, 3), np.uint8)
+    out[:] = BACKGROUND
+    tiles: dict[tuple, np.ndarray] = {}
+    for b, k in zip(*np.nonzero((labels > 0) & (cells >= 0))):
+        key = (labels[b, k], colours[b, k], facings[b, k])
+        if key not in tiles:
+            tiles[key] = _tile(ch, cw, *(int(v) for v in key))
+        r, c = divmod(int(cells[b, k]), grid.w)
+        out[b, r * ch : (r + 1) * ch, c * cw : (c + 1) * cw] = tiles[key]
+    return out
+
+
+def object_names(spec: SceneSpec) -> list[tuple[str, str]]:
+    """[B] (X's name, Y's name): "colour shape" of the first two slots ("centre of the
+    image" for a Y of label 0, "" for a presence question's unused Y)."""
+    check_spec(spec)
+    colour = list(COLOURS)
+    out = []
+    for labels, colours, rel in zip(
+        np.asarray(spec.labels_BxK), np.asarray(spec.colours_BxK), np.asarray(spec.relation_B)
+    ):
+        names = [
+            f"{colour[c - 1]} {SHAPES[lab - 1]}" if lab > 0 else MIDDLE
+            for lab, c in zip(labels[:2], colours[:2])
+        ]
+        out.append((names[0], "" if rel == 2 else names[1]))
+    return out
+
+
+def questions(spec: SceneSpec) -> list[str]:
+    """[B] each scene's question in the papers' wording (`TEMPLATES`)."""
+    return [
+        TEMPLATES[int(rel)].format(x=x, y=y, a="an" if x[:1] in "aeiou" else "a")
+        for (x, y), rel in zip(object_names(spec), np.asarray(spec.relation_B))
+    ]
