@@ -364,13 +364,3 @@ def test_seen_questions_belong_to_every_models_seen_set():
     assert list(common.id_labels(run)) == list(range(1, 10))
     unseen = common.question_specs(run._replace(examples="unseen"))["examples"]
     assert len(unseen.relation_B) == len(s.rank_N)
-
-
-def test_step_breakdown_times_each_part_of_a_real_step():
-    """The bench's breakdown (issue 28) runs the family's own batch, loss and step on a
-    tiny model: every part is timed. ~12 s: four small programs compile (one per part)."""
-    from jaxmech.reports.benchmark import step_breakdown
-
-    parts = step_breakdown(tiny_config(), n_steps=2, repeats=1)
-    assert list(parts) == ["batch", "forward", "backward", "step"]
-    assert all(np.isfinite(v) and v > 0 for v in parts.values())
