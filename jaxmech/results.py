@@ -101,7 +101,9 @@ def write_csv(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
-def _read_csv(path: str) -> list[dict]:
+def read_csv(path: str) -> list[dict]:
+    """The rows of a CSV written by `write_csv`, numbers parsed back (int, then float)."""
+
     def parse(v: str):
         for t in (int, float):
             try:
@@ -209,8 +211,8 @@ def load_run(path: str, *, with_data: bool = False) -> Run:
         config,
         settings,
         family.complete_params(params, config),
-        _read_csv(os.path.join(path, "results.csv")),
-        _read_csv(os.path.join(path, "curves.csv")),
+        read_csv(os.path.join(path, "results.csv")),
+        read_csv(os.path.join(path, "curves.csv")),
         family,
         get_task(config.task.task_kind),
         build_data(config) if with_data else None,

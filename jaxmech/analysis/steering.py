@@ -84,7 +84,13 @@ def matched_noise(key, like_BxD, projector_DxD=None):
     return z * norm / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-30)
 
 
-def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key) -> dict:
+def unsteered(view: VLMView, params, ex):
+    """(logits [B, V], intermediates) of the examples' plain forward, which every site's
+    steering starts from (`flip_margins`, `authors_margins`: pass it as `clean`)."""
+    return view.forward(params, ex.inputs, capture=True)
+
+
+def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key, clean=None) -> dict:  # fmt: skip
     """Answer margins under ID steering and its two norm-matched controls.
 
     Args:
@@ -94,12 +100,13 @@ def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, 
       delta_LxD: the model's ID at that site; source_B, target_B: cells (X's own cell,
         the cell to steer it to).
       alphas: [A] multipliers; key: PRNG key of the controls.
+      clean: the examples' `unsteered` forward (computed here when None).
 
     Returns:
       {"plain": [B], kind: [A, B] for kind in KINDS} margins (`margin`); "rel_norm"
       [A, B]: |added vector| / |X's residual at the site|.
     """
-    plain, aux = view.forward(params, ex.inputs, capture=True)
+    plain, aux = unsteered(view, params, ex) if clean is None else clean
     x_BxD = rows_at(aux[f"lm/resid_pre.{site}"], ex.spans.x_B)
     step_BxD = delta_LxD[target_B] - delta_LxD[source_B]
     projector = id_span_projector(delta_LxD)
@@ -132,11 +139,12 @@ def authors_vectors(delta_LxD, source_B, target_B, norms_B, scale: float):
     return scale * jnp.asarray(norms_B)[:, None] * unit
 
 
-def authors_margins(view, params, ex, site, delta_LxD, source_B, target_B, scale, key) -> dict:
+def authors_margins(view, params, ex, site, delta_LxD, source_B, target_B, scale, key, clean=None) -> dict:  # fmt: skip
     """The authors' steering at one site (module docstring): {"plain": [B], kind: [B]}
     margins with X's word moved towards `target_B` and Y's word the opposite way, each
-    by `scale` x its own residual's norm; the controls at the same words and norms."""
-    plain, aux = view.forward(params, ex.inputs, capture=True)
+    by `scale` x its own residual's norm; the controls at the same words and norms.
+    `clean`: the examples' `unsteered` forward (computed here when None)."""
+    plain, aux = unsteered(view, params, ex) if clean is None else clean
     resid = aux[f"lm/resid_pre.{site}"]
     words = (ex.spans.x_B, ex.spans.y_B)
     vecs = [
@@ -217,12 +225,15 @@ def steer_models(
         p, key = args
         states = si.word_states(view, p, pr.inputs, pr.spans.x_B)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
+        clean = unsteered(view, p, ex)  # one plain forward serves every site
         out = [
             (
-                flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key),
+                flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key, clean),
                 id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words),
                 id_curve(view, p, ex, y, delta[y], source_B, PAPER_CURVE_ALPHA, words),
-                authors_margins(view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key),
+                authors_margins(
+                    view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key, clean
+                ),  # fmt: skip
             )
             for y in sites
         ]

@@ -38,7 +38,6 @@ summary.json, curves.png.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 
@@ -59,6 +58,7 @@ from jaxmech.reports.common import (
     open_run,
     view_of,
 )
+from jaxmech.results import read_csv
 from jaxmech.stats import mean_ci
 from jaxmech.sweep import Grid, InitFrom, check_init_from, run_grid
 from jaxmech.train import check_train_only
@@ -176,8 +176,7 @@ def base_groups(run: LoadedRun) -> list[str]:
     rows = os.path.join(start["run"], "results.csv") if start else ""
     if not os.path.isfile(rows):
         return ["all"] * run.k
-    with open(rows, newline="") as f:
-        base = {int(r["model"]): float(r.get("unseen_min_acc") or "nan") for r in csv.DictReader(f)}
+    base = {int(r["model"]): float(r.get("unseen_min_acc", np.nan)) for r in read_csv(rows)}
     own = [base.get(start["models"][m], np.nan) for m in run.models]
     return ["generalising" if u >= GENERALISING else "others" for u in own]
 

@@ -91,9 +91,9 @@ def accuracy(run: LoadedRun) -> np.ndarray:
     )
 
 
-def _rows(fr: dict, cb: dict, models, grid_w: int) -> tuple[list[dict], list[dict]]:
+def flip_rows(fr: dict, models) -> list[dict]:
     k, n_sites, _ = fr[("id", "horizontal")].shape
-    flips = [
+    return [
         {
             "model": models[i],
             "site": y + 1,
@@ -110,7 +110,11 @@ def _rows(fr: dict, cb: dict, models, grid_w: int) -> tuple[list[dict], list[dic
         for kind in st.KINDS
         for j, a in enumerate(ALPHAS)
     ]
-    curves = [
+
+
+def curve_rows(cb: dict, models, grid_w: int) -> list[dict]:
+    k, n_sites = cb["horizontal"].shape[:2]
+    return [
         {
             "model": models[i],
             "site": y + 1,
@@ -124,7 +128,6 @@ def _rows(fr: dict, cb: dict, models, grid_w: int) -> tuple[list[dict], list[dic
         for rel in RELATIONS
         for c in range(cb[rel][i, y].size)
     ]
-    return flips, curves
 
 
 def _edge_gap(cb: dict) -> dict:
@@ -266,15 +269,11 @@ def _compute(run: LoadedRun) -> dict:
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
-    args = (res["flip_rates"], res["beliefs"], run.models, run.config.task.grid_w)
-    flip_rows, curve_rows = _rows(*args)
-    _, paper_rows = _rows(
-        res["flip_rates"], res["beliefs_paper"], run.models, run.config.task.grid_w
-    )
+    w = run.config.task.grid_w
     return {
-        "flips": flip_rows,
-        "curves": curve_rows,
-        "curves_paper": paper_rows,
+        "flips": flip_rows(res["flip_rates"], run.models),
+        "curves": curve_rows(res["beliefs"], run.models, w),
+        "curves_paper": curve_rows(res["beliefs_paper"], run.models, w),
         "authors": authors_rows(res["authors_rates"], run.models),
     }
 

@@ -19,9 +19,9 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
                                      cells' rows are then 0: a frame is one row)
           id_target [L, D]           the spatial-ID loss's target (id_site > 0 only:
                                      `families.toy_vlm.id_loss`)
-          lm_route []                1 (planted_route only): question tokens other than
-                                     the label words do not attend to the image tokens
-                                     (`route_visible`)
+          lm_route []                1, present with planted_route only (its presence is
+                                     the switch): question tokens other than the label
+                                     words do not attend to the image tokens (`route_visible`)
 
 V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
 `families.toy_vlm.vit` (cells, positions, windows). The LM reads `[L image tokens][Q question
@@ -260,9 +260,7 @@ def route_visible(params, question_BxQ, L: int):
     is_label = question_BxQ > N_SCENE_WORDS - 1  # label l's token is 10 + l
     query_sees_image = jnp.concatenate([jnp.ones((B, L), bool), is_label], axis=1)  # [B, S]
     key_is_image = jnp.arange(L + Q) < L
-    blocked = (~query_sees_image)[:, :, None] & key_is_image[None, None, :]
-    open_all = read(params, "lm_route") <= 0
-    return ~blocked | open_all
+    return ~((~query_sees_image)[:, :, None] & key_is_image[None, None, :])
 
 
 def lm_forward(params, image_BxLxD, question_BxQ, edits, aux, all_rows: bool):
