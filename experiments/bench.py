@@ -7,6 +7,7 @@
     python -m experiments.bench --accelerator  # GPU/TPU: K = 64..4096, memory, chunk
     python -m experiments.bench --preset=vlm --ks=1,4,8 --timed_steps=50   # the toy VLM
     python -m experiments.bench --preset=vlm --ks= --breakdown   # where one step's time goes
+    python -m experiments.bench --vlm_tables   # 003's patching table on a Qwen2-VL layout
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -48,6 +49,14 @@ flags.DEFINE_bool(
 flags.DEFINE_string("accel_ks", "64,256,1024,4096", "models per program in the accelerator check")
 flags.DEFINE_integer("accel_segments", 2, "evaluation segments timed per K (accelerator check)")
 flags.DEFINE_string("accel_out", "runs/accelerator", "folder of accelerator.csv / .json")
+flags.DEFINE_bool(
+    "vlm_tables",
+    False,
+    "time seed 003's patching table on a random Qwen2-VL-layout checkpoint, batched "
+    "against the one-forward-per-condition loop (jaxmech.reports.patch_speed)",
+)
+flags.DEFINE_integer("table_images", 64, "images of the --vlm_tables patching table")
+flags.DEFINE_integer("loop_images", 4, "images the --vlm_tables loop is timed on")
 define_config_flags(sweep=False)
 FLAGS = flags.FLAGS
 
@@ -74,6 +83,27 @@ def accelerator(config, ks):
         print(line)
 
 
+def vlm_tables():
+    """The batched patching table against the loop, one table printed."""
+    import jax
+
+    from jaxmech.reports.patch_speed import patch_table_speed
+
+    print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
+    r = patch_table_speed(FLAGS.table_images, FLAGS.loop_images)
+    print(
+        f"patching table: {r['cells']} cells (8 LM layers x 4 token groups x "
+        f"{FLAGS.table_images} images), {r['tokens']} tokens ({r['image_tokens']} image)"
+    )
+    print(f"{'':>28} {'cells/s':>9} {'s':>8}")
+    print(
+        f"{'batched (one call, median)':>28} {r['batched_cells_per_s']:>9.1f} {r['batched_s']:>8.1f}"
+    )
+    print(f"{'first call (compile incl.)':>28} {'':>9} {r['first_call_s']:>8.1f}")
+    print(f"{'loop, ' + str(r['loop_cells']) + ' cells':>28} {r['loop_cells_per_s']:>9.1f}")
+    print(f"batched / loop: {r['ratio']:.1f}x; max |log p difference| {r['max_abs_diff']:.1e}")
+
+
 def main(argv):
     del argv
     setup_runtime()
@@ -84,6 +114,8 @@ def main(argv):
         accel_ks = _int_list("accel_ks", FLAGS.accel_ks)
         if FLAGS.accelerator and not accel_ks:
             raise ValueError("--accel_ks is empty: give model counts, e.g. 64,256")
+        if FLAGS.vlm_tables and min(FLAGS.table_images, FLAGS.loop_images) < 1:
+            raise ValueError("--table_images and --loop_images must be at least 1")
         if FLAGS.accel_segments < 1:
             raise ValueError(f"--accel_segments = {FLAGS.accel_segments}: expected >= 1")
     except (ConfigError, ValueError) as e:
@@ -92,6 +124,8 @@ def main(argv):
 
     if FLAGS.accelerator:
         return accelerator(config, accel_ks)
+    if FLAGS.vlm_tables:
+        return vlm_tables()
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
     rate = matmul_rate()

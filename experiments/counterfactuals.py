@@ -1,25 +1,36 @@
-"""Seed 004's counterfactual table on toy VLMs (issue 15).
+"""Seed 004's counterfactual table on toy VLMs (issue 15) or a real checkpoint (issue 27).
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.counterfactuals --run=runs/vlm
+    python -m experiments.counterfactuals --checkpoint=Qwen2-VL-2B-Instruct \
+        --dtype=bfloat16 --out=runs/qwen2vl_2b
 
 Every model answers the unseen-pair questions with the ViT's position codes mirrored
 (or shifted half a cell), the LM's position ids or token order mirrored, the facings
 flipped, and combinations, in one compiled call: the share of answers equal to the
 mirrored image's and changed from the plain run's, per relation; and the binding
 failures among the errors. Writes RUN/counterfactuals/{table,errors}.csv,
-summary.json, counterfactuals.png (`jaxmech.reports.counterfactuals`).
+summary.json, counterfactuals.png (`jaxmech.reports.counterfactuals`); a checkpoint's
+into OUT/counterfactuals/, on pictures of two objects (`data.pictures`), the ViT's
+rotary width positions also mirrored in one block at a time.
 """
 
 from absl import flags
 
-from jaxmech.cli import run_main
+from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.counterfactuals import analyse_counterfactuals_run, counterfactuals_refusal
+from jaxmech.reports.counterfactuals import (
+    analyse_counterfactuals_checkpoint,
+    analyse_counterfactuals_run,
+    counterfactuals_refusal,
+)
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_counterfactuals_run, counterfactuals_refusal)
+define_checkpoint_flags()
+main = report_main(
+    analyse_counterfactuals_run, counterfactuals_refusal, analyse_counterfactuals_checkpoint
+)
 
 if __name__ == "__main__":
     run_main(main)

@@ -1,24 +1,32 @@
-"""Seed 003's spatial IDs on toy VLMs (issue 13, part 2).
+"""Seed 003's spatial IDs on toy VLMs (issue 13, part 2) or a real checkpoint (issue 27).
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.spatial_ids --run=runs/vlm
+    python -m experiments.spatial_ids --checkpoint=Qwen2-VL-2B-Instruct --dtype=bfloat16 \
+        --out=runs/qwen2vl_2b
 
 Per LM site, the object word's position-dependent state Delta(cell) from probe scenes
 of every label at every cell; its horizontal / vertical axes; the R^2 of a rank-k map
 from the ViT position basis; the IDs of training-pair vs validation labels compared.
 Writes RUN/spatial_ids/{r2,axes}.csv, summary.json, spatial_ids.png
-(`jaxmech.reports.spatial_ids`).
+(`jaxmech.reports.spatial_ids`); a checkpoint's into OUT/spatial_ids/, from pictures
+of every shape at every cell (`data.pictures`), the two halves of the shapes compared.
 """
 
 from absl import flags
 
-from jaxmech.cli import run_main
+from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.spatial_ids import analyse_spatial_ids_run, spatial_ids_refusal
+from jaxmech.reports.spatial_ids import (
+    analyse_spatial_ids_checkpoint,
+    analyse_spatial_ids_run,
+    spatial_ids_refusal,
+)
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_spatial_ids_run, spatial_ids_refusal)
+define_checkpoint_flags()
+main = report_main(analyse_spatial_ids_run, spatial_ids_refusal, analyse_spatial_ids_checkpoint)
 
 if __name__ == "__main__":
     run_main(main)

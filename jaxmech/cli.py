@@ -174,3 +174,45 @@ def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
         checkpoint_every=FLAGS.checkpoint_every,
     )
     return grid, out
+
+
+def define_checkpoint_flags() -> None:
+    """The flags of a seed 003 / 004 report run on a real checkpoint (`--checkpoint`
+    beside `--run`; `checkpoint_options` reads them)."""
+    flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run)")
+    flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
+                        "runs/checkpoints/NAME)")  # fmt: skip
+    flags.DEFINE_string("layers", None, "LM blocks studied, e.g. 6:16 (end exclusive) or "
+                        "3,5 (default: every one)")  # fmt: skip
+    flags.DEFINE_string("grid", "4x4", "the scenes' grid, ROWSxCOLS")
+    flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
+    flags.DEFINE_integer("questions", 64, "pair questions asked")
+    flags.DEFINE_integer("question_seed", 0, "seed of the questions' scenes")
+    flags.DEFINE_integer("batch", 16, "questions per compiled call")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
+
+
+def parse_layers(text: str | None):
+    """`--layers` as a tuple of ints ("6:16" is 6..15, "3,5" is 3 and 5), or None."""
+    if not text:
+        return None
+    try:
+        if ":" in text:
+            lo, hi = (int(x) for x in text.split(":"))
+            return tuple(range(lo, hi))
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ValueError(f"--layers = {text!r}: expected START:END or a comma list") from None
+
+
+def checkpoint_options(FLAGS) -> dict:
+    """`common.open_checkpoint`'s keyword arguments from the checkpoint flags."""
+    try:
+        grid = tuple(int(x) for x in FLAGS.grid.lower().split("x"))
+    except ValueError:
+        grid = ()
+    if len(grid) != 2 or min(grid) < 1:
+        raise ValueError(f"--grid = {FLAGS.grid!r}: expected ROWSxCOLS, e.g. 4x4")
+    return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
+                seed=FLAGS.question_seed, layers=parse_layers(FLAGS.layers),
+                batch=FLAGS.batch, dtype=FLAGS.dtype)  # fmt: skip

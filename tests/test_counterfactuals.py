@@ -187,5 +187,8 @@ def test_the_half_cell_shift_is_a_no_op_under_rope2d_and_the_report_says_so():
     run = jax.jit(lambda p: cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs))
     m = np.asarray(run(params))  # compiled: eager op-by-op costs ~10 s here
     assert np.abs(m[1] - m[0]).max() < 1e-4 and np.abs(m[0]).max() > 1e-3
-    assert "vit_half" in notes(config) and "vit_half" not in notes(tiny_vlm_config())
-    assert "vit_h" in notes(tiny_vlm_config(vit_frames=True, task_kind="video"))
+    assert "vit_half" in notes(view, params, config)
+    plain_config, plain_params, plain_view, _ = _setup()
+    assert "vit_half" not in notes(plain_view, plain_params, plain_config)
+    video = tiny_vlm_config(vit_frames=True, task_kind="video")
+    assert "vit_h" in notes(plain_view, plain_params, video)

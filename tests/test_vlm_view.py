@@ -100,7 +100,11 @@ def _view(config) -> VLMView:
         grid=grid,
         n_labels=config.task.n_labels,
         n_colours=config.task.n_colours,
-        render=lambda specs: (sc.render(config.task, specs), _spans(grid, len(specs.relation_B))),
+        # the twins' questions name no colour or cell here, so `ask` changes nothing
+        render=lambda specs, ask=None: (
+            sc.render(config.task, specs),
+            _spans(grid, len(specs.relation_B)),
+        ),
         forward=_forward,
         answer_words=ANSWER_WORDS,
         n_lm_blocks=lambda params: 1,

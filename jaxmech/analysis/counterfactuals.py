@@ -91,8 +91,8 @@ class Counterfactual(NamedTuple):
     """One counterfactual (or C stacked): what happens to the examples and the forward.
 
     scene [] int: the version of the scenes shown (`SCENES`); vit_rows, vit_cols [P]
-    (per block: [n_blocks, P]) float: the positions the ViT sees; lm_ids [3, S] float:
-    the LM's position ids; order [I] int: the LM reads image token `order[i]` at image
+    (per block: [n_blocks, P]) float: the positions the ViT sees; lm_ids [3, S] (or [B,
+    3, S] where rows are left-padded) float: the LM's position ids; order [I] int: the LM reads image token `order[i]` at image
     slot i.
     """
 
@@ -148,15 +148,22 @@ def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counter
         raise ValueError(f"unknown counterfactuals {unknown}; known: {', '.join(known)}")
     perm = token_mirrors(spans)
     ident = np.arange(len(spans.cell_I), dtype=np.int32)
-    image = np.asarray(spans.image_BxI)[0]  # one image size per batch
-    ids = view.lm_position_ids(params, spans)  # [3, S]
+    ids = jnp.asarray(view.lm_position_ids(params, spans))  # [3, S], or [B, 3, S]
+    # the image tokens' positions: one row for all ([3, S] ids), or per left-padded row
+    image = np.asarray(spans.image_BxI)[0 if ids.ndim == 2 else slice(None)]
+
+    def mirrored_ids(axis):
+        def row(ids_3xS, image_I):
+            return ids_3xS.at[:, image_I].set(ids_3xS[:, image_I[perm[axis]]])
+
+        return row(ids, image) if ids.ndim == 2 else jax.vmap(row)(ids, jnp.asarray(image))
 
     def one(name):
         c = CHANGES.get(name, {})
         vr, vc = _vit_positions(view, params, name)
         lm = ids
         if c.get("ids") is not None:
-            lm = ids.at[:, image].set(ids[:, image[perm[c["ids"]]]])
+            lm = mirrored_ids(c["ids"])
         order = ident if c.get("order") is None else perm[c["order"]]
         return Counterfactual(
             jnp.asarray(SCENES.index((c.get("cells"), c.get("flip", False)))),
@@ -167,9 +174,11 @@ def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counter
     return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *(one(n) for n in names))
 
 
-def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfactual):
+def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfactual,
+            batch_size: int | None = None):  # fmt: skip
     """[C, B] the answer margin of every example under every counterfactual; `versions`:
-    the rendered `scene_versions` stacked (leading axis: `SCENES`)."""
+    the rendered `scene_versions` stacked (leading axis: `SCENES`). One vmap over the
+    counterfactuals, or a `lax.map` of `batch_size` at a time (a large model's memory)."""
 
     def one(cf):
         inputs = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[cf.scene], versions)
@@ -178,7 +187,9 @@ def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfact
         )
         return margin(view.forward(params, inputs, edits)[0], answer_B, other_B)
 
-    return jax.vmap(one)(cfs)
+    if batch_size is None:
+        return jax.vmap(one)(cfs)
+    return jax.lax.map(one, cfs, batch_size=batch_size)
 
 
 def binding_failures(margin_B, swapped_margin_B) -> jax.Array:

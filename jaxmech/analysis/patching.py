@@ -61,7 +61,18 @@ def _answer_logp(logits_xBxV, answer_B):
     return jnp.take_along_axis(logp, idx, axis=-1)[..., 0]
 
 
-def patch_logp(view: VLMView, params, inputs, twin_inputs, groups_GxBxS, answer_B, other_B) -> dict:
+def patch_logp(
+    view: VLMView,
+    params,
+    inputs,
+    twin_inputs,
+    groups_GxBxS,
+    answer_B,
+    other_B,
+    layers=None,
+    shared_B=None,
+    plan=None,
+) -> dict:
     """Log-probabilities of each example's own answer word, plain and patched.
 
     Args:
@@ -71,26 +82,57 @@ def patch_logp(view: VLMView, params, inputs, twin_inputs, groups_GxBxS, answer_
       groups_GxBxS: bool token groups (`token_groups` of the examples' spans).
       answer_B, other_B: each example's answer word and the other word of its relation
         (`families.vlm_view.answer_ids`).
+      layers: the LM blocks y whose `lm/resid_pre.{y}` is patched (default: every one).
+      shared_B: [B] the first position where an example's and its twin's inputs may
+        differ (the rows before it are the same in both runs: e.g. the first image
+        token when only the picture differs); None: 0. Only speed depends on it.
+      plan: the rows each group's patch resumes from (`resume_plan`); default: from
+        the groups when they are concrete. Given, the groups may be traced (one
+        compiled call then serves every chunk of a larger set planned together).
 
     Returns:
       {"orig": [B], "twin": [B], "patched": [Y, G, B]} log p(answer_B) under the full
       softmax: the example, the twin, and the example with `lm/resid_pre.{y}` at group
       g's positions taken from the twin's run; "orig_other", "twin_other" [B]: the log
       p of the other word, to tell which examples each run answers right.
+
+    The clean and twin runs are run once and serve every patch. A patched run is handed
+    the whole residual stream at its layer (the twin's at the group's positions, the
+    example's elsewhere), so everything before that layer, the ViT included, is dead
+    code that XLA drops. Where the view offers `forward_from` (a key / value cache) and
+    the groups are concrete, a patch also runs only the rows after those it shares
+    with a plain run (`resume_plan`), the others' keys and values read from that run.
     """
     answer, other = jnp.asarray(answer_B), jnp.asarray(other_B)
-    twin_logits, twin_aux = view.forward(params, twin_inputs, capture=True)
-    orig_logits, _ = view.forward(params, inputs)
+    layers = range(view.n_lm_blocks(params)) if layers is None else layers
+    names = [f"lm/resid_pre.{y}" for y in layers]
+    plan = resume_plan(view, groups_GxBxS, shared_B) if plan is None else plan
+    groups_GxBxS = jnp.asarray(groups_GxBxS)
+    sites = names + (list(view.cache_sites) if plan is not None else [])
+    twin_logits, twin_aux = view.forward(params, twin_inputs, capture=sites)
+    orig_logits, orig_aux = view.forward(params, inputs, capture=sites)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
+
+    def mixed(name, mask_BxS, s0=0):
+        x = jnp.where(mask_BxS[:, :, None], twin_aux[name], orig_aux[name])
+        return x[:, s0:]
+
     per_layer = []
-    for y in range(view.n_lm_blocks(params)):
-        name = f"lm/resid_pre.{y}"
+    for y, name in zip(layers, names):
+        if plan is None:
 
-        def patched(mask_BxS, name=name):
-            edits = Edits(replace={name: (mask_BxS[:, :, None], twin_aux[name])})
-            return view.forward(params, inputs, edits)[0]
+            def patched(mask_BxS, name=name):
+                edits = Edits(replace={name: (True, mixed(name, mask_BxS))})
+                return view.forward(params, inputs, edits)[0]
 
-        per_layer.append(_answer_logp(jax.vmap(patched)(jnp.asarray(groups_GxBxS)), answer))
+            logits = jax.vmap(patched)(jnp.asarray(groups_GxBxS))
+        else:
+            logits = jnp.stack([
+                view.forward_from(params, inputs, y, s0, mixed(name, groups_GxBxS[g], s0),
+                                  twin_aux if from_twin else orig_aux)
+                for g, (s0, from_twin) in enumerate(plan)
+            ])  # fmt: skip
+        per_layer.append(_answer_logp(logits, answer))
     return {
         "orig": orig,
         "twin": twin_lp,
@@ -98,3 +140,30 @@ def patch_logp(view: VLMView, params, inputs, twin_inputs, groups_GxBxS, answer_
         "orig_other": _answer_logp(orig_logits, other),
         "twin_other": _answer_logp(twin_logits, other),
     }
+
+
+def resume_plan(view: VLMView, groups_GxBxS, shared_B=None):
+    """[G] (start, from_twin) per group: the rows a patched run shares with a plain run
+    and need not recompute, or None when the view has no `forward_from` or the groups
+    are traced. In a causal LM a patched run equals the example's run before the
+    group's first position, and the twin's before the first unpatched position at or
+    after `shared_B` (rows before `shared_B` are the same in both runs; rows from there
+    to that position are all the twin's). The larger start wins (min over the batch,
+    at most S - 1)."""
+    if view.forward_from is None:
+        return None
+    try:
+        g = np.asarray(groups_GxBxS, bool)
+    except jax.errors.TracerArrayConversionError:
+        return None
+    G, B, S = g.shape
+    shared = np.zeros(B, int) if shared_B is None else np.asarray(shared_B)
+    pos = np.arange(S)
+    plan = []
+    for mask in g:
+        first = np.where(mask.any(1), mask.argmax(1), S).min()
+        unpatched = ~mask & (pos[None] >= shared[:, None])
+        twin_end = np.where(unpatched.any(1), unpatched.argmax(1), S).min()
+        start, from_twin = max((int(first), False), (int(twin_end), True))
+        plan.append((min(start, S - 1), from_twin))
+    return plan

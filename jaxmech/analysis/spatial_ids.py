@@ -69,6 +69,51 @@ def word_states(view: VLMView, params, inputs, pos_N) -> jax.Array:
     return states_at(aux, view.n_lm_blocks(params), pos_N)
 
 
+def probe_sites(n_blocks: int) -> list[str]:
+    """The intermediates `analytic_ids` and `states_at` read from a probe run."""
+    resid = [resid_site(y, n_blocks) for y in range(n_blocks + 1)]
+    return resid + ["lm/v", "lm/pattern", "lm/attn_out"]
+
+
+def at_two_positions(aux, x_N, token_N, n_blocks: int) -> dict:
+    """A probe run's intermediates (`probe_sites`) reduced to the two positions the IDs
+    read, renumbered 0 (X's word) and 1 (X's cell token): residuals and attention
+    outputs [N, 2, D], values [N, 2, H, Dh], patterns [N, H, 2, 2]. `states_at` and
+    `analytic_ids` give the same on it with x_N = 0 and token_N = 1."""
+    rows, pos = jnp.arange(len(x_N)), jnp.stack([jnp.asarray(x_N), jnp.asarray(token_N)], 1)
+    out = {}
+    for name in probe_sites(n_blocks):
+        keys = [name] if "." in name else [f"{name}.{y}" for y in range(n_blocks)]
+        for k in keys:
+            x = aux[k]
+            if k.startswith("lm/pattern"):
+                x = x[rows[:, None, None, None], jnp.arange(x.shape[1])[None, :, None, None],
+                      pos[:, None, :, None], pos[:, None, None, :]]  # fmt: skip
+            else:
+                x = x[rows[:, None], pos]
+            out[k] = x
+    return out
+
+
+def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int) -> dict:
+    """`at_two_positions` of the probe scenes' run, computed `batch` scenes at a time in
+    one `lax.map` (the last chunk padded by repeating its first scene, then cut), so a
+    large model's whole intermediates are held for one chunk only."""
+    n = len(np.asarray(x_N))
+    pad = -n % batch
+    idx = np.concatenate([np.arange(n), np.zeros(pad, int)]).reshape(-1, batch)
+    n_blocks = view.n_lm_blocks(params)
+    sites = probe_sites(n_blocks)
+
+    def chunk(i_b):
+        x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[i_b], inputs)
+        _, aux = view.forward(params, x, capture=sites)
+        return at_two_positions(aux, jnp.asarray(x_N)[i_b], jnp.asarray(token_N)[i_b], n_blocks)
+
+    out = jax.lax.map(chunk, jnp.asarray(idx))
+    return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
+
+
 def cell_means(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:
     """[Y, labels, L, D] the states averaged per (label, cell); labels in sorted order
     (every label must cover every cell)."""
@@ -96,6 +141,14 @@ def grid_axes(delta_YxLxD, grid_h: int, grid_w: int):
     one row down."""
     g = delta_YxLxD.reshape(delta_YxLxD.shape[0], grid_h, grid_w, -1)
     return (g[:, :, 1:] - g[:, :, :-1]).mean((1, 2)), (g[:, 1:] - g[:, :-1]).mean((1, 2))
+
+
+def cell_basis(view: VLMView, params, spans: Spans) -> jax.Array:
+    """[L, F] the ViT's position features (`VLMView.position_basis`, per image token)
+    averaged over each cell's image tokens (`Spans.cell_I`; one token per cell: as is)."""
+    cell_I = np.asarray(spans.cell_I)
+    onehot = (cell_I[None, :] == np.arange(view.grid.cells)[:, None]).astype(np.float32)
+    return (onehot / onehot.sum(1, keepdims=True)) @ view.position_basis(params)
 
 
 def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
@@ -156,7 +209,8 @@ def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int) -> di
       peak [Y, H]         that mean attention weight per head
 
     `aux`: the intermediates of a capture run on probe scenes (`data.spec.probe_specs`,
-    whose `label_N`, `cell_N` come with them); x_N: X's word position (`Spans.x_B`),
+    whose `label_N`, `cell_N` come with them; or `at_two_positions` of one, with x_N = 0
+    and token_N = 1); x_N: X's word position (`Spans.x_B`),
     token_N: the LM position of an image token in X's cell. Y: LM blocks; params in the
     TransformerLens layout (`lm/block_{y}/W_O [H, Dh, D]`).
     """
@@ -165,11 +219,12 @@ def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int) -> di
     ids = spatial_ids(states_at(aux, n_blocks, x_N), label_N, cell_N, n_cells)
     out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": []}
     for y in range(n_blocks):
-        v = aux[f"lm/v.{y}"][rows, token_N]  # [N, H, Dh]
+        w_o = params["lm"][f"block_{y}"]["W_O"]
+        v = aux[f"lm/v.{y}"][rows, token_N]  # [N, Hkv, Dh]
+        v = jnp.repeat(v, w_o.shape[0] // v.shape[1], axis=1)  # grouped-query: per query head
         H, Dh = v.shape[1:]
         gamma = spatial_ids(v.reshape(1, len(cell_N), H * Dh), label_N, cell_N, n_cells)
         gamma = gamma[0].reshape(n_cells, H, Dh)
-        w_o = params["lm"][f"block_{y}"]["W_O"]
         peak = aux[f"lm/pattern.{y}"][rows, :, x_N, token_N].mean(0)  # [H]
         out["pred"].append(jnp.einsum("lhe,hed->ld", gamma, w_o))
         out["weighted"].append(jnp.einsum("lhe,h,hed->ld", gamma, peak, w_o))

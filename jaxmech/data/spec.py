@@ -181,3 +181,46 @@ def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: i
         np.full(N, relation, np.int32),
     )
     return spec, lab, cell
+
+
+# ---------------------------------------------------------------------------
+# question sets (checkpoints: no eval sets of their own)
+
+
+def pair_questions(grid: Grid, n: int, n_labels: int, n_colours: int, seed: int = 0,
+                   relation: int = 0) -> dict:  # fmt: skip
+    """{"examples": spec [n], "mirror": spec, "recolour": spec}: n two-object questions of
+    `relation` (0 horizontal) for a model with no eval sets of its own (a checkpoint):
+    two different labels at two cells that differ along the relation (so the answer is
+    defined), each with a colour and a facing; the twins are the width mirror (`mirror`;
+    the height mirror for relation 1) and every object recoloured to another colour.
+    Host NumPy, drawn from (`seed`, `relation`) alone."""
+    if n < 1:
+        raise ValueError(f"n = {n}: expected at least one question")
+    if n_labels < 2 or n_colours < 2:
+        raise ValueError(f"n_labels = {n_labels}, n_colours = {n_colours}: expected 2+ each")
+    rng = np.random.default_rng([seed, 27, relation])
+    L = grid.cells
+    cells = np.stack([rng.permutation(L)[:2] for _ in range(n)])
+    axis = (lambda c: c % grid.w) if relation == 0 else (lambda c: c // grid.w)
+    same = axis(cells[:, 0]) == axis(cells[:, 1])
+    while same.any():  # redraw Y where it is level with X along the relation
+        cells[same, 1] = rng.integers(0, L, same.sum())
+        same = axis(cells[:, 0]) == axis(cells[:, 1])
+    labels = np.stack([rng.permutation(n_labels)[:2] + 1 for _ in range(n)])
+    colours = rng.integers(1, n_colours + 1, (n, 2))
+    spec = SceneSpec(
+        cells.astype(np.int32),
+        labels.astype(np.int32),
+        colours.astype(np.int32),
+        rng.integers(1, 3, (n, 2)).astype(np.int32),
+        np.full(n, relation, np.int32),
+    )
+    other = (colours - 1 + rng.integers(1, n_colours, (n, 2))) % n_colours + 1
+    twin = mirror(grid, spec) if relation == 0 else mirror_height(grid, spec)
+    as_np = lambda s: SceneSpec(*(np.asarray(x) for x in s))  # noqa: E731
+    return {
+        "examples": spec,
+        "mirror": as_np(twin),
+        "recolour": as_np(recolour(spec, other.astype(np.int32))),
+    }

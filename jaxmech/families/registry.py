@@ -28,7 +28,12 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
                                                holding and checking its fields)
   vlm_view(config) -> VLMView                VLM families: what the seed 003 / 004
                                                methods may ask of them
-                                               (`families.vlm_view`); None otherwise
+                                               (`families.vlm_view`); None otherwise.
+                                               A checkpoint family's takes (folder,
+                                               config, grid, size): its processor is
+                                               the folder's
+  read_config(folder) -> config              checkpoint families: the architecture
+                                               alone, no weights read (cheap checks)
   load(folder) -> (config, params)           checkpoint families (real models, e.g.
                                                `qwen2_vl`): open a folder whose
                                                config.json `model_type` is in
@@ -68,6 +73,7 @@ from jaxmech.families.dual_encoder.model import static_params
 from jaxmech.families.qwen2_vl import load as qwen_load
 from jaxmech.families.qwen2_vl import params as qwen_params
 from jaxmech.families.qwen2_vl.config import VARIANTS
+from jaxmech.families.qwen2_vl.view import checkpoint_view
 from jaxmech.families.toy_vlm import evaluate as evaluate_answers
 from jaxmech.families.toy_vlm import loss as answer
 from jaxmech.families.toy_vlm import model as ar_vlm
@@ -91,6 +97,7 @@ class Family(NamedTuple):
     config: type | None = ModelConfig
     load: Callable | None = None
     checkpoint_types: tuple[str, ...] = ()
+    read_config: Callable | None = None
 
 
 FAMILIES: dict[str, Family] = {}
@@ -204,14 +211,15 @@ register(
         config=None,
         load=qwen_load.load_checkpoint,
         checkpoint_types=VARIANTS,
+        vlm_view=checkpoint_view,
+        read_config=qwen_load.read_config,
     )
 )
 
 
-def load_checkpoint(folder: str, **kwargs):
-    """(family, config, params) of a real checkpoint folder, by the family whose
-    `checkpoint_types` has its config.json's `model_type` (today `qwen2_vl` reads
-    Qwen2-VL and Qwen2.5-VL); kwargs go to that family's `load` (`dtype`, `place`)."""
+def checkpoint_family(folder: str) -> Family:
+    """The family whose `checkpoint_types` has the folder's config.json `model_type`
+    (today `qwen2_vl` reads Qwen2-VL and Qwen2.5-VL)."""
     path = os.path.join(folder, "config.json")
     if not os.path.exists(path):
         raise ValueError(f"checkpoint = {folder!r}: no config.json (not a checkpoint folder)")
@@ -219,9 +227,22 @@ def load_checkpoint(folder: str, **kwargs):
         model_type = json.load(f).get("model_type")
     for family in FAMILIES.values():
         if model_type in family.checkpoint_types:
-            return (family, *family.load(folder, **kwargs))
+            return family
     known = [t for f in FAMILIES.values() for t in f.checkpoint_types]
     raise ValueError(
         f"{path}: model_type = {model_type!r} is not supported: allowed one of "
         + ", ".join(map(repr, known))
     )
+
+
+def read_checkpoint_config(folder: str):
+    """(family, config) of a checkpoint folder, its weights not read (a cheap check)."""
+    family = checkpoint_family(folder)
+    return family, family.read_config(folder)
+
+
+def load_checkpoint(folder: str, **kwargs):
+    """(family, config, params) of a real checkpoint folder (`checkpoint_family`);
+    kwargs go to that family's `load` (`dtype`, `place`)."""
+    family = checkpoint_family(folder)
+    return (family, *family.load(folder, **kwargs))

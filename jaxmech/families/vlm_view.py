@@ -7,10 +7,12 @@ family's own modules. A family's view:
   grid                          the cell grid its scenes live on (`data.spec.Grid`)
   n_labels, n_colours           how many object labels (1..n_labels) and colours it
                                   can draw and name
-  render(specs) -> (inputs, spans)
+  render(specs, ask=None) -> (inputs, spans)
                                 the specs drawn as the family's inputs (a pytree whose
                                   leaves lead with B; pixels and a tokenizer for a real
-                                  family) and where each part landed (`Spans`)
+                                  family) and where each part landed (`Spans`); `ask`:
+                                  the specs whose questions are asked (default specs'
+                                  own), so a twin keeps its example's question
   forward(params, inputs, edits=None, capture=False) -> (logits_BxV, aux)
                                 logits at each scene's answer position and the named
                                   intermediates (`sites` below), whole with `capture`
@@ -19,9 +21,9 @@ family's own modules. A family's view:
   answer_words [3, 2]           token ids of each relation's (first, second) answer word
                                   (relation ids as `data.spec`: 0 h, 1 v, 2 presence)
   n_lm_blocks(params)           the LM's blocks
-  lm_position_ids(params, spans) -> [3, S]
+  lm_position_ids(params, spans) -> [3, S] or [B, 3, S]
                                 the LM's (t, row, col) position ids, as `Edits.lm_pos_ids`
-                                  takes them
+                                  takes them (per row where rows are left-padded)
   vit_positions(params) -> (rows_P, cols_P, (h, w))
                                 the (row, col) each ViT token sees and the extent of
                                   those positions, as `Edits.vit_rows / vit_cols` take
@@ -31,6 +33,13 @@ family's own modules. A family's view:
   position_basis(params) -> [I, F]
                                 the ViT's position features of each image token (the
                                   basis of the spatial IDs' rank-k fits)
+  forward_from(params, inputs, layer, start, x_BxTxD, aux) -> logits_BxV
+                                optional (None: not offered): the answer's logits of a
+                                  run resumed at LM block `layer` from the residual of
+                                  rows start..S-1 (ints, static), the rows before read
+                                  from a run whose intermediates `aux` hold the sites
+                                  `cache_sites` (a causal LM's key / value cache); a
+                                  patch then costs only the rows and blocks after it
 
 Sites, in TransformerLens's words for every family: `lm/resid_pre.{i}`,
 `lm/resid_post.{i}`, `lm/attn_out.{i}`, `lm/v.{i}`, `lm/pattern.{i}` (`[B, H, S, S]`),
@@ -61,6 +70,7 @@ class Spans(NamedTuple):
     x_B, y_B: the position of the last sub-token of the first- and second-named object
     words (the authors read the last sub-token). question_BxS: bool, the question's
     tokens (not the image, not a template). answer_B: the position whose logits answer.
+    first_B: each row's first real token where rows are left-padded (None: none are).
     """
 
     image_BxI: Any
@@ -70,6 +80,7 @@ class Spans(NamedTuple):
     y_B: Any
     question_BxS: Any
     answer_B: Any
+    first_B: Any = None
 
     @property
     def length(self) -> int:
@@ -92,6 +103,8 @@ class VLMView(NamedTuple):
     vit_positions: Callable
     vit_blocks: Callable
     position_basis: Callable
+    forward_from: Callable | None = None
+    cache_sites: tuple = ()
 
 
 def resid_site(site: int, n_blocks: int) -> str:

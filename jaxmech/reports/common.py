@@ -219,6 +219,13 @@ def open_report(
     return open_run(path, with_data=with_data, log=log), out
 
 
+def plots_dir(path: str, folder: str) -> str:
+    """`path/folder`, created: a report's folder."""
+    from jaxmech import plots
+
+    return plots.ensure_dir(os.path.join(path, folder))
+
+
 def declared(report: str, hint: str = ""):
     """The refusal of report `report` (its folder name): None when the run's family and
     its task both declare the report (`Family.reports`, `Task.reports`), else why not
@@ -252,7 +259,9 @@ def needs_depth(config, path: str) -> str | None:
 
 
 def view_of(run: LoadedRun) -> VLMView:
-    """The VLM view of a run's family (`families.view_for`)."""
+    """The VLM view of a run's family (`families.view_for`), or a checkpoint's."""
+    if isinstance(run.data, CheckpointData):
+        return run.data.view
     return view_for(run.config)
 
 
@@ -269,7 +278,10 @@ def question_specs(run: LoadedRun) -> dict:
     """{"examples": spec, twin: spec}: the questions of `run.examples` (`EXAMPLES`) as
     scene specs. "unseen": the whole unseen-pair set; "seen": the seen-pair rows that
     belong to every model's seen set (`data.scenes.eval_masks`: both labels trained in
-    pairs, a layout held out), so one batch serves every model of the run."""
+    pairs, a layout held out), so one batch serves every model of the run. A
+    checkpoint's: its question set (`open_checkpoint`)."""
+    if isinstance(run.data, CheckpointData):
+        return run.data.specs
     specs = eval_specs(run, EXAMPLE_SETS[run.examples])
     if run.examples == "unseen":
         return specs
@@ -284,7 +296,10 @@ def question_specs(run: LoadedRun) -> dict:
 def id_labels(run: LoadedRun) -> range:
     """The labels a universal spatial ID is averaged over: those every model of the run
     saw in training pairs (1..min n_pair_labels; the validation labels' IDs agree with
-    them only in part, issue 26)."""
+    them only in part, issue 26). A checkpoint's: the first half of its labels (the
+    other half's IDs are compared with them)."""
+    if isinstance(run.data, CheckpointData):
+        return range(1, run.data.view.n_labels // 2 + 1)
     return range(1, int(np.min(np.asarray(run.settings.n_pair_labels))) + 1)
 
 
@@ -339,19 +354,36 @@ def take_models(res: dict, keys, index) -> dict:
     return res | {k: jax.tree_util.tree_map(pick, res[k]) for k in keys}
 
 
-def report_main(analyse, refusal):
+def report_main(analyse, refusal, on_checkpoint=None):
     """The `main(argv)` of a report entry point: every folder of its `--run` flag
     (which the entry module defines: absl flags belong to one module) is checked by
-    `check_runs` before any compute, then `analyse(folder)` runs on each."""
+    `check_runs` before any compute, then `analyse(folder)` runs on each. With
+    `on_checkpoint(run, out)` the entry point also takes `--checkpoint=DIR`
+    (`cli.define_checkpoint_flags`): the checkpoint is opened (`open_checkpoint`) and
+    its report written into `--out`."""
     from absl import app, flags
 
-    from jaxmech.cli import setup_runtime
+    from jaxmech.cli import checkpoint_options, setup_runtime
 
     def main(argv):
         del argv
         setup_runtime()
+        F = flags.FLAGS
+        if on_checkpoint is not None and F.checkpoint:
+            if F.run:
+                raise app.UsageError("give --run or --checkpoint, not both")
+            try:
+                opts = checkpoint_options(F)
+                run = open_checkpoint(F.checkpoint, **opts)
+            except ValueError as e:
+                raise app.UsageError(str(e)) from None
+            out = F.out or os.path.join("runs", "checkpoints", os.path.basename(
+                os.path.normpath(F.checkpoint)))  # fmt: skip
+            print(f"\n=== {F.checkpoint} -> {out}")
+            on_checkpoint(run, out)
+            return
         try:
-            runs = check_runs(flags.FLAGS.run, refusal)
+            runs = check_runs(F.run, refusal)
         except ValueError as e:
             raise app.UsageError(str(e)) from None
         for r in runs:
@@ -435,7 +467,7 @@ def report_parts(report: Report, run: LoadedRun) -> tuple[list[_Part], dict, dic
     groups = model_groups(run) if report.per_model else [("all", np.arange(run.k))]
     group_of = {run.models[i]: g for g, index in groups for i in index}
     parts, tables, full = [], {}, {}
-    for e in report.examples or (None,):
+    for e in (report.examples if run.examples else ()) or (None,):
         r = run if e is None else run._replace(examples=e)
         res = full[e] = report.compute(r)
         own = report.tables(res, r)
@@ -458,6 +490,11 @@ def analyse(report: Report, path: str, log=print) -> dict:
     one summary per part, the main one (seen pairs, generalising models) first; the
     summary holds each under its key ("seen/generalising", ...) and names the main."""
     run, out = open_report(path, report.refusal, report.folder, log, report.with_data)
+    return analyse_loaded(report, run, out, log)
+
+
+def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
+    """`analyse` on a loaded run (or checkpoint: `open_checkpoint`), written into `out`."""
     parts, tables, full = report_parts(report, run)
     for name, rows in tables.items():
         write_csv(os.path.join(out, f"{name}.csv"), rows)
@@ -480,6 +517,57 @@ def analyse(report: Report, path: str, log=print) -> dict:
         "by_examples": full,
         "parts": {p.key: p.res for p in parts},
     }
+
+
+class CheckpointData(NamedTuple):
+    """What a checkpoint's `LoadedRun` holds instead of a task's data: its VLM view, its
+    question set (`data.spec.pair_questions`), the LM blocks a report studies (None:
+    every one) and the scenes per compiled call."""
+
+    view: VLMView
+    specs: dict
+    layers: tuple | None
+    batch: int
+
+
+def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
+                    seed: int = 0, layers=None, batch: int = 16, dtype="float32",
+                    log=print) -> LoadedRun:  # fmt: skip
+    """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
+    reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
+    `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
+    relation drawn from `seed`), no config, settings or task. Bad options raise ValueError naming them
+    (the view's before the weights are read)."""
+    from jaxmech.data.pictures import COLOURS, SHAPES
+    from jaxmech.data.spec import Grid, SceneSpec, pair_questions
+    from jaxmech.families import load_checkpoint
+    from jaxmech.families.registry import read_checkpoint_config
+
+    for name, v in (("questions", questions), ("batch", batch)):
+        if v < 1:
+            raise ValueError(f"{name} = {v}: expected at least 1")
+    family, config = read_checkpoint_config(folder)
+    view = family.vlm_view(folder, config, Grid(*grid), size)
+    n = view.n_lm_blocks(None)
+    if layers is not None and (not layers or min(layers) < 0 or max(layers) >= n):
+        raise ValueError(f"layers = {list(layers)}: expected LM blocks in [0, {n})")
+    _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
+    log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}")
+    per_rel = [pair_questions(view.grid, questions, len(SHAPES), len(COLOURS), seed, rel)
+               for rel in (0, 1)]  # fmt: skip
+    specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
+    return LoadedRun(
+        path=folder,
+        config=None,
+        params=jax.tree_util.tree_map(lambda x: x[None], params),
+        settings=None,
+        data=CheckpointData(view, specs, None if layers is None else tuple(layers), batch),
+        results=[{"model": 0, "diverged_step": -1}],
+        models=(0,),
+        excluded=(),
+        family=family,
+        examples=None,
+    )
 
 
 def _take(tree, index: np.ndarray):

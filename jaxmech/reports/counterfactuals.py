@@ -22,21 +22,26 @@ Writes into `RUN/counterfactuals/` (every row also names its `examples` and `mod
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
-from jaxmech.data.spec import RELATIONS, swap_named
+from jaxmech.data.spec import RELATIONS, swap_named, take
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
+    CheckpointData,
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
     declared,
     fmt_ci,
+    plots_dir,
     relation_questions,
     view_of,
 )
@@ -48,40 +53,60 @@ counterfactuals_refusal = declared(
 MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
 
 
-def notes(config) -> dict[str, str]:
-    """{counterfactual: why it is an exact no-op for this model}, printed beside its
-    row: under rotary ViT positions a uniform column shift cancels in q . k; a ViT that
-    sees each frame alone has one row per frame, so mirroring rows changes nothing."""
-    model = config.model
+def notes(view, params, config=None) -> dict[str, str]:
+    """{counterfactual: why it is an exact no-op for this model (one model's params;
+    `config` a run's, None for a checkpoint)}, printed beside its row: under rotary ViT
+    positions (set per block) a uniform column shift cancels in q . k; a ViT that sees
+    each frame alone has one row per frame, so mirroring rows changes nothing."""
     out = {}
-    if getattr(model, "vit_pos", None) == "rope2d":
+    if view.vit_blocks(params):
         out["vit_half"] = "exact no-op: a uniform shift cancels in rotary q.k"
-    if getattr(model, "vit_frames", False):
+    if config is not None and getattr(config.model, "vit_frames", False):
         out["vit_h"] = "exact no-op: the ViT sees one row (a frame) at a time"
     return out
 
 
-def compute(run: LoadedRun) -> dict:
-    """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
-    "relation": [B]}."""
-    view, ex = view_of(run), relation_questions(run)
-    first = jax.tree_util.tree_map(lambda x: x[0], run.params)
-    names = cfa.names_for(view, first)
-    cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
+def _questions(view, spec, rows):
+    """(Examples, stacked scene versions, swapped Examples) of questions `rows`."""
+    ex = examples(view, take(spec, rows))
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
     rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
-    versions = jax.tree_util.tree_map(stack, *rendered)
-    swapped = examples(view, swap_named(ex.spec))
-    swapped_versions = jax.tree_util.tree_map(lambda x: x[None], swapped.inputs)
-    plain = jax.tree_util.tree_map(lambda x: x[:1], cfs)  # names[0] is "plain"
+    return ex, jax.tree_util.tree_map(stack, *rendered), examples(view, swap_named(ex.spec))
 
-    def one_model(p):
-        m = cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs)
-        s = cfa.margins(view, p, swapped_versions, swapped.answer_B, swapped.other_B, plain)
-        return m, s[0]
 
-    m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
-    return {"margins": m, "swapped": s, "relation": np.asarray(ex.spec.relation_B), "names": names}
+def compute(run: LoadedRun, log=print) -> dict:
+    """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
+    "relation": [B]}. A checkpoint's questions run `batch` at a time (one compiled call
+    per chunk, its counterfactuals one after another); a run's all at once."""
+    view, ex_all = view_of(run), relation_questions(run)
+    first = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    names = cfa.names_for(view, first)
+    ckpt = run.data if isinstance(run.data, CheckpointData) else None
+    n = len(ex_all.answer_B)
+    batch, one_at_a_time = (ckpt.batch, 1) if ckpt else (n, None)
+    ms, ss, t0 = [], [], time.perf_counter()
+    for lo in range(0, n, batch):
+        ex, versions, swapped = _questions(view, ex_all.spec, np.arange(lo, min(lo + batch, n)))
+        cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
+        plain = jax.tree_util.tree_map(lambda x: x[:1], cfs)  # names[0] is "plain"
+        one = jax.tree_util.tree_map(lambda x: x[None], swapped.inputs)
+
+        def one_model(p, ex=ex, versions=versions, swapped=swapped, cfs=cfs, plain=plain, one=one):
+            m = cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs, one_at_a_time)
+            s = cfa.margins(view, p, one, swapped.answer_B, swapped.other_B, plain)
+            return m, s[0]
+
+        m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
+        ms.append(m), ss.append(s)
+        if ckpt and n > batch:
+            done, spent = min(lo + batch, n), time.perf_counter() - t0
+            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
+    return {
+        "margins": np.concatenate(ms, -1),
+        "swapped": np.concatenate(ss, -1),
+        "relation": np.asarray(ex_all.spec.relation_B),
+        "names": names,
+    }
 
 
 def table_rows(res: dict, models) -> list[dict]:
@@ -187,9 +212,10 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    ids = getattr(run.config.model, "lm_pos_ids", "the family's")
-    log(f"{run.k} models; {EXAMPLE_WORDS[run.examples]}; lm_pos_ids {ids!r}")
-    note = notes(run.config)
+    ids = getattr(getattr(run.config, "model", None), "lm_pos_ids", "the family's")
+    words = EXAMPLE_WORDS.get(run.examples, "pair questions")
+    log(f"{run.k} models; {words}; lm_pos_ids {ids!r}")
+    note = notes(view_of(run), jax.tree_util.tree_map(lambda x: x[0], run.params), run.config)
     summary = summarise(tables["table"], tables["errors"], res["names"], log, note)
     summary |= {"notes": note} if note else {}
     return summary | {"excluded": list(run.excluded)}
@@ -211,3 +237,8 @@ REPORT = Report(
 def analyse_counterfactuals_run(path: str, log=print) -> dict:
     """The counterfactual table of one results folder (`common.analyse`)."""
     return analyse(REPORT, path, log)
+
+
+def analyse_counterfactuals_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The counterfactual table of a checkpoint (`common.open_checkpoint`) into `out`."""
+    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

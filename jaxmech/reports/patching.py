@@ -25,18 +25,27 @@ import time
 import jax
 import numpy as np
 
-from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
+from jaxmech.analysis.patching import (
+    GROUPS,
+    belief_shift,
+    patch_logp,
+    resume_plan,
+    token_groups,
+)
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
+    CheckpointData,
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
     declared,
     fmt_ci,
+    plots_dir,
     question_specs,
     view_of,
 )
@@ -45,41 +54,61 @@ from jaxmech.stats import mean_ci
 TWINS = ("mirror", "recolour")
 
 
-def patched_relation(config, view) -> tuple[int, dict]:
+def patched_relation(run: LoadedRun, view) -> tuple[int, dict]:
     """(relation id, {word name: answer token, "both": None}) of the questions patched:
-    the task's first relation (`Task.answer_relations`)."""
-    rel = get_task(config.task.task_kind).answer_relations[0][1]
+    the task's first relation (`Task.answer_relations`); a checkpoint's: left / right."""
+    if run.task is None:
+        first, second = (int(w) for w in np.asarray(view.answer_words)[0])
+        return 0, {"left": first, "right": second, "both": None}
+    rel = get_task(run.config.task.task_kind).answer_relations[0][1]
     first, second = (int(w) for w in np.asarray(view.answer_words)[rel])
-    names = get_task(config.task.task_kind).words
+    names = get_task(run.config.task.task_kind).words
     return rel, {names[first]: first, names[second]: second, "both": None}
 
 
 patching_refusal = declared("patching")  # why the report does not apply to a run (None: it does)
 
 
-def compute(run: LoadedRun) -> dict:
+def compute(run: LoadedRun, log=print) -> dict:
     """{twin: patch_logp over K models} on the questions of `run.examples`
     (`common.question_specs`) of the patched relation (`patched_relation`), the answer
-    words [B], the word names and the wall time of the one compiled call."""
+    words [B], the word names, the patched LM blocks and the wall time. Every question
+    is rendered at once (one length); they run `batch` at a time (a checkpoint's
+    `CheckpointData.batch`; a run's all at once) through one compiled call, its resumed
+    rows planned over them all (`resume_plan`), with progress per chunk."""
     view, specs = view_of(run), question_specs(run)
-    rel, words = patched_relation(run.config, view)
+    rel, words = patched_relation(run, view)
     asked = np.asarray(specs["examples"].relation_B) == rel
     ex = examples(view, take(specs["examples"], asked))
-    twins = {t: view.render(take(specs[t], asked))[0] for t in TWINS}
+    twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
     groups = token_groups(ex.spans)
+    plan = resume_plan(view, groups, np.asarray(ex.spans.image_BxI).min(1))
+    ckpt = run.data if isinstance(run.data, CheckpointData) else None
+    layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(view.n_lm_blocks(run.params)))
+    n = len(ex.answer_B)
+    batch = ckpt.batch if ckpt else n
 
-    def one_model(p):
-        return {
-            t: patch_logp(view, p, ex.inputs, twins[t], groups, ex.answer_B, ex.other_B)
-            for t in TWINS
-        }
+    @jax.jit
+    def chunk(params_K, x, tw, g_BxGxS, a, o):
+        def one_model(p):
+            return {t: patch_logp(view, p, x, tw[t], g_BxGxS.transpose(1, 0, 2), a, o, layers,
+                                  plan=plan) for t in TWINS}  # fmt: skip
 
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(jax.jit(jax.vmap(one_model))(run.params))
-    return {
-        "logp": jax.device_get(out),
+        return jax.vmap(one_model)(params_K)
+
+    t0, outs = time.perf_counter(), []
+    for lo in range(0, n, batch):
+        part = lambda tree, lo=lo: jax.tree_util.tree_map(lambda v: v[lo : lo + batch], tree)  # noqa: E731
+        args = part((ex.inputs, twins, groups.transpose(1, 0, 2), ex.answer_B, ex.other_B))
+        outs.append(jax.device_get(chunk(run.params, *args)))
+        done, spent = min(lo + batch, n), time.perf_counter() - t0
+        if n > batch:
+            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
+    return {  # every leaf ends with the questions' axis
+        "logp": jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1), *outs),
         "answer": np.asarray(ex.answer_B),
         "words": words,
+        "layers": layers,
         "wall_s": time.perf_counter() - t0,
     }
 
@@ -110,14 +139,14 @@ def shifts(res: dict) -> dict:
     return out
 
 
-def shift_rows(sh: dict, models) -> list[dict]:
+def shift_rows(sh: dict, models, layers) -> list[dict]:
     k, n_layers, n_groups = sh[("mirror", "both", "logp")].shape
     words = [key[1] for key in sh if key[0] == "n"]
     return [
         {
             "model": models[i],
             "twin": twin,
-            "layer": y,
+            "layer": layers[y],
             "group": GROUPS[g],
             "word": word,
             "shift_logp": float(sh[(twin, word, "logp")][i, y, g]),
@@ -132,7 +161,7 @@ def shift_rows(sh: dict, models) -> list[dict]:
     ]
 
 
-def summarise(sh: dict, log) -> dict:
+def summarise(sh: dict, log, layers) -> dict:
     out = {}
     n_layers = sh[("mirror", "both", "logp")].shape[1]
     for twin in TWINS:
@@ -144,16 +173,16 @@ def summarise(sh: dict, log) -> dict:
             cells = []
             for g, group in enumerate(GROUPS):
                 lp, p = sh[(twin, "both", "logp")][:, y, g], sh[(twin, "both", "p")][:, y, g]
-                out[f"{twin}/{y}/{group}"] = {
+                out[f"{twin}/{layers[y]}/{group}"] = {
                     "shift_logp": mean_ci(lp, None, None),
                     "shift_p": mean_ci(p, None, None),
                 }
                 cells.append(f"{fmt_ci(lp, None, None)}; {np.mean(p):+.2f}")
-            log(f"{y:>5} " + " ".join(f"{c:>52}" for c in cells))
+            log(f"{layers[y]:>5} " + " ".join(f"{c:>52}" for c in cells))
     return out
 
 
-def plot_shifts(sh: dict, path: str, k: int) -> str:
+def plot_shifts(sh: dict, path: str, k: int, layers) -> str:
     import matplotlib.pyplot as plt
 
     from jaxmech import plots
@@ -176,7 +205,7 @@ def plot_shifts(sh: dict, path: str, k: int) -> str:
                     color="white" if abs(mean[y, g]) > 0.6 else "black",
                 )
         ax.set_xticks(range(len(GROUPS)), GROUPS)
-        ax.set_yticks(range(mean.shape[0]), [f"resid_pre.{y}" for y in range(mean.shape[0])])
+        ax.set_yticks(range(mean.shape[0]), [f"resid_pre.{y}" for y in layers])
         ax.set_title(f"{twin} patch ({k} models)", fontsize=9)
     fig.suptitle("belief shift of the answer word (log-prob), mean [95% CI]", fontsize=9)
     return plots.save(fig, path)
@@ -187,18 +216,18 @@ def with_shifts(res: dict) -> dict:
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
-    return {"shifts": shift_rows(res["shifts"], run.models)}
+    return {"shifts": shift_rows(res["shifts"], run.models, res["layers"])}
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     n = res["shifts"][("n", "both")]
     log(
-        f"{run.k} models; {EXAMPLE_WORDS[run.examples]}, {'/'.join(list(res['words'])[:2])} ones kept (right on the example and "
+        f"{run.k} models; {EXAMPLE_WORDS.get(run.examples, 'pair questions')}, {'/'.join(list(res['words'])[:2])} ones kept (right on the example and "
         f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
         f"{res['wall_s']:.1f} s"
     )
     return {
-        "patches": summarise(res["shifts"], log),
+        "patches": summarise(res["shifts"], log, res["layers"]),
         "kept": n.tolist(),
         "excluded": list(run.excluded),
     }
@@ -210,7 +239,7 @@ REPORT = Report(
     compute=lambda run: with_shifts(compute(run)),
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot_shifts(res["shifts"], path, run.k),
+    plot=lambda res, tables, run, path: plot_shifts(res["shifts"], path, run.k, res["layers"]),
     figure="shifts.png",
     examples=EXAMPLES,
     per_model=("logp", "shifts"),
@@ -221,3 +250,8 @@ def analyse_patching_run(path: str, log=print) -> dict:
     """The mirror-swap report of one results folder (`common.analyse`). Raises
     ValueError for a run it does not apply to or whose every model diverged."""
     return analyse(REPORT, path, log)
+
+
+def analyse_patching_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The mirror-swap report of a checkpoint (`common.open_checkpoint`) into `out`."""
+    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

@@ -30,12 +30,15 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.families.vlm_view import cell_tokens
 from jaxmech.reports.common import (
     EXAMPLES,
+    CheckpointData,
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
     declared,
     fmt_ci,
     id_labels,
+    plots_dir,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -66,29 +69,35 @@ def analytic(a: dict) -> dict:
 
 def compute(run: LoadedRun) -> dict:
     """Per model, from the probe scenes of the labels of `run.examples` ("seen": the
-    training-pair labels, `common.id_labels`; "unseen": the others): r2 [K, Y,
-    len(RANKS)] with its split-half noise ceiling [K, Y], h, v [K, Y, D], delta [K, Y,
-    L, D], analytic {name: [K, blocks]} (`analytic`); and cos_train_val [K, Y], the
-    cosine of the two label sets' IDs."""
+    training-pair labels, `common.id_labels`; "unseen": the others; a checkpoint's:
+    every label): r2 [K, Y, len(RANKS)] with its split-half noise ceiling [K, Y], h, v
+    [K, Y, D], delta [K, Y, L, D], analytic {name: [K, blocks]} (`analytic`); and
+    cos_train_val [K, Y], the cosine of the two label sets' IDs (a checkpoint's: of
+    its two halves of the labels). The probe runs `batch` scenes at a time (a
+    checkpoint's `CheckpointData.batch`; a run's all at once)."""
     view = view_of(run)
     pr = si.probe(view, range(1, view.n_labels + 1))
     label, cell, L = pr.label_N, pr.cell_N, view.grid.cells
     train = np.isin(label, id_labels(run))
-    use = np.flatnonzero(train if run.examples == "seen" else ~train)
+    use = np.arange(len(label)) if run.examples is None else (
+        np.flatnonzero(train if run.examples == "seen" else ~train))  # fmt: skip
     token = cell_tokens(pr.spans, cell)
+    ckpt = run.data if isinstance(run.data, CheckpointData) else None
+    batch = ckpt.batch if ckpt else len(label)
+    zeros = np.zeros(len(label), np.int32)
 
     def one_model(p):
-        _, aux = view.forward(p, pr.inputs, capture=True)  # one forward of the probe scenes
-        states = si.states_at(aux, view.n_lm_blocks(p), pr.spans.x_B)
+        aux = si.chunked_probe(view, p, pr.inputs, pr.spans.x_B, token, batch)
+        states = si.states_at(aux, view.n_lm_blocks(p), zeros)
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
-        delta = d_train if run.examples == "seen" else d_val
+        delta = si.spatial_ids(states[:, use], label[use], cell[use], L)
         h, v = si.grid_axes(delta, *view.grid)
         own = jax.tree_util.tree_map(lambda x: x[use], aux)  # the set's probe rows
-        ana = si.analytic_ids(p, own, pr.spans.x_B[use], token[use], label[use], cell[use], L)
+        ana = si.analytic_ids(p, own, zeros[use], zeros[use] + 1, label[use], cell[use], L)
         return {
             "delta": delta,
-            "r2": si.rank_k_r2(view.position_basis(p), delta, RANKS),
+            "r2": si.rank_k_r2(si.cell_basis(view, p, pr.spans), delta, RANKS),
             "ceiling": si.split_half_ceiling(states[:, use], label[use], cell[use], L),
             "h": h,
             "v": v,
@@ -224,9 +233,7 @@ REPORT = Report(
     compute=compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(
-        res, path, run.config.task.grid_h, run.config.task.grid_w
-    ),
+    plot=lambda res, tables, run, path: plot(res, path, *view_of(run).grid),
     figure="spatial_ids.png",
     examples=EXAMPLES,
     per_model=("delta", "r2", "ceiling", "h", "v", "cos_train_val", "analytic"),
@@ -237,3 +244,8 @@ REPORT = Report(
 def analyse_spatial_ids_run(path: str, log=print) -> dict:
     """The spatial-ID report of one results folder (`common.analyse`)."""
     return analyse(REPORT, path, log)
+
+
+def analyse_spatial_ids_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The spatial-ID report of a checkpoint (`common.open_checkpoint`) into `out`."""
+    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
@@ -114,18 +115,24 @@ def _rot(x, angles):
     return rotate(x.astype(jnp.float32), angles[:, :, None, :]).astype(x.dtype)
 
 
-def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int):
+def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=None, q_last=False):
     """One attention sublayer: [B, N, D] -> [B, N, D] (grouped-query where W_K has fewer
-    heads than W_Q; bias b_O if the block has one)."""
+    heads than W_Q; bias b_O if the block has one). `cache`: (rotated keys, values) of
+    the positions before these N rows, which the rows also attend to (`Resume`).
+    `q_last`: only the last row queries ([B, 1, D] out)."""
 
     def at(point, x):
         return site(f"{part}/{point}.{i}", x)
 
-    def proj(w):
-        return jnp.einsum("bnd,hde->bnhe", x_in, block[f"W_{w}"]) + block[f"b_{w}"]
+    def proj(w, x):
+        return jnp.einsum("bnd,hde->bnhe", x, block[f"W_{w}"]) + block[f"b_{w}"]
 
-    q, k, v = at("q", proj("Q")), at("k", proj("K")), at("v", proj("V"))
-    q, k = at("rot_q", _rot(q, angles)), at("rot_k", _rot(k, angles))
+    q_in, q_angles = (x_in[:, -1:], angles[:, -1:]) if q_last else (x_in, angles)
+    mask_BxNxN = mask_BxNxN[:, -1:] if q_last else mask_BxNxN
+    q, k, v = at("q", proj("Q", q_in)), at("k", proj("K", x_in)), at("v", proj("V", x_in))
+    q, k = at("rot_q", _rot(q, q_angles)), at("rot_k", _rot(k, angles))
+    if cache is not None:
+        k, v = (jnp.concatenate([c.astype(x.dtype), x], axis=1) for c, x in zip(cache, (k, v)))
     groups = q.shape[2] // k.shape[2]
     k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
     scores = at("attn_scores", jnp.einsum("bqhe,bkhe->bhqk", q, k) * q.shape[-1] ** -0.5)
@@ -153,10 +160,14 @@ def mlp(block, x, act):
     return y + block["b_out"] if "b_out" in block else y
 
 
-def block_forward(block, x, angles, mask, site, part: str, i: int, eps, act):
-    """One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x))."""
+def block_forward(
+    block, x, angles, mask, site, part: str, i: int, eps, act, cache=None, q_last=False
+):
+    """One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)); `q_last`: for the
+    last row only ([B, 1, D] out; keys and values from every row)."""
     x = site(f"{part}/resid_pre.{i}", x)
-    attn = attention(block, _norm(block, "ln1", x, eps), angles, mask, site, part, i)
+    attn = attention(block, _norm(block, "ln1", x, eps), angles, mask, site, part, i, cache, q_last)
+    x = x[:, -1:] if q_last else x
     x = site(f"{part}/resid_mid.{i}", x + site(f"{part}/attn_out.{i}", attn))
     out = site(f"{part}/mlp_out.{i}", mlp(block, _norm(block, "ln2", x, eps), act))
     return site(f"{part}/resid_post.{i}", x + out)
@@ -226,13 +237,43 @@ def lm_mask(valid_BxS):
     return causal & (valid_BxS[:, None, :] | jnp.eye(S, dtype=bool))
 
 
-def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site):
-    """[B, S, D] the final-normed residual stream."""
+class Resume(NamedTuple):
+    """Run the LM from block `layer` on the rows from `start` on only, with the rows
+    before them read from a run that is the same there (incremental decoding's cache):
+
+    x_BxTxD: the residual entering block `layer` at rows start..S-1 (T = S - start).
+    aux: a run's intermediates holding `lm/rot_k.{i}` and `lm/v.{i}` of every block i >=
+      layer (`RESUME_SITES`); their rows before `start` serve as those rows' keys and
+      values. Right when the run and this one agree on every row before `start`: a
+      causal LM's rows there do not see the rows changed.
+
+    `layer` and `start` are Python ints (static). The ViT and the blocks before `layer`
+    are not run; the sites of the resumed blocks hold the T rows only."""
+
+    layer: int
+    start: int
+    x_BxTxD: Any
+    aux: dict
+
+
+RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `Resume` reads from its run (every block)
+
+
+def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site, resume=None, last_row=False):
+    """[B, S, D] the final-normed residual stream ([B, T, D] rows start.. when resumed;
+    [B, 1, D] the last row with `last_row`: the last block's other rows are not run)."""
     freq = positions.inv_freq(c.lm_head_dim, c.lm_rope_theta)
     angles = positions.lm_angles(pos_Bx3xS, freq, c.lm_mrope_section)
     causal = lm_mask(jnp.asarray(valid_BxS, bool))
-    for i in range(c.lm_layers):
-        x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, c.lm_eps, ACT["silu"])
+    first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
+    angles, causal = angles[:, s0:], causal[:, s0:]
+    for i in range(first, c.lm_layers):
+        cache = None
+        if resume is not None and s0:
+            cache = tuple(resume.aux[f"{n}.{i}"][:, :s0] for n in RESUME_SITES)
+        q_last = last_row and i == c.lm_layers - 1
+        x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, c.lm_eps,
+                          ACT["silu"], cache, q_last)  # fmt: skip
     return site("lm/final", rms_norm(x, lm["lnf_w"], c.lm_eps))
 
 
@@ -251,24 +292,52 @@ def forward(
     config: QwenVLConfig,
     capture=False,
     rows=None,
+    resume: Resume | None = None,
+    last_row: bool = False,
 ):
     """(logits, aux): logits [B, S, V], or [B, V] at `rows` ([B] positions, e.g. each
-    sequence's last); aux the captured sites (module docstring). Jittable with `config`
-    static; vmappable over stacked edits."""
+    sequence's last) or at the last token (`last_row`: the last block then runs that
+    row only, and its sites hold it alone); aux the captured sites (module docstring).
+    `resume`: run the LM from a block on the last rows only (`Resume`; `rows` still
+    count from 0). Jittable with `config` static; vmappable over stacked edits."""
     edits = NO_EDITS if edits is None else edits
     check_inputs(inputs, config)
     check_edits(edits, inputs, config)
     site = _Sites(edits, capture)
-    feats = vision(params, inputs, config, edits, site)
-    if edits.image_order is not None:
-        feats = feats[:, jnp.asarray(edits.image_order)]
     lm = params["lm"]
-    x = place_images(lm["E"][inputs.tokens_BxS], feats, inputs.image_BxI)
-    x = site("lm/embed", x)
-    x = language_model(lm, x, _lm_pos(inputs, edits), inputs.valid_BxS, config, site)
-    if rows is not None:
-        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows)]
+    if resume is None:
+        feats = vision(params, inputs, config, edits, site)
+        if edits.image_order is not None:
+            feats = feats[:, jnp.asarray(edits.image_order)]
+        x = place_images(lm["E"][inputs.tokens_BxS], feats, inputs.image_BxI)
+        x = site("lm/embed", x)
+    else:
+        check_resume(resume, inputs, config)
+        x = resume.x_BxTxD
+    pos = _lm_pos(inputs, edits)
+    x = language_model(lm, x, pos, inputs.valid_BxS, config, site, resume, last_row)
+    if last_row:
+        x = x[:, -1]
+    elif rows is not None:
+        start = 0 if resume is None else resume.start
+        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows) - start]
     return unembed(lm, x), site.aux
+
+
+def check_resume(resume: Resume, inputs: Inputs, c: QwenVLConfig) -> None:
+    """A `Resume`'s block, start and shapes against the inputs (ValueError naming it)."""
+    B, S = np.shape(inputs.tokens_BxS)
+    if not 0 <= resume.layer < c.lm_layers:
+        raise ValueError(f"Resume.layer = {resume.layer}: expected a block in [0, {c.lm_layers})")
+    if not 0 <= resume.start < S:
+        raise ValueError(f"Resume.start = {resume.start}: expected a position in [0, {S})")
+    want = (B, S - resume.start, c.lm_width)
+    if np.shape(resume.x_BxTxD) != want:
+        raise ValueError(f"Resume.x_BxTxD: shape {np.shape(resume.x_BxTxD)}, expected {want}")
+    missing = [f"{n}.{i}" for i in range(resume.layer, c.lm_layers) for n in RESUME_SITES
+               if f"{n}.{i}" not in resume.aux]  # fmt: skip
+    if resume.start and missing:
+        raise ValueError(f"Resume.aux: lacks {missing[:3]} (capture `RESUME_SITES`)")
 
 
 def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:

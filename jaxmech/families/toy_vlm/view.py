@@ -82,8 +82,11 @@ def toy_view(config: Config) -> VLMView:
     task = config.task
     grid = sc.grid_of(task)
 
-    def render(specs: SceneSpec):
-        return sc.render(task, specs), spans(grid, np.asarray(specs.relation_B).shape[0])
+    def render(specs: SceneSpec, ask=None):
+        inputs, b = sc.render(task, specs), np.asarray(specs.relation_B).shape[0]
+        if ask is not None:  # the questions of `ask` (the toy's never name colours)
+            inputs = inputs._replace(question_BxQ=sc.render(task, ask).question_BxQ)
+        return inputs, spans(grid, b)
 
     return VLMView(
         name="ar_vlm",

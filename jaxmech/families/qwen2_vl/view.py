@@ -1,0 +1,184 @@
+"""A Qwen2-VL / Qwen2.5-VL checkpoint's VLM view (`families.vlm_view`): scene specs drawn
+as pictures (`data.pictures`), asked in the papers' wording through the checkpoint's
+own processor, and its forward, sites and positions.
+
+One picture size per view (`size`, default 448: 32 x 32 patches, 16 x 16 merged
+tokens). It must be a size the processor keeps as it is (no resize, so each merged
+token covers one cell's pixels only) and a multiple of 28 x the grid (each cell whole
+merged tokens); the view refuses others by name.
+
+Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "Below",
+"Yes" / "No" in the checkpoint's tokenizer, capitalised and without a leading space:
+the answer starts the assistant's turn on a new line, where a chat model writes a
+capitalised word. The first token only (not a sum over spellings).
+
+The LM's position ids (`lm_position_ids`) are the M-RoPE ids the processor made: text
+ids count from each row's first real token, the image tokens' (row, col) ids are offset
+by the image's start (`positions.mrope_ids`).
+
+Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I merged image tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.data import pictures
+from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.families.qwen2_vl import model, positions, processor
+from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.families.vlm_view import VLMView
+
+ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
+GRID = Grid(4, 4)  # the default scene grid: 448 px = 4 cells of 4 x 4 merged tokens
+
+
+def answer_words(proc: processor.Processor) -> np.ndarray:
+    """[3, 2] the first token id of each relation's answer words (`ANSWERS`). Raises
+    ValueError when a spatial relation's two words begin with the same token."""
+    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
+           for pair in ANSWERS]  # fmt: skip
+    for rel, (a, b) in enumerate(ids[:2]):
+        if a == b:
+            raise ValueError(
+                f"tokenizer.json: {ANSWERS[rel][0]!r} and {ANSWERS[rel][1]!r} begin with the "
+                f"same token {a}, so their logits cannot tell the answers apart"
+            )
+    return np.asarray(ids, np.int32)
+
+
+def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
+    """Refuses (ValueError naming `size`) a picture size the processor would resize, or
+    whose cells are not whole merged tokens."""
+    s = proc.images
+    unit = s.patch_size * s.merge_size
+    if size % (unit * grid.w) or size % (unit * grid.h):
+        raise ValueError(
+            f"size = {size}: must be a multiple of {unit} x the grid's {grid.h} x {grid.w} "
+            "(each cell whole merged tokens)"
+        )
+    kept = processor.smart_resize(size, size, unit, s.min_pixels, s.max_pixels)
+    if kept != (size, size):
+        raise ValueError(
+            f"size = {size}: the processor would resize it to {kept[0]} x {kept[1]} "
+            f"(min_pixels {s.min_pixels}, max_pixels {s.max_pixels}); pick a size it keeps"
+        )
+
+
+def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None):
+    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
+    asked (default `specs`'): a twin (e.g. recoloured) keeps its example's question, so
+    both runs have the same tokens."""
+    ask = specs if ask is None else ask
+    images = pictures.draw(grid, specs, size)
+    names = pictures.object_names(ask)
+    enc = processor.encode(proc, list(images), pictures.questions(ask))
+    words = [(x, y or x) for x, y in names]  # presence questions name X only
+    sp = processor.spans(enc, words, cells=(grid.h, grid.w))
+    return enc.inputs, sp._replace(first_B=np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32))
+
+
+# the last block's sites that hold every row when that block queries the last row only
+WHOLE_UNDER_LAST_ROW = ("resid_pre", "k", "v", "rot_k")
+
+
+def needs_all_rows(capture, n_layers: int) -> bool:
+    """Whether a capture asks for a site of the last LM block that only a run of every
+    query row gives (True: every site; names: any of the last block's but
+    `WHOLE_UNDER_LAST_ROW`, or `lm/final`)."""
+    if capture is True:
+        return True
+    last = n_layers - 1
+    for name in capture or ():
+        part, _, block = name.partition(".")
+        point = part.split("/", 1)[-1]
+        if name == "lm/final" or (
+            part.startswith("lm/") and block in ("", str(last)) and point not in
+            WHOLE_UNDER_LAST_ROW + ("embed",)
+        ):  # fmt: skip
+            return True
+    return False
+
+
+def forward(config: QwenVLConfig, params, inputs, edits=None, capture=False, resume=None):
+    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
+    row. The last block runs that row only (as the toy's does) unless the capture asks
+    for one of its sites that needs every row (`needs_all_rows`)."""
+    if needs_all_rows(capture, config.lm_layers):
+        last = jnp.full(inputs.tokens_BxS.shape[0], inputs.tokens_BxS.shape[1] - 1, jnp.int32)
+        return model.forward(
+            params, inputs, edits, config=config, capture=capture, rows=last, resume=resume
+        )
+    return model.forward(
+        params, inputs, edits, config=config, capture=capture, resume=resume, last_row=True
+    )
+
+
+def forward_from(config: QwenVLConfig, params, inputs, layer, start, x_BxTxD, aux):
+    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
+    resume = model.Resume(layer, start, x_BxTxD, aux)
+    return forward(config, params, inputs, resume=resume)[0]
+
+
+def lm_position_ids(config: QwenVLConfig, spans) -> np.ndarray:
+    """[B, 3, S] the M-RoPE ids of rendered scenes, from their spans (module docstring)."""
+    image, trc = np.asarray(spans.image_BxI), np.asarray(spans.image_trc_Ix3)
+    B, S = np.asarray(spans.question_BxS).shape
+    first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
+    out = np.zeros((B, 3, S), np.int64)
+    extent = int(trc[:, 1:].max()) + 1
+    for b in range(B):
+        s0, s1 = int(image[b, 0]), int(image[b, -1]) + 1
+        base = s0 - first[b]
+        out[b, :, first[b] : s0] = np.arange(base)
+        out[b, :, s0:s1] = base + trc.T
+        out[b, :, s1:] = base + extent + np.arange(S - s1)
+    return out.astype(np.int32)
+
+
+def vit_positions(grid_thw, merge: int):
+    """(rows [P], cols [P], (h, w)): each patch's rotary position and the patch grid."""
+    rows, cols, _ = positions.patch_grid(grid_thw, merge)
+    return rows, cols, (grid_thw[1], grid_thw[2])
+
+
+def position_basis(config: QwenVLConfig, grid_thw) -> jnp.ndarray:
+    """[I, F] each merged token's ViT position features: cos / sin of every rotary angle
+    of its merge_size^2 patches, side by side."""
+    rows, cols, _ = positions.patch_grid(grid_thw, config.merge_size)
+    freq = positions.inv_freq(config.vit_head_dim // 2, config.vit_rope_theta)
+    angles = positions.vit_angles(jnp.asarray(rows)[None], jnp.asarray(cols)[None], freq)[0]
+    feats = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=1)
+    return feats.reshape(feats.shape[0] // config.merge_size**2, -1)
+
+
+def checkpoint_view(
+    folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448
+) -> VLMView:
+    """The view of the checkpoint in `folder` (its tokenizer and image settings), with
+    scenes on `grid` drawn `size` pixels square. Raises ValueError naming `size` or the
+    tokenizer before any compute."""
+    proc = processor.load_processor(folder, config)
+    check_size(proc, grid, size)
+    words = answer_words(proc)
+    p = size // config.patch_size
+    grid_thw = (1, p, p)
+    return VLMView(
+        name=config.variant,
+        grid=grid,
+        n_labels=len(pictures.SHAPES),
+        n_colours=len(pictures.COLOURS),
+        render=functools.partial(render, proc, grid, size),
+        forward=functools.partial(forward, config),
+        answer_words=words,
+        n_lm_blocks=lambda params: config.lm_layers,
+        lm_position_ids=lambda params, spans: lm_position_ids(config, spans),
+        vit_positions=lambda params: vit_positions(grid_thw, config.merge_size),
+        vit_blocks=lambda params: config.vit_depth,
+        position_basis=lambda params: position_basis(config, grid_thw),
+        forward_from=functools.partial(forward_from, config),
+        cache_sites=model.RESUME_SITES,
+    )

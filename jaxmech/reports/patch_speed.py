@@ -1,0 +1,239 @@
+"""Speed of seed 003's patching table on a Qwen2-VL-layout checkpoint: one compiled call
+against the one-forward-per-condition loop of the authors' code (issue 27).
+
+The config (`bench_config`): Qwen2-VL's layout with random weights, LM width 512, 8
+layers, 8 query / 2 key-value heads, MLP 2048, Qwen's 151936-word vocabulary; vision
+depth 4, width 256; 224 x 224 pictures (16 x 16 patches, 64 image tokens) of a 4 x 4
+grid. The tokenizer is a word-level one over the prompts' words (`word_tokenizer`), so
+sequences are a little shorter than under Qwen's BPE.
+
+The table: every LM layer x 4 token groups (image, question, objects, last) x the
+images, mirror twin. Both sides compute the same patches and log-probabilities:
+
+* batched: `analysis.patching.patch_logp` over every image, layer and group in one
+  jitted call (the clean and twin runs once; each patch runs only the blocks after its
+  layer);
+* loop: per image a clean and a twin forward (capturing every layer), then per (layer,
+  group) one jitted full forward of that one image with the patch, as the authors' code
+  does minus its process start per layer. Timed on `loop_images` images and quoted per
+  cell.
+
+Both are compiled before timing; times are medians of `repeats` calls in this process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.analysis.patching import GROUPS, patch_logp, resume_plan, token_groups
+from jaxmech.data import pictures
+from jaxmech.data.spec import Grid, pair_questions
+from jaxmech.families.qwen2_vl import params as qwen_params
+from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.families.qwen2_vl.processor import chat_prompt
+from jaxmech.families.qwen2_vl.view import checkpoint_view
+from jaxmech.families.vlm_view import examples
+from jaxmech.models.edits import Edits
+
+SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
+            "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
+TABLE_GROUPS = ("image", "question", "objects", "last")
+
+
+def prompt_words() -> list[str]:
+    """Every word the pictures' prompts use (`data.pictures`, the chat template)."""
+    text = " ".join(pictures.TEMPLATES + (pictures.MIDDLE, chat_prompt("")))
+    text += " " + " ".join(pictures.SHAPES + tuple(pictures.COLOURS))
+    text += " Left Right Above Below Yes No an a"
+    for s in SPECIALS:
+        text = text.replace(s, " ")
+    words = text.replace("{", " ").replace("}", " ").split()
+    pieces = {p for w in words for p in _split_punct(w)}
+    return sorted(pieces)
+
+
+def _split_punct(word: str) -> list[str]:
+    out, cur = [], ""
+    for ch in word:
+        if ch.isalnum() or ch == "_":
+            cur += ch
+        else:
+            out += [cur] if cur else []
+            out.append(ch)
+            cur = ""
+    return out + ([cur] if cur else [])
+
+
+def word_tokenizer(folder: str) -> dict:
+    """Writes a word-level tokenizer.json (the prompts' words, then `SPECIALS`) and a
+    default preprocessor_config.json into `folder`; returns the special tokens' ids."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0} | {w: i + 1 for i, w in enumerate(prompt_words())}
+    first = len(vocab)
+    vocab |= {t: first + i for i, t in enumerate(SPECIALS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(SPECIALS))
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "preprocessor_config.json"), "w") as f:
+        json.dump({"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}, f)
+    return {t: vocab[t] for t in SPECIALS}
+
+
+def bench_config(ids: dict) -> QwenVLConfig:
+    """The issue's Qwen2-VL-layout config (module docstring), special ids from `ids`."""
+    return QwenVLConfig(
+        vit_depth=4, vit_width=256, vit_heads=4, vit_mlp=1024,
+        lm_vocab=151936, lm_width=512, lm_layers=8, lm_heads=8, lm_kv_heads=2,
+        lm_mlp=2048, lm_mrope_section=(8, 12, 12), tie_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+
+
+def _median_time(f, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(f())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _loop_calls(view, layers):
+    """The loop's jitted calls: a forward capturing every patched site, and per site one
+    full forward with a patch."""
+    names = [f"lm/resid_pre.{y}" for y in layers]
+    capture = jax.jit(lambda p, x: view.forward(p, x, capture=names))
+
+    def patched_logp(p, x, v, m, a, n):
+        logits = view.forward(p, x, Edits(replace={n: (m[:, :, None], v)}))[0]
+        return jax.nn.log_softmax(logits[0])[a]
+
+    patched = {n: jax.jit(functools.partial(patched_logp, n=n)) for n in names}
+    return capture, patched
+
+
+def _loop(calls, params, ex, twin, groups, images):
+    """The authors' loop over `images`: clean and twin forwards with capture, then one
+    jitted full forward per (layer, group) with the patch; returns its log p [Y, G, b]."""
+    capture, patched = calls
+    one = lambda tree, b: jax.tree_util.tree_map(lambda a: a[b : b + 1], tree)  # noqa: E731
+    out = np.zeros((len(patched), len(groups), len(images)))
+    for j, b in enumerate(images):
+        x, t = one(ex.inputs, b), one(twin, b)
+        capture(params, x)  # the clean run (its answer)
+        _, aux = capture(params, t)
+        for y, (n, f) in enumerate(patched.items()):
+            for g in range(len(groups)):
+                mask = jnp.asarray(groups[g, b : b + 1])
+                out[y, g, j] = float(f(params, x, aux[n], mask, ex.answer_B[b]))
+    return out
+
+
+def qwen2_vl_2b_config(ids: dict) -> QwenVLConfig:
+    """Qwen2-VL-2B-Instruct's architecture (its config.json; 2.21 B parameters), special
+    ids from `ids`: for random weights at the real size (the GPU script)."""
+    return QwenVLConfig(
+        vit_depth=32, vit_width=1280, vit_heads=16, vit_mlp=5120,
+        lm_vocab=151936, lm_width=1536, lm_layers=28, lm_heads=12, lm_kv_heads=2,
+        lm_mlp=8960, lm_mrope_section=(16, 24, 24), lm_rope_theta=1e6, tie_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+
+
+CONFIGS = {"bench": (bench_config, 224), "2b": (qwen2_vl_2b_config, 448)}
+
+
+def _memory(table, args) -> dict:
+    """The compiled chunk's memory analysis and the device's peak use, in bytes (NaN
+    where the backend does not say)."""
+    m = table.lower(*args).compile().memory_analysis()
+    stats = jax.devices()[0].memory_stats() or {}
+    get = lambda o, k: float(getattr(o, k, np.nan)) if o is not None else np.nan  # noqa: E731
+    return {
+        "temp_bytes": get(m, "temp_size_in_bytes"),
+        "argument_bytes": get(m, "argument_size_in_bytes"),
+        "peak_bytes": float(stats.get("peak_bytes_in_use", np.nan)),
+    }
+
+
+def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3,
+                      kind: str = "bench", dtype=jnp.float32, batch: int | None = None,
+                      layers=None) -> dict:  # fmt: skip
+    """Cells per second of the batched table (`batch` images per compiled call, default
+    all) and of the loop (module docstring; `loop_images` 0: no loop), the largest
+    |difference| of their log-probabilities on the loop's images, the table's shape,
+    and memory (`_memory`). `kind`: "bench" (the issue's config, 224 px) or "2b"
+    (Qwen2-VL-2B's architecture, 448 px), random weights in `dtype`."""
+    make, size = CONFIGS[kind]
+    with tempfile.TemporaryDirectory() as folder:
+        config = make(word_tokenizer(folder))
+        view = checkpoint_view(folder, config, Grid(4, 4), size)
+    params = qwen_params.init_params(config, jax.random.key(0), dtype)
+    specs = pair_questions(view.grid, n_images, view.n_labels, view.n_colours)
+    ex = examples(view, specs["examples"])
+    twin = view.render(specs["mirror"], ask=specs["examples"])[0]
+    groups = token_groups(ex.spans)[[GROUPS.index(g) for g in TABLE_GROUPS]]
+    layers = tuple(range(config.lm_layers)) if layers is None else tuple(layers)
+    batch = batch or n_images
+    if n_images % batch:
+        raise ValueError(f"batch = {batch}: must divide n_images = {n_images}")
+    shared = np.asarray(ex.spans.image_BxI)[:, 0]  # the text before the picture is the twin's
+    plan = resume_plan(view, groups, shared)  # over every image: one program for all chunks
+    part = lambda tree, lo: jax.tree_util.tree_map(lambda a: a[lo : lo + batch], tree)  # noqa: E731
+    chunks = [(part(ex.inputs, lo), part(twin, lo), part(groups.transpose(1, 0, 2), lo),
+               part(ex.answer_B, lo), part(ex.other_B, lo)) for lo in range(0, n_images, batch)]  # fmt: skip
+
+    @jax.jit
+    def table(p, x, t, g_BxGxS, a, o):
+        return patch_logp(view, p, x, t, g_BxGxS.transpose(1, 0, 2), a, o, layers, plan=plan)
+
+    def run_table():
+        return [table(params, *c)["patched"] for c in chunks]
+
+    t0 = time.perf_counter()
+    got = np.concatenate(jax.block_until_ready(run_table()), -1)
+    compile_s = time.perf_counter() - t0
+    batched_s = _median_time(run_table, repeats)
+    memory = _memory(table, (params, *chunks[0]))
+    cells = len(layers) * len(groups) * n_images
+    out = {
+        "config": kind,
+        "cells": cells,
+        "layers": len(layers),
+        "tokens": int(ex.inputs.tokens_BxS.shape[1]),
+        "image_tokens": int(ex.inputs.image_BxI.shape[1]),
+        "batched_cells_per_s": cells / batched_s,
+        "batched_s": batched_s,
+        "first_call_s": compile_s,
+        **memory,
+    }
+    if not loop_images:
+        return out
+    images = list(range(min(loop_images, n_images)))
+    loop_fns = _loop_calls(view, layers)
+    _loop(loop_fns, params, ex, twin, groups, images[:1])  # compile every call first
+    t0 = time.perf_counter()
+    loop = _loop(loop_fns, params, ex, twin, groups, images)
+    loop_s = time.perf_counter() - t0
+    loop_cells = len(layers) * len(groups) * len(images)
+    return out | {
+        "loop_cells_per_s": loop_cells / loop_s,
+        "loop_cells": loop_cells,
+        "ratio": (cells / batched_s) / (loop_cells / loop_s),
+        "max_abs_diff": float(np.abs(got[:, :, images] - loop).max()),
+    }

@@ -1,0 +1,197 @@
+"""The Qwen2-VL family's VLM view (`families.qwen2_vl.view`) on the tiny random fixture
+(values meaningless, the machinery checked): rendering, spans and position ids, the
+resumed forward, seed 003's patching through it, and the `--checkpoint` report."""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from jaxmech.analysis import counterfactuals as cfa
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.analysis.patching import GROUPS, patch_logp, resume_plan, token_groups
+from jaxmech.data.pictures import object_names
+from jaxmech.data.spec import Grid, first_word, pair_questions
+from jaxmech.families import load_checkpoint
+from jaxmech.families.qwen2_vl import model
+from jaxmech.families.qwen2_vl.view import checkpoint_view
+from jaxmech.families.vlm_view import cell_tokens, examples
+from jaxmech.models.edits import Edits
+from jaxmech.reports.common import open_checkpoint
+from jaxmech.reports.patching import analyse_patching_checkpoint
+
+FOLDER = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+
+
+@pytest.fixture(scope="module")
+def fixture():
+    _, config, params = load_checkpoint(FOLDER)
+    view = checkpoint_view(FOLDER, config, Grid(4, 4), 112)
+    specs = pair_questions(view.grid, 4, view.n_labels, view.n_colours, seed=1)
+    ex = examples(view, specs["examples"])
+    mirror = view.render(specs["mirror"], ask=specs["examples"])[0]
+    return config, params, view, specs, ex, mirror
+
+
+def test_pair_questions_and_their_twins():
+    grid = Grid(3, 4)
+    s = pair_questions(grid, 50, 10, 6, seed=2)
+    ex = s["examples"]
+    assert (ex.cells_BxK[:, 0] % 4 != ex.cells_BxK[:, 1] % 4).all()  # the answer is defined
+    assert (ex.labels_BxK[:, 0] != ex.labels_BxK[:, 1]).all()
+    assert (np.asarray(first_word(grid, s["mirror"])) != np.asarray(first_word(grid, ex))).all()
+    assert (s["recolour"].colours_BxK != ex.colours_BxK).all()
+    with pytest.raises(ValueError, match="n = 0"):
+        pair_questions(grid, 0, 10, 6)
+
+
+def test_render_spans_and_position_ids(fixture):
+    config, params, view, specs, ex, mirror = fixture
+    tokens = np.asarray(ex.inputs.tokens_BxS)
+    np.testing.assert_array_equal(np.asarray(mirror.tokens_BxS), tokens)  # the same question
+    # the mirrored spec's patches are the flipped picture's: the image tokens differ
+    assert not np.array_equal(np.asarray(mirror.pixels_BxPxF), np.asarray(ex.inputs.pixels_BxPxF))
+    np.testing.assert_array_equal(
+        view.lm_position_ids(params, ex.spans), np.asarray(ex.inputs.pos_Bx3xS)
+    )
+    # each cell of the 4 x 4 grid is one merged token of the 4 x 4 merged grid
+    assert sorted(np.asarray(ex.spans.cell_I).tolist()) == list(range(16))
+    for b, (x, y) in enumerate(object_names(specs["examples"])):
+        # the last sub-token of each name (words the fixture's vocabulary lacks are [UNK])
+        assert tokens[b, ex.spans.x_B[b]] == vocab_id(view, x.split()[-1])
+        assert tokens[b, ex.spans.y_B[b]] == vocab_id(view, y.split()[-1])
+        assert ex.spans.x_B[b] < ex.spans.y_B[b] < tokens.shape[1] - 1
+    assert view.answer_words[0].tolist() == [vocab_id(view, "Left"), vocab_id(view, "Right")]
+
+
+def vocab_id(view, word):
+    tok = view.render.args[0].tokenizer
+    found = tok.token_to_id(word)
+    return tok.token_to_id("[UNK]") if found is None else found
+
+
+def test_bad_sizes_are_refused_by_name(fixture):
+    config = fixture[0]
+    with pytest.raises(ValueError, match="size = 224: the processor would resize"):
+        checkpoint_view(FOLDER, config, Grid(4, 4), 224)
+    with pytest.raises(ValueError, match="size = 84: must be a multiple"):
+        checkpoint_view(FOLDER, config, Grid(4, 4), 84)
+    with pytest.raises(ValueError, match="layers"):
+        open_checkpoint(FOLDER, size=112, layers=(5,))
+
+
+def _patch(view, params, ex, twin, shared=None):
+    groups = token_groups(ex.spans)
+    f = lambda p, a, b: patch_logp(view, p, a, b, groups, ex.answer_B, ex.other_B, None, shared)  # noqa: E731
+    return jax.jit(f)(params, ex.inputs, twin)
+
+
+def test_patching_through_the_cache(fixture):
+    config, params, view, specs, ex, mirror = fixture
+    shared = np.asarray(ex.spans.image_BxI)[:, 0]
+    plan = resume_plan(view, token_groups(ex.spans), shared)
+    image_end = int(np.asarray(ex.spans.image_BxI)[:, -1].min()) + 1
+    assert plan[GROUPS.index("image")] == (image_end, True)  # image rows follow the twin
+    assert plan[GROUPS.index("last")] == (ex.inputs.tokens_BxS.shape[1] - 1, False)
+    same = _patch(view, params, ex, ex.inputs, shared)
+    np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (2, 5, 4)), atol=1e-5)
+    cached = _patch(view, params, ex, mirror, shared)
+    full = _patch(view._replace(forward_from=None), params, ex, mirror)
+    np.testing.assert_allclose(cached["patched"], full["patched"], atol=1e-5)
+    np.testing.assert_allclose(cached["patched"][0, GROUPS.index("all")], cached["twin"], atol=1e-5)
+    assert np.abs(np.asarray(cached["orig"] - cached["twin"])).max() > 1e-4  # the mirror matters
+
+
+def test_resume_errors(fixture):
+    config, params, view, specs, ex, mirror = fixture
+    x = np.zeros((4, 3, config.lm_width), np.float32)
+    with pytest.raises(ValueError, match="Resume.layer = 7"):
+        model.forward(params, ex.inputs, config=config, resume=model.Resume(7, 1, x, {}))
+    with pytest.raises(ValueError, match="Resume.x_BxTxD"):
+        model.forward(params, ex.inputs, config=config, resume=model.Resume(0, 1, x, {}))
+    S = ex.inputs.tokens_BxS.shape[1]
+    x = np.zeros((4, 3, config.lm_width), np.float32)
+    with pytest.raises(ValueError, match="Resume.aux: lacks"):
+        model.forward(params, ex.inputs, config=config, resume=model.Resume(0, S - 3, x, {}))
+
+
+def test_patching_report_on_a_checkpoint(tmp_path):
+    run = open_checkpoint(FOLDER, size=112, questions=5, batch=3, layers=(1,), log=lambda *_: None)
+    out = analyse_patching_checkpoint(run, str(tmp_path), log=lambda *_: None)
+    rows = out["tables"]["shifts"]
+    assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {"mirror", "recolour"}
+    assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 5)
+    for name in ("shifts.csv", "summary.json", "shifts.png"):
+        assert os.path.exists(tmp_path / "patching" / name)
+
+
+@pytest.fixture(scope="module")
+def small():
+    """The fixture on a 2 x 2 grid (4 cells of 2 x 2 merged tokens): probes stay few."""
+    _, config, params = load_checkpoint(FOLDER)
+    view = checkpoint_view(FOLDER, config, Grid(2, 2), 112)
+    return config, params, view, si.probe(view, range(1, 4), placements=2)
+
+
+def test_probe_reduced_to_two_positions_and_chunked(small):
+    config, params, view, pr = small
+    token = cell_tokens(pr.spans, pr.cell_N)
+    n = config.lm_layers
+    _, aux = jax.jit(lambda p: view.forward(p, pr.inputs, capture=si.probe_sites(n)))(params)
+    full = si.analytic_ids(params, aux, pr.spans.x_B, token, pr.label_N, pr.cell_N, 4)
+    red = jax.jit(lambda p: si.chunked_probe(view, p, pr.inputs, pr.spans.x_B, token, 5))(params)
+    zeros = np.zeros(len(token), np.int32)
+    got = si.analytic_ids(params, red, zeros, zeros + 1, pr.label_N, pr.cell_N, 4)
+    for k in full:
+        np.testing.assert_allclose(got[k], full[k], atol=1e-5, err_msg=k)
+    np.testing.assert_allclose(
+        si.states_at(red, n, zeros), si.states_at(aux, n, pr.spans.x_B), atol=1e-5
+    )
+
+
+def test_a_planted_spatial_id_is_recovered(small):
+    """A direction per cell added to X's word at `lm/resid_pre.1` comes out of the ID
+    extraction at site 1 (centred over the cells), on top of the model's own ID."""
+    config, params, view, pr = small
+    plant = np.random.default_rng(0).normal(size=(4, config.lm_width)).astype(np.float32)
+    B, S = pr.inputs.tokens_BxS.shape
+    add = np.zeros((B, S, config.lm_width), np.float32)
+    add[np.arange(B), pr.spans.x_B] = plant[pr.cell_N]
+
+    def ids(edits):
+        _, aux = view.forward(params, pr.inputs, edits, capture=["lm/resid_pre.1"])
+        states = aux["lm/resid_pre.1"][np.arange(B), pr.spans.x_B][None]
+        return si.spatial_ids(states, pr.label_N, pr.cell_N, 4)[0]
+
+    got = jax.jit(lambda: ids(Edits(add={"lm/resid_pre.1": add})) - ids(None))()
+    np.testing.assert_allclose(got, plant - plant.mean(0), atol=1e-4)
+
+
+def test_counterfactual_mirrors_on_a_checkpoint(fixture):
+    config, params, view, specs, ex, mirror = fixture
+    cfs = cfa.build(view, params, ex.spans, ("plain", "vit_w", "lm_ids_w"))
+    plain, vit_w, ids_w = (jax.tree_util.tree_map(lambda x, i=i: x[i], cfs) for i in range(3))
+    W = 112 // config.patch_size
+    np.testing.assert_array_equal(vit_w.vit_cols, W - 1 - plain.vit_cols)
+    image = np.asarray(ex.spans.image_BxI)
+    moved = np.asarray(ids_w.lm_ids != plain.lm_ids).any(1)  # [B, S]
+    assert moved[:, image[0]].any() and not np.delete(moved, image[0], axis=1).any()
+
+    def logits(cols):
+        return view.forward(params, ex.inputs, Edits(vit_cols=cols))[0]
+
+    twice = jax.jit(logits)(W - 1 - vit_w.vit_cols[0])  # the width mirror applied twice
+    np.testing.assert_allclose(twice, jax.jit(logits)(plain.vit_cols[0]), atol=1e-6)
+
+
+@pytest.mark.parametrize("report", ["spatial_ids", "counterfactuals"])
+def test_reports_on_a_checkpoint(tmp_path, report):
+    from jaxmech.reports import counterfactuals, spatial_ids
+
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=4, log=lambda *_: None)
+    module = {"spatial_ids": spatial_ids, "counterfactuals": counterfactuals}[report]
+    getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
+    assert os.path.exists(tmp_path / report / "summary.json")
