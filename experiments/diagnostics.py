@@ -1,25 +1,33 @@
-"""Seed 003's spatial-ID diagnostics on toy VLMs (issue 13, part 4).
+"""Seed 003's spatial-ID diagnostics on toy VLMs (issue 13, part 4), or a real checkpoint (issue 27).
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.diagnostics --run=runs/vlm
+    python -m experiments.diagnostics --checkpoint=Qwen2-VL-2B-Instruct --layers=6:16 \\
+        --dtype=bfloat16 --out=runs/qwen2vl_2b
 
 On the unseen-pair questions: the signed deviation of the object words' believed IDs
 from the true ones for wrong vs right answers (Mann-Whitney U), whether each error's
 ID was already wrong (ViT / binding) or right (a later stage), and the answer's
 sensitivity to occluding X's, Y's or a random free cell. Writes
 RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png
-(`jaxmech.reports.diagnostics`).
+(`jaxmech.reports.diagnostics`); a checkpoint's into OUT/diagnostics/, on pictures of two
+objects (`data.pictures`), with the IDs of the first half of the shapes.
 """
 
 from absl import flags
 
-from jaxmech.cli import run_main
+from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.diagnostics import analyse_diagnostics_run, diagnostics_refusal
+from jaxmech.reports.diagnostics import (
+    analyse_diagnostics_checkpoint,
+    analyse_diagnostics_run,
+    diagnostics_refusal,
+)
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_diagnostics_run, diagnostics_refusal)
+define_checkpoint_flags()
+main = report_main(analyse_diagnostics_run, diagnostics_refusal, analyse_diagnostics_checkpoint)
 
 if __name__ == "__main__":
     run_main(main)

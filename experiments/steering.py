@@ -1,25 +1,33 @@
-"""Seed 003's steering with spatial IDs on toy VLMs (issue 13, part 3).
+"""Seed 003's steering with spatial IDs on toy VLMs (issue 13, part 3), or a real checkpoint (issue 27).
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.steering --run=runs/vlm
+    python -m experiments.steering --checkpoint=Qwen2-VL-2B-Instruct --layers=6:16 \\
+        --dtype=bfloat16 --out=runs/qwen2vl_2b
 
 At every LM site after the first block, each model's object word X is moved by its own
 spatial-ID difference `alpha * (Delta(target) - Delta(source))`: adversarial steering
 (flip rate against norm-matched noise and an orthogonal direction, per alpha), ID
 curves (the belief per steered-to cell), and steerability vs accuracy over models.
 Writes RUN/steering/{flips,curves}.csv, summary.json, steering.png
-(`jaxmech.reports.steering`).
+(`jaxmech.reports.steering`); a checkpoint's into OUT/steering/, on pictures of two
+objects (`data.pictures`), with the IDs of the first half of the shapes.
 """
 
 from absl import flags
 
-from jaxmech.cli import run_main
+from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.steering import analyse_steering_run, steering_refusal
+from jaxmech.reports.steering import (
+    analyse_steering_checkpoint,
+    analyse_steering_run,
+    steering_refusal,
+)
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_steering_run, steering_refusal)
+define_checkpoint_flags()
+main = report_main(analyse_steering_run, steering_refusal, analyse_steering_checkpoint)
 
 if __name__ == "__main__":
     run_main(main)

@@ -12,6 +12,7 @@ import pytest
 
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.analysis import spatial_ids as si
+from jaxmech.analysis import steering as st
 from jaxmech.analysis.patching import GROUPS, patch_logp, resume_plan, token_groups
 from jaxmech.data.pictures import object_names
 from jaxmech.data.spec import Grid, first_word, pair_questions
@@ -21,7 +22,6 @@ from jaxmech.families.qwen2_vl.view import checkpoint_view
 from jaxmech.families.vlm_view import cell_tokens, examples
 from jaxmech.models.edits import Edits
 from jaxmech.reports.common import open_checkpoint
-from jaxmech.reports.patching import analyse_patching_checkpoint
 
 FOLDER = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
 
@@ -83,26 +83,26 @@ def test_bad_sizes_are_refused_by_name(fixture):
         open_checkpoint(FOLDER, size=112, layers=(5,))
 
 
-def _patch(view, params, ex, twin, shared=None):
-    groups = token_groups(ex.spans)
-    f = lambda p, a, b: patch_logp(view, p, a, b, groups, ex.answer_B, ex.other_B, None, shared)  # noqa: E731
-    return jax.jit(f)(params, ex.inputs, twin)
-
-
 def test_patching_through_the_cache(fixture):
     config, params, view, specs, ex, mirror = fixture
     shared = np.asarray(ex.spans.image_BxI)[:, 0]
-    plan = resume_plan(view, token_groups(ex.spans), shared)
+    groups = token_groups(ex.spans)
+    plan = resume_plan(view, groups, shared)
     image_end = int(np.asarray(ex.spans.image_BxI)[:, -1].min()) + 1
     assert plan[GROUPS.index("image")] == (image_end, True)  # image rows follow the twin
     assert plan[GROUPS.index("last")] == (ex.inputs.tokens_BxS.shape[1] - 1, False)
-    same = _patch(view, params, ex, ex.inputs, shared)
+
+    def patch(v, twin, plan):  # one compiled call per view, for any twin
+        return patch_logp(v, params, ex.inputs, twin, groups, ex.answer_B, ex.other_B, plan=plan)
+
+    cached = jax.jit(lambda t: patch(view, t, plan))
+    same = cached(ex.inputs)  # the example's own run: a no-op
     np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (2, 5, 4)), atol=1e-5)
-    cached = _patch(view, params, ex, mirror, shared)
-    full = _patch(view._replace(forward_from=None), params, ex, mirror)
-    np.testing.assert_allclose(cached["patched"], full["patched"], atol=1e-5)
-    np.testing.assert_allclose(cached["patched"][0, GROUPS.index("all")], cached["twin"], atol=1e-5)
-    assert np.abs(np.asarray(cached["orig"] - cached["twin"])).max() > 1e-4  # the mirror matters
+    got = cached(mirror)
+    full = jax.jit(lambda t: patch(view._replace(forward_from=None), t, None))(mirror)
+    np.testing.assert_allclose(got["patched"], full["patched"], atol=1e-5)
+    np.testing.assert_allclose(got["patched"][0, GROUPS.index("all")], got["twin"], atol=1e-5)
+    assert np.abs(np.asarray(got["orig"] - got["twin"])).max() > 1e-4  # the mirror matters
 
 
 def test_resume_errors(fixture):
@@ -116,16 +116,6 @@ def test_resume_errors(fixture):
     x = np.zeros((4, 3, config.lm_width), np.float32)
     with pytest.raises(ValueError, match="Resume.aux: lacks"):
         model.forward(params, ex.inputs, config=config, resume=model.Resume(0, S - 3, x, {}))
-
-
-def test_patching_report_on_a_checkpoint(tmp_path):
-    run = open_checkpoint(FOLDER, size=112, questions=5, batch=3, layers=(1,), log=lambda *_: None)
-    out = analyse_patching_checkpoint(run, str(tmp_path), log=lambda *_: None)
-    rows = out["tables"]["shifts"]
-    assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {"mirror", "recolour"}
-    assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 5)
-    for name in ("shifts.csv", "summary.json", "shifts.png"):
-        assert os.path.exists(tmp_path / "patching" / name)
 
 
 @pytest.fixture(scope="module")
@@ -187,11 +177,45 @@ def test_counterfactual_mirrors_on_a_checkpoint(fixture):
     np.testing.assert_allclose(twice, jax.jit(logits)(plain.vit_cols[0]), atol=1e-6)
 
 
-@pytest.mark.parametrize("report", ["spatial_ids", "counterfactuals"])
-def test_reports_on_a_checkpoint(tmp_path, report):
-    from jaxmech.reports import counterfactuals, spatial_ids
+def test_steering_through_the_cache(fixture):
+    """Steering resumed from the clean run's cache (the rows before the object words)
+    gives the margins of the full steered forward."""
+    config, params, view, specs, ex, mirror = fixture
+    delta = np.random.default_rng(1).normal(size=(16, config.lm_width)).astype(np.float32)
+    source, target = np.asarray(ex.spec.cells_BxK)[:, 0], np.zeros(4, np.int32)
+    key = jax.random.PRNGKey(0)
 
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=4, log=lambda *_: None)
-    module = {"spatial_ids": spatial_ids, "counterfactuals": counterfactuals}[report]
-    getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
+    def margins(v):
+        clean = st.unsteered(v, params, ex)
+        flips = st.flip_margins(v, params, ex, 1, delta, source, target, (5.0,), key, clean)
+        authors = st.authors_margins(v, params, ex, 1, delta, source, target, 5.0, key, clean)
+        return flips, authors
+
+    cached = jax.jit(lambda: margins(view))()
+    full = jax.jit(lambda: margins(view._replace(forward_from=None)))()
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), cached, full)
+    assert np.abs(np.asarray(cached[0]["id"][0] - cached[0]["plain"])).max() > 1e-4  # it acts
+
+
+REPORTS = ("patching", "spatial_ids", "counterfactuals", "steering", "diagnostics")
+
+
+@pytest.mark.parametrize("report", REPORTS)
+def test_reports_on_a_checkpoint(tmp_path, report):
+    """Every seed 003 / 004 report on the fixture checkpoint, end to end (~5-12 s each:
+    each compiles its own programs). Patching: one LM block, in chunks of 3 of the 4
+    left/right questions."""
+    import importlib
+
+    module = importlib.import_module(f"jaxmech.reports.{report}")
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, batch=3,
+                          layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
+    out = getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
     assert os.path.exists(tmp_path / report / "summary.json")
+    if report == "patching":
+        rows = out["tables"]["shifts"]
+        assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {
+            "mirror",
+            "recolour",
+        }
+        assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 4)

@@ -65,18 +65,19 @@ def occlusions(spec: SceneSpec, key, n_cells: int) -> list[SceneSpec]:
     return [occlude(spec, c) for c in (cells[:, 0], cells[:, 1], rand)]
 
 
-def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid):
+def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid, batch=None):
     """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one word."""
-    states = si.word_states(view, params, probe.inputs, pos_N)
+    states = si.word_states(view, params, probe.inputs, pos_N, batch)
     means = si.cell_means(states, probe.label_N, probe.cell_N, grid.cells)
     delta = si.ids_from_means(means)
     return (delta, means.mean(2), *si.grid_axes(delta, *grid))
 
 
-def _word_coords(view: VLMView, params, aux, ex: Examples, probe, probe_pos, slot: int):
+def _word_coords(view: VLMView, params, aux, ex: Examples, probe, probe_pos, slot: int,
+                 batch=None):  # fmt: skip
     """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
     1 Y) at sites 1.., from one probe's IDs."""
-    delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid)
+    delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid, batch)
     pos_B = (ex.spans.x_B, ex.spans.y_B)[slot]
     state = si.states_at(aux, view.n_lm_blocks(params), pos_B)
     label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
@@ -94,7 +95,7 @@ def _per_relation(coords_R, relation_B):
     return jnp.moveaxis(stacked[relation_B, :, jnp.arange(relation_B.shape[0])], 0, 1)
 
 
-def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs) -> dict:
+def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch=None) -> dict:
     """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
@@ -106,18 +107,20 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs) -> di
         Y's word follows the relation's words, so its state depends on the template.
       occluded_inputs: the examples under each of `OCCLUSIONS` (`occlusions`), rendered
         and stacked [O, ...].
+      batch: probe scenes per chunk of the IDs' forwards (`spatial_ids.word_states`).
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
-    plain, aux = view.forward(params, ex.inputs, capture=True)  # one forward of the examples
+    n = view.n_lm_blocks(params)  # one forward of the examples: every residual site
+    plain, aux = view.forward(params, ex.inputs, capture=["lm/resid_pre", f"lm/resid_post.{n - 1}"])
     rel = jnp.asarray(ex.spec.relation_B)
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
     for slot in (0, 1):
         per = [
-            _word_coords(view, params, aux, ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot)
+            _word_coords(view, params, aux, ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch)
             for pair in probes
         ]  # fmt: skip
         coords.append(tuple(_per_relation([c[i] for c in per], rel) for i in (0, 1)))

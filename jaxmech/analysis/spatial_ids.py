@@ -62,11 +62,25 @@ def states_at(aux, n_blocks: int, pos_N) -> jax.Array:
     return jnp.stack([rows_at(aux[resid_site(y, n_blocks)], pos_N) for y in range(n_blocks + 1)])
 
 
-def word_states(view: VLMView, params, inputs, pos_N) -> jax.Array:
+def word_states(view: VLMView, params, inputs, pos_N, batch: int | None = None) -> jax.Array:
     """[Y, N, D] the residual stream at each example's position pos_N[n] (e.g. an object
-    word's `Spans.x_B`) at every site, from one forward of `inputs`."""
-    _, aux = view.forward(params, inputs, capture=True)
-    return states_at(aux, view.n_lm_blocks(params), pos_N)
+    word's `Spans.x_B`) at every site, from one forward of `inputs` (`batch` scenes at a
+    time in a `lax.map` where given: a large model's memory)."""
+    n_blocks = view.n_lm_blocks(params)
+    sites = [resid_site(y, n_blocks) for y in range(n_blocks + 1)]
+    if batch is None:
+        _, aux = view.forward(params, inputs, capture=sites)
+        return states_at(aux, n_blocks, pos_N)
+    n = len(np.asarray(pos_N))
+    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
+
+    def chunk(i_b):
+        x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[i_b], inputs)
+        _, aux = view.forward(params, x, capture=sites)
+        return states_at(aux, n_blocks, jnp.asarray(pos_N)[i_b])
+
+    out = jax.lax.map(chunk, jnp.asarray(idx))  # [chunks, Y, batch, D]
+    return jnp.moveaxis(out, 1, 0).reshape(out.shape[1], -1, out.shape[-1])[:, :n]
 
 
 def probe_sites(n_blocks: int) -> list[str]:

@@ -56,12 +56,35 @@ def at_word(vectors_BxD, pos_B, length: int):
     return out.at[jnp.arange(B), jnp.asarray(pos_B)].set(vectors_BxD)
 
 
-def steered_logits(view: VLMView, params, inputs, spans, site: int, vectors_BxD, pos_B=None):
+def steered_logits(view: VLMView, params, inputs, spans, site: int, vectors_BxD, pos_B=None,
+                   clean_aux=None):  # fmt: skip
     """[B, V] the logits with `vectors_BxD` added to `lm/resid_pre.{site}` at each
     example's position `pos_B` (default: X's word; a zero vector is a no-op)."""
     pos_B = spans.x_B if pos_B is None else pos_B
-    edits = Edits(add={f"lm/resid_pre.{site}": at_word(vectors_BxD, pos_B, spans.length)})
-    return view.forward(params, inputs, edits)[0]
+    return add_forward(view, params, inputs, site, at_word(vectors_BxD, pos_B, spans.length),
+                       pos_B, clean_aux)  # fmt: skip
+
+
+def add_forward(view: VLMView, params, inputs, site: int, add_BxSxD, pos, clean_aux=None):
+    """[B, V] the logits with `add_BxSxD` added to `lm/resid_pre.{site}`, nonzero only
+    at positions `pos` ([B] or a list of [B]). Where the view has `forward_from`,
+    `clean_aux` (the `unsteered` run's intermediates) is given and the positions are
+    concrete, the run resumes at that site from the first of them: the rows before it
+    are the clean run's (a causal LM), so only the rows after are run."""
+    name = f"lm/resid_pre.{site}"
+    first = _first_row(pos) if view.forward_from is not None and clean_aux is not None else None
+    if first is None:
+        return view.forward(params, inputs, Edits(add={name: add_BxSxD}))[0]
+    x = clean_aux[name][:, first:] + add_BxSxD[:, first:]
+    return view.forward_from(params, inputs, site, first, x, clean_aux)
+
+
+def _first_row(pos):
+    """The smallest of concrete positions `pos` ([B] or a list of [B]), None if traced."""
+    try:
+        return int(min(np.min(np.asarray(p)) for p in (pos if isinstance(pos, list) else [pos])))
+    except jax.errors.TracerArrayConversionError:
+        return None
 
 
 def id_span_projector(delta_LxD, energy: float = 0.99):
@@ -86,8 +109,9 @@ def matched_noise(key, like_BxD, projector_DxD=None):
 
 def unsteered(view: VLMView, params, ex):
     """(logits [B, V], intermediates) of the examples' plain forward, which every site's
-    steering starts from (`flip_margins`, `authors_margins`: pass it as `clean`)."""
-    return view.forward(params, ex.inputs, capture=True)
+    steering starts from (`flip_margins`, `authors_margins`: pass it as `clean`): the
+    residual entering every LM block and the view's `cache_sites` (to resume from)."""
+    return view.forward(params, ex.inputs, capture=["lm/resid_pre", *view.cache_sites])
 
 
 def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key, clean=None) -> dict:  # fmt: skip
@@ -117,7 +141,9 @@ def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, 
     def at(alpha):
         return {
             kind: margin(
-                steered_logits(view, params, ex.inputs, ex.spans, site, alpha * v),
+                steered_logits(
+                    view, params, ex.inputs, ex.spans, site, alpha * v, clean_aux=aux
+                ),  # fmt: skip
                 ex.answer_B,
                 ex.other_B,
             )
@@ -161,7 +187,7 @@ def authors_margins(view, params, ex, site, delta_LxD, source_B, target_B, scale
 
     def steered(pair):
         add = sum(at_word(v, w, ex.spans.length) for v, w in zip(pair, words))
-        logits = view.forward(params, ex.inputs, Edits(add={f"lm/resid_pre.{site}": add}))[0]
+        logits = add_forward(view, params, ex.inputs, site, add, list(words), aux)
         return margin(logits, ex.answer_B, ex.other_B)
 
     return {k: steered(controls[k]) for k in KINDS} | {
@@ -183,14 +209,16 @@ def top_sites_mean(id_rate_KxY, control_rates: dict, n: int = TOP_LAYERS) -> dic
     return {"id": pick(rate)} | {k: pick(v) for k, v in control_rates.items()}
 
 
-def id_curve(view, params, ex, site, delta_LxD, source_B, alpha, words):
+def id_curve(view, params, ex, site, delta_LxD, source_B, alpha, words, clean=None):
     """[L, B, W] the logits of `words` (token ids [W]) with X steered from its cell to
-    every cell in turn (`alpha * (Delta(target) - Delta(source))`)."""
+    every cell in turn (`alpha * (Delta(target) - Delta(source))`); `clean`: the
+    examples' `unsteered` forward (resumed from where the view allows)."""
     words = jnp.asarray(words)
+    aux = None if clean is None else clean[1]
 
     def to(target):
         v = alpha * (delta_LxD[target] - delta_LxD[source_B])
-        return steered_logits(view, params, ex.inputs, ex.spans, site, v)[:, words]
+        return steered_logits(view, params, ex.inputs, ex.spans, site, v, clean_aux=aux)[:, words]
 
     return jax.lax.map(to, jnp.arange(delta_LxD.shape[0]))
 
@@ -206,7 +234,15 @@ def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.n
 
 
 def steer_models(
-    view: VLMView, params_K, ex, source_B, target_B, seed: int = 0, labels=None
+    view: VLMView,
+    params_K,
+    ex,
+    source_B,
+    target_B,
+    seed: int = 0,
+    labels=None,
+    sites=None,
+    probe_batch=None,
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -215,22 +251,25 @@ def steer_models(
     authors' protocol's margins [K, Y', B] (`authors_margins` at `AUTHORS_SCALE`), with
     the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
     scenes of `labels` (`spatial_ids.probe`; default every label: a caller with
-    training labels passes those, as the paper's universal ID)."""
+    training labels passes those, as the paper's universal ID). `sites`: the LM sites
+    steered (default every y >= 1); `probe_batch`: probe scenes per chunk of the IDs'
+    forward (`spatial_ids.word_states`)."""
     pr = si.probe(view, range(1, view.n_labels + 1) if labels is None else labels)
-    sites = range(1, view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K)))
+    n_blocks = view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K))
+    sites = range(1, n_blocks) if sites is None else sites
     words = np.asarray(view.answer_words)[:2].ravel()  # left, right, above, below
     L = view.grid.cells
 
     def one_model(args):
         p, key = args
-        states = si.word_states(view, p, pr.inputs, pr.spans.x_B)
+        states = si.word_states(view, p, pr.inputs, pr.spans.x_B, probe_batch)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
         clean = unsteered(view, p, ex)  # one plain forward serves every site
         out = [
             (
                 flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key, clean),
-                id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words),
-                id_curve(view, p, ex, y, delta[y], source_B, PAPER_CURVE_ALPHA, words),
+                id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words, clean),
+                id_curve(view, p, ex, y, delta[y], source_B, PAPER_CURVE_ALPHA, words, clean),
                 authors_margins(
                     view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key, clean
                 ),  # fmt: skip

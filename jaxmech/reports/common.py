@@ -58,6 +58,7 @@ __all__ = [
     "ablation_summary",
     "check_run",
     "check_runs",
+    "chunk_rows",
     "excluded_lines",
     "fmt_ci",
     "fmt_spread",
@@ -528,6 +529,14 @@ class CheckpointData(NamedTuple):
     specs: dict
     layers: tuple | None
     batch: int
+
+
+def chunk_rows(n: int, batch: int) -> list[np.ndarray]:
+    """Row indices of `n` questions in chunks of `batch`, the last padded by repeating
+    row 0 (so every chunk has one shape and one compiled program serves them all; cut
+    the padding with `[:n]` after concatenating)."""
+    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)])
+    return list(idx.reshape(-1, batch))
 
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,

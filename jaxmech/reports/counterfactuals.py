@@ -25,11 +25,10 @@ from __future__ import annotations
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
-from jaxmech.data.spec import RELATIONS, swap_named, take
+from jaxmech.data.spec import RELATIONS, swap_named
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
@@ -39,6 +38,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    chunk_rows,
     declared,
     fmt_ci,
     plots_dir,
@@ -66,45 +66,54 @@ def notes(view, params, config=None) -> dict[str, str]:
     return out
 
 
-def _questions(view, spec, rows):
-    """(Examples, stacked scene versions, swapped Examples) of questions `rows`."""
-    ex = examples(view, take(spec, rows))
-    stack = lambda *xs: jnp.stack(xs)  # noqa: E731
-    rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
-    return ex, jax.tree_util.tree_map(stack, *rendered), examples(view, swap_named(ex.spec))
-
-
 def compute(run: LoadedRun, log=print) -> dict:
     """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
-    "relation": [B]}. A checkpoint's questions run `batch` at a time (one compiled call
-    per chunk, its counterfactuals one after another); a run's all at once."""
-    view, ex_all = view_of(run), relation_questions(run)
+    "relation": [B]}. Every question is rendered at once (one length); a checkpoint's
+    run `batch` at a time through one compiled call, its counterfactuals one after
+    another (memory); a run's all at once."""
+    view, ex = view_of(run), relation_questions(run)
     first = jax.tree_util.tree_map(lambda x: x[0], run.params)
     names = cfa.names_for(view, first)
+    cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
+    stack = lambda *xs: np.stack(xs)  # noqa: E731
+    rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
+    versions = jax.tree_util.tree_map(stack, *rendered)  # [versions, B, ...]
+    swapped = examples(view, swap_named(ex.spec))
     ckpt = run.data if isinstance(run.data, CheckpointData) else None
-    n = len(ex_all.answer_B)
+    n = len(ex.answer_B)
     batch, one_at_a_time = (ckpt.batch, 1) if ckpt else (n, None)
+    per_row = np.ndim(cfs.lm_ids) == 4  # [C, B, 3, S]: left-padded rows, ids per row
+
+    @jax.jit
+    def chunk(params_K, versions, answer, other, sw_inputs, sw_answer, sw_other, lm_ids):
+        c = cfs._replace(lm_ids=lm_ids)
+        plain = jax.tree_util.tree_map(lambda x: x[:1], c)  # names[0] is "plain"
+        sw = jax.tree_util.tree_map(lambda x: x[None], sw_inputs)
+
+        def one_model(p):
+            m = cfa.margins(view, p, versions, answer, other, c, one_at_a_time)
+            return m, cfa.margins(view, p, sw, sw_answer, sw_other, plain)[0]
+
+        return jax.lax.map(one_model, params_K)
+
     ms, ss, t0 = [], [], time.perf_counter()
-    for lo in range(0, n, batch):
-        ex, versions, swapped = _questions(view, ex_all.spec, np.arange(lo, min(lo + batch, n)))
-        cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
-        plain = jax.tree_util.tree_map(lambda x: x[:1], cfs)  # names[0] is "plain"
-        one = jax.tree_util.tree_map(lambda x: x[None], swapped.inputs)
-
-        def one_model(p, ex=ex, versions=versions, swapped=swapped, cfs=cfs, plain=plain, one=one):
-            m = cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs, one_at_a_time)
-            s = cfa.margins(view, p, one, swapped.answer_B, swapped.other_B, plain)
-            return m, s[0]
-
-        m, s = jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
+    for i, rows in enumerate(chunk_rows(n, batch)):
+        take_b = lambda tree, axis=0, rows=rows: jax.tree_util.tree_map(  # noqa: E731
+            lambda x: np.take(np.asarray(x), rows, axis=axis), tree
+        )
+        lm_ids = take_b(cfs.lm_ids, 1) if per_row else cfs.lm_ids
+        m, s = jax.device_get(chunk(
+            run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
+            take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids,
+        ))  # fmt: skip
         ms.append(m), ss.append(s)
-        if ckpt and n > batch:
-            done, spent = min(lo + batch, n), time.perf_counter() - t0
+        if n > batch:
+            done, spent = min((i + 1) * batch, n), time.perf_counter() - t0
             log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
     return {
-        "margins": np.concatenate(ms, -1),
-        "swapped": np.concatenate(ss, -1),
-        "relation": np.asarray(ex_all.spec.relation_B),
+        "margins": np.concatenate(ms, -1)[..., :n],
+        "swapped": np.concatenate(ss, -1)[..., :n],
+        "relation": np.asarray(ex.spec.relation_B),
         "names": names,
     }
 

@@ -34,12 +34,15 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
+    CheckpointData,
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
     declared,
     fmt_ci,
     id_labels,
+    plots_dir,
     relation_questions,
     view_of,
 )
@@ -75,9 +78,11 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
 
     occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
 
+    batch = run.data.batch if isinstance(run.data, CheckpointData) else None
+
     def one_model(args):
         p, o = args
-        return dg.diagnose(view, p, ex, probes, o)
+        return dg.diagnose(view, p, ex, probes, o, batch)
 
     out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, occ)))
     return out | {"relation": np.asarray(ex.spec.relation_B)}
@@ -243,7 +248,7 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     log(
-        f"{run.k} models; {EXAMPLE_WORDS[run.examples]} of both relations; IDs of the "
+        f"{run.k} models; {EXAMPLE_WORDS.get(run.examples, 'pair questions')} of both relations; IDs of the "
         f"training-pair labels"
     )
     summary = summarise(res, tables["deviation"], tables["occlusion"], log)
@@ -266,3 +271,8 @@ REPORT = Report(
 def analyse_diagnostics_run(path: str, log=print) -> dict:
     """The diagnostics report of one results folder (`common.analyse`)."""
     return analyse(REPORT, path, log)
+
+
+def analyse_diagnostics_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The diagnostics report of a checkpoint (`common.open_checkpoint`) into `out`."""
+    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

@@ -43,6 +43,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    chunk_rows,
     declared,
     fmt_ci,
     plots_dir,
@@ -97,15 +98,15 @@ def compute(run: LoadedRun, log=print) -> dict:
         return jax.vmap(one_model)(params_K)
 
     t0, outs = time.perf_counter(), []
-    for lo in range(0, n, batch):
-        part = lambda tree, lo=lo: jax.tree_util.tree_map(lambda v: v[lo : lo + batch], tree)  # noqa: E731
-        args = part((ex.inputs, twins, groups.transpose(1, 0, 2), ex.answer_B, ex.other_B))
+    every = (ex.inputs, twins, groups.transpose(1, 0, 2), ex.answer_B, ex.other_B)
+    for c, rows in enumerate(chunk_rows(n, batch)):
+        args = jax.tree_util.tree_map(lambda v, rows=rows: np.asarray(v)[rows], every)
         outs.append(jax.device_get(chunk(run.params, *args)))
-        done, spent = min(lo + batch, n), time.perf_counter() - t0
+        done, spent = min((c + 1) * batch, n), time.perf_counter() - t0
         if n > batch:
             log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
     return {  # every leaf ends with the questions' axis
-        "logp": jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1), *outs),
+        "logp": jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1)[..., :n], *outs),
         "answer": np.asarray(ex.answer_B),
         "words": words,
         "layers": layers,

@@ -32,6 +32,7 @@ Writes into `RUN/steering/` (every row also names its `examples` and `model_grou
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxmech.analysis import steering as st
@@ -45,13 +46,16 @@ from jaxmech.data.spec import RELATIONS
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
+    CheckpointData,
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
     declared,
     fmt_ci,
     id_labels,
     needs_depth,
+    plots_dir,
     steering_examples,
     view_of,
 )
@@ -65,9 +69,16 @@ def steering_refusal(config, path: str) -> str | None:
 
 def compute(run: LoadedRun, seed: int = 0) -> dict:
     """`analysis.steering.steer_models` on the relation questions of `run.examples`,
-    with the universal IDs of the training-pair labels (`common.id_labels`)."""
+    with the universal IDs of the training-pair labels (`common.id_labels`), at every
+    site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites."""
     ex, source, target = steering_examples(run)
-    return st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run))
+    view = view_of(run)
+    ckpt = run.data if isinstance(run.data, CheckpointData) else None
+    n = view.n_lm_blocks(None if ckpt else jax.tree_util.tree_map(lambda x: x[0], run.params))
+    sites = [y for y in (ckpt.layers or range(n)) if y >= 1] if ckpt else list(range(1, n))
+    res = st.steer_models(view, run.params, ex, source, target, seed, id_labels(run), sites,
+                          ckpt.batch if ckpt else None)  # fmt: skip
+    return res | {"sites": sites}
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -86,17 +97,19 @@ def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> d
 
 def accuracy(run: LoadedRun) -> np.ndarray:
     """[K] unseen-pair accuracy, the mean of the two relations."""
+    nan = float("nan")  # a checkpoint has no accuracies
     return np.asarray(
-        [(float(r["unseen_h_acc"]) + float(r["unseen_v_acc"])) / 2 for r in run.results]
-    )
+        [(float(r.get("unseen_h_acc", nan)) + float(r.get("unseen_v_acc", nan))) / 2
+         for r in run.results]
+    )  # fmt: skip
 
 
-def flip_rows(fr: dict, models) -> list[dict]:
+def flip_rows(fr: dict, models, sites) -> list[dict]:
     k, n_sites, _ = fr[("id", "horizontal")].shape
     return [
         {
             "model": models[i],
-            "site": y + 1,
+            "site": sites[y],
             "relation": rel,
             "kind": kind,
             "alpha": a,
@@ -112,12 +125,12 @@ def flip_rows(fr: dict, models) -> list[dict]:
     ]
 
 
-def curve_rows(cb: dict, models, grid_w: int) -> list[dict]:
+def curve_rows(cb: dict, models, grid_w: int, sites) -> list[dict]:
     k, n_sites = cb["horizontal"].shape[:2]
     return [
         {
             "model": models[i],
-            "site": y + 1,
+            "site": sites[y],
             "relation": rel,
             "target_row": c // grid_w,
             "target_col": c % grid_w,
@@ -139,10 +152,10 @@ def _edge_gap(cb: dict) -> dict:
     }
 
 
-def authors_rows(ar: dict, models) -> list[dict]:
+def authors_rows(ar: dict, models, sites) -> list[dict]:
     k, n_sites = ar[("id", "horizontal")].shape
     return [
-        {"model": models[i], "site": y + 1, "relation": rel, "kind": kind,
+        {"model": models[i], "site": sites[y], "relation": rel, "kind": kind,
          "flip_rate": float(ar[(kind, rel)][i, y])}
         for i in range(k)
         for y in range(n_sites)
@@ -151,17 +164,17 @@ def authors_rows(ar: dict, models) -> list[dict]:
     ]  # fmt: skip
 
 
-def summarise_paper_curves(cb: dict, log) -> dict:
+def summarise_paper_curves(cb: dict, log, sites) -> dict:
     """The ID curves' far-minus-near edge gap at the paper's alpha, per site."""
     gap, out = _edge_gap(cb), {}
     for y in range(cb["horizontal"].shape[1]):
         for rel in RELATIONS:
             g = gap[rel][:, y]
-            out[f"resid_pre.{y + 1}/{rel}/curve_edge_gap_alpha{st.PAPER_CURVE_ALPHA:g}"] = mean_ci(
-                g, None, None
+            out[f"resid_pre.{sites[y]}/{rel}/curve_edge_gap_alpha{st.PAPER_CURVE_ALPHA:g}"] = (
+                mean_ci(g, None, None)
             )
             log(
-                f"ID curve at resid_pre.{y + 1} ({rel}, alpha {st.PAPER_CURVE_ALPHA:g}, the "
+                f"ID curve at resid_pre.{sites[y]} ({rel}, alpha {st.PAPER_CURVE_ALPHA:g}, the "
                 f"paper's): far edge minus near edge {fmt_ci(g, None, None)} logits"
             )
     return out
@@ -182,13 +195,13 @@ def summarise_authors(ar: dict, log) -> dict:
     return out
 
 
-def summarise(fr: dict, cb: dict, acc: np.ndarray, log) -> dict:
+def summarise(fr: dict, cb: dict, acc: np.ndarray, log, sites) -> dict:
     out = {}
     j = ALPHAS.index(REF_ALPHA)
     n_sites = fr[("id", "horizontal")].shape[1]
     gap = _edge_gap(cb)
     for y in range(n_sites):
-        site = f"resid_pre.{y + 1}"
+        site = f"resid_pre.{sites[y]}"
         log(f"\nsteering X's word at {site}: flip rate (answers right before), 95% CI over models")
         log(
             f"{'relation':>10} {'alpha':>5} {'|added|/|x|':>11} "
@@ -223,7 +236,7 @@ def summarise(fr: dict, cb: dict, acc: np.ndarray, log) -> dict:
     return out
 
 
-def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
+def plot(fr: dict, cb: dict, acc: np.ndarray, path: str, sites) -> str:
     import matplotlib.pyplot as plt
 
     from jaxmech import plots
@@ -240,7 +253,7 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
     axes[0].set_xlabel("alpha")
     axes[0].set_ylabel("flip rate")
     axes[0].legend(fontsize=6)
-    axes[0].set_title(f"adversarial steering at resid_pre.{y + 1}", fontsize=9)
+    axes[0].set_title(f"adversarial steering at resid_pre.{sites[y]}", fontsize=9)
     for ax, rel, word in zip(axes[1:3], RELATIONS, ("right - left", "below - above")):
         im = ax.imshow(cb[rel][:, y].mean(0), cmap="RdBu_r")
         fig.colorbar(im, ax=ax, shrink=0.8)
@@ -256,9 +269,9 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str) -> str:
 
 def _compute(run: LoadedRun) -> dict:
     res = compute(run)
-    t = run.config.task
-    cb = curve_beliefs(res, t.grid_h, t.grid_w)
-    cb_paper = curve_beliefs(res, t.grid_h, t.grid_w, "curves_paper")
+    grid = view_of(run).grid
+    cb = curve_beliefs(res, grid.h, grid.w)
+    cb_paper = curve_beliefs(res, grid.h, grid.w, "curves_paper")
     return res | {
         "flip_rates": flip_rates(res),
         "authors_rates": st.authors_flip_rates(res),
@@ -269,23 +282,25 @@ def _compute(run: LoadedRun) -> dict:
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
-    w = run.config.task.grid_w
+    w, sites = view_of(run).grid.w, res["sites"]
     return {
-        "flips": flip_rows(res["flip_rates"], run.models),
-        "curves": curve_rows(res["beliefs"], run.models, w),
-        "curves_paper": curve_rows(res["beliefs_paper"], run.models, w),
-        "authors": authors_rows(res["authors_rates"], run.models),
+        "flips": flip_rows(res["flip_rates"], run.models, sites),
+        "curves": curve_rows(res["beliefs"], run.models, w, sites),
+        "curves_paper": curve_rows(res["beliefs_paper"], run.models, w, sites),
+        "authors": authors_rows(res["authors_rates"], run.models, sites),
     }
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
+    labels = id_labels(run)
     log(
-        f"{run.k} models; {EXAMPLE_WORDS[run.examples]}, X's word steered; IDs of the "
-        f"training-pair labels {id_labels(run).start}-{id_labels(run).stop - 1}"
+        f"{run.k} models; {EXAMPLE_WORDS.get(run.examples, 'pair questions')}, X's word "
+        f"steered; IDs of the labels {labels.start}-{labels.stop - 1}"
     )
-    summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log)
+    sites = res["sites"]
+    summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log, sites)
     summary |= summarise_authors(res["authors_rates"], log)
-    summary |= summarise_paper_curves(res["beliefs_paper"], log)
+    summary |= summarise_paper_curves(res["beliefs_paper"], log, sites)
     return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded)}
 
 
@@ -296,7 +311,7 @@ REPORT = Report(
     tables=_tables,
     summarise=_summary,
     plot=lambda res, tables, run, path: plot(
-        res["flip_rates"], res["beliefs"], res["accuracy"], path
+        res["flip_rates"], res["beliefs"], res["accuracy"], path, res["sites"]
     ),
     figure="steering.png",
     examples=EXAMPLES,
@@ -307,3 +322,8 @@ REPORT = Report(
 def analyse_steering_run(path: str, log=print) -> dict:
     """The steering report of one results folder (`common.analyse`)."""
     return analyse(REPORT, path, log)
+
+
+def analyse_steering_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The steering report of a checkpoint (`common.open_checkpoint`) into `out`."""
+    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)
