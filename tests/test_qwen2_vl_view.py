@@ -92,16 +92,16 @@ def test_patching_through_the_cache(fixture):
     assert plan[GROUPS.index("image")] == (image_end, True)  # image rows follow the twin
     assert plan[GROUPS.index("last")] == (ex.inputs.tokens_BxS.shape[1] - 1, False)
 
-    def patch(v, twin, plan):  # one compiled call per view, for any twin
-        return patch_logp(v, params, ex.inputs, twin, groups, ex.answer_B, ex.other_B, plan=plan)
+    def patch(v, twin, plan):  # one compiled call per view, for any twin; LM block 1
+        return patch_logp(v, params, ex.inputs, twin, groups, ex.answer_B, ex.other_B, (1,),
+                          plan=plan)  # fmt: skip
 
     cached = jax.jit(lambda t: patch(view, t, plan))
     same = cached(ex.inputs)  # the example's own run: a no-op
-    np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (2, 5, 4)), atol=1e-5)
+    np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (1, 5, 4)), atol=1e-5)
     got = cached(mirror)
     full = jax.jit(lambda t: patch(view._replace(forward_from=None), t, None))(mirror)
     np.testing.assert_allclose(got["patched"], full["patched"], atol=1e-5)
-    np.testing.assert_allclose(got["patched"][0, GROUPS.index("all")], got["twin"], atol=1e-5)
     assert np.abs(np.asarray(got["orig"] - got["twin"])).max() > 1e-4  # the mirror matters
 
 
@@ -178,23 +178,25 @@ def test_counterfactual_mirrors_on_a_checkpoint(fixture):
 
 
 def test_steering_through_the_cache(fixture):
-    """Steering resumed from the clean run's cache (the rows before the object words)
-    gives the margins of the full steered forward."""
+    """A steered run resumed from the clean run's cache (the rows before the object
+    words) gives the full steered forward's logits."""
     config, params, view, specs, ex, mirror = fixture
-    delta = np.random.default_rng(1).normal(size=(16, config.lm_width)).astype(np.float32)
-    source, target = np.asarray(ex.spec.cells_BxK)[:, 0], np.zeros(4, np.int32)
-    key = jax.random.PRNGKey(0)
+    B, S = ex.inputs.tokens_BxS.shape
+    add = np.zeros((B, S, config.lm_width), np.float32)
+    rng = np.random.default_rng(1)
+    for pos in (ex.spans.x_B, ex.spans.y_B):
+        add[np.arange(B), pos] = rng.normal(size=(B, config.lm_width))
+    words = [ex.spans.x_B, ex.spans.y_B]
 
-    def margins(v):
-        clean = st.unsteered(v, params, ex)
-        flips = st.flip_margins(v, params, ex, 1, delta, source, target, (5.0,), key, clean)
-        authors = st.authors_margins(v, params, ex, 1, delta, source, target, 5.0, key, clean)
-        return flips, authors
+    def both():
+        clean = st.unsteered(view, params, ex)[1]
+        plain = view._replace(forward_from=None)
+        return [st.add_forward(v, params, ex.inputs, 1, add, words, clean) for v in (view, plain)]
 
-    cached = jax.jit(lambda: margins(view))()
-    full = jax.jit(lambda: margins(view._replace(forward_from=None)))()
-    jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), cached, full)
-    assert np.abs(np.asarray(cached[0]["id"][0] - cached[0]["plain"])).max() > 1e-4  # it acts
+    cached, full = jax.jit(both)()
+    np.testing.assert_allclose(cached, full, atol=1e-5)
+    plain = jax.jit(lambda: view.forward(params, ex.inputs)[0])()
+    assert np.abs(np.asarray(full - plain)).max() > 1e-4  # the steering acts
 
 
 REPORTS = ("patching", "spatial_ids", "counterfactuals", "steering", "diagnostics")
@@ -203,12 +205,12 @@ REPORTS = ("patching", "spatial_ids", "counterfactuals", "steering", "diagnostic
 @pytest.mark.parametrize("report", REPORTS)
 def test_reports_on_a_checkpoint(tmp_path, report):
     """Every seed 003 / 004 report on the fixture checkpoint, end to end (~5-12 s each:
-    each compiles its own programs). Patching: one LM block, in chunks of 3 of the 4
-    left/right questions."""
+    each compiles its own programs). Patching: one LM block, the 3 left/right
+    questions in two chunks of 2 (the last padded)."""
     import importlib
 
     module = importlib.import_module(f"jaxmech.reports.{report}")
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, batch=3,
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=2,
                           layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
     out = getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
     assert os.path.exists(tmp_path / report / "summary.json")
@@ -218,4 +220,4 @@ def test_reports_on_a_checkpoint(tmp_path, report):
             "mirror",
             "recolour",
         }
-        assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 4)
+        assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 3)

@@ -156,7 +156,7 @@ def _check_spans(config):
     ex = examples(view, sc.eval_specs(config.task, s)["examples"])
     np.testing.assert_array_equal(ex.answer_B, s.examples.answer_B)  # the spec's answers
     params = _init(config, jax.random.PRNGKey(0))
-    _, aux = view.forward(params, ex.inputs, capture=True)
+    _, aux = jax.jit(lambda p: view.forward(p, ex.inputs, capture=True))(params)
     words = params["lm"]["E"][ex.inputs.question_BxQ[:, sc.X_SLOT]]
     pos = params["lm"]["pos"][ex.spans.x_B]
     np.testing.assert_allclose(rows_at(aux["lm/resid_pre.0"], ex.spans.x_B), words + pos)
@@ -196,8 +196,10 @@ def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
     ex = examples(view, sc.eval_specs(config.task, s)["examples"])
     cfs = cfa.build(view, params, ex.spans, ("plain", "vit_w"))
     versions = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[None], ex.inputs)
-    m = cfa.margins(view, params, versions, ex.answer_B, ex.other_B, cfs)
-    plain = margin(view.forward(params, ex.inputs)[0], ex.answer_B, ex.other_B)
+    m, plain = jax.jit(lambda p: (  # compiled: op by op costs seconds here
+        cfa.margins(view, p, versions, ex.answer_B, ex.other_B, cfs),
+        margin(view.forward(p, ex.inputs)[0], ex.answer_B, ex.other_B),
+    ))(params)  # fmt: skip
     np.testing.assert_allclose(m[0], plain, atol=1e-5)
     assert np.abs(np.asarray(m[1] - m[0])).max() > 1e-3
     for folder in ("patching", "spatial_ids", "counterfactuals"):

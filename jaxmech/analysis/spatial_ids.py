@@ -114,10 +114,12 @@ def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int) -> di
     one `lax.map` (the last chunk padded by repeating its first scene, then cut), so a
     large model's whole intermediates are held for one chunk only."""
     n = len(np.asarray(x_N))
-    pad = -n % batch
-    idx = np.concatenate([np.arange(n), np.zeros(pad, int)]).reshape(-1, batch)
     n_blocks = view.n_lm_blocks(params)
     sites = probe_sites(n_blocks)
+    if batch >= n:  # one chunk: no loop
+        _, aux = view.forward(params, inputs, capture=sites)
+        return at_two_positions(aux, x_N, token_N, n_blocks)
+    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
 
     def chunk(i_b):
         x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[i_b], inputs)

@@ -133,12 +133,17 @@ def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=No
     q, k = at("rot_q", _rot(q, q_angles)), at("rot_k", _rot(k, angles))
     if cache is not None:
         k, v = (jnp.concatenate([c.astype(x.dtype), x], axis=1) for c, x in zip(cache, (k, v)))
-    groups = q.shape[2] // k.shape[2]
-    k, v = jnp.repeat(k, groups, axis=2), jnp.repeat(v, groups, axis=2)
-    scores = at("attn_scores", jnp.einsum("bqhe,bkhe->bhqk", q, k) * q.shape[-1] ** -0.5)
+    # grouped-query attention without copying k, v per query head: head h = c G + g
+    # reads key / value head c (as the reference's repeat_kv)
+    B, N, H, E = q.shape
+    C = k.shape[2]
+    qg = q.reshape(B, N, C, H // C, E)
+    scores = jnp.einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
+    scores = at("attn_scores", scores * E**-0.5)
     logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
     pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
-    z = at("z", jnp.einsum("bhqk,bkhe->bqhe", pattern, v))
+    pg = pattern.reshape(B, C, H // C, N, k.shape[1])
+    z = at("z", jnp.einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E))
     out = jnp.einsum("bqhe,hed->bqd", z, block["W_O"])
     return out + block["b_O"] if "b_O" in block else out
 
