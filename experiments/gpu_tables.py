@@ -27,8 +27,8 @@ def main(argv):
     del argv
     try:
         layers = parse_layers(FLAGS.layers)
-        if FLAGS.images < 1 or FLAGS.batch < 1 or FLAGS.images % FLAGS.batch:
-            raise ValueError(f"--batch = {FLAGS.batch}: must divide --images = {FLAGS.images}")
+        if FLAGS.images < 1 or FLAGS.batch < 1 or FLAGS.loop_images < 0:
+            raise ValueError("--images and --batch must be at least 1, --loop_images 0 or more")
         if layers is not None and (min(layers) < 0 or max(layers) >= 28):
             raise ValueError(f"--layers = {FLAGS.layers!r}: Qwen2-VL-2B has LM layers 0..27")
     except ValueError as e:

@@ -92,16 +92,20 @@ def test_patching_through_the_cache(fixture):
     assert plan[GROUPS.index("image")] == (image_end, True)  # image rows follow the twin
     assert plan[GROUPS.index("last")] == (ex.inputs.tokens_BxS.shape[1] - 1, False)
 
-    def patch(v, twin, plan):  # one compiled call per view, for any twin; LM block 1
-        return patch_logp(v, params, ex.inputs, twin, groups, ex.answer_B, ex.other_B, (1,),
+    def patch(v, twin, plan):  # at the first LM site
+        return patch_logp(v, params, ex.inputs, twin, groups, ex.answer_B, ex.other_B, (0,),
                           plan=plan)  # fmt: skip
 
-    cached = jax.jit(lambda t: patch(view, t, plan))
-    same = cached(ex.inputs)  # the example's own run: a no-op
+    full_view = view._replace(forward_from=None)
+    same, got, full = jax.jit(  # one program: the suite's time
+        lambda: (patch(view, ex.inputs, plan), patch(view, mirror, plan),
+                 patch(full_view, mirror, None))
+    )()  # fmt: skip
+    # the example's own run is a no-op; the cache gives the full forward's patches
     np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (1, 5, 4)), atol=1e-5)
-    got = cached(mirror)
-    full = jax.jit(lambda t: patch(view._replace(forward_from=None), t, None))(mirror)
     np.testing.assert_allclose(got["patched"], full["patched"], atol=1e-5)
+    # patching every token at the first LM site gives the twin's answer
+    np.testing.assert_allclose(got["patched"][0, GROUPS.index("all")], got["twin"], atol=1e-5)
     assert np.abs(np.asarray(got["orig"] - got["twin"])).max() > 1e-4  # the mirror matters
 
 
@@ -126,38 +130,36 @@ def small():
     return config, params, view, si.probe(view, range(1, 4), placements=2)
 
 
-def test_probe_reduced_to_two_positions_and_chunked(small):
+def test_probe_chunks_and_a_planted_spatial_id(small):
+    """One compiled program (the suite's time): the probe run reduced to two positions
+    and chunked gives the full run's IDs and analytic IDs; and a direction per cell
+    added to X's word at `lm/resid_pre.1` comes out of the ID extraction at site 1
+    (centred over the cells), on top of the model's own ID."""
     config, params, view, pr = small
     token = cell_tokens(pr.spans, pr.cell_N)
-    n = config.lm_layers
-    _, aux = jax.jit(lambda p: view.forward(p, pr.inputs, capture=si.probe_sites(n)))(params)
-    full = si.analytic_ids(params, aux, pr.spans.x_B, token, pr.label_N, pr.cell_N, 4)
-    red = jax.jit(lambda p: si.chunked_probe(view, p, pr.inputs, pr.spans.x_B, token, 5))(params)
-    zeros = np.zeros(len(token), np.int32)
-    got = si.analytic_ids(params, red, zeros, zeros + 1, pr.label_N, pr.cell_N, 4)
+    n, B = config.lm_layers, len(token)
+    plant = np.random.default_rng(0).normal(size=(4, config.lm_width)).astype(np.float32)
+    add = np.zeros(pr.inputs.tokens_BxS.shape + (config.lm_width,), np.float32)
+    add[np.arange(B), pr.spans.x_B] = plant[pr.cell_N]
+    zeros = np.zeros(B, np.int32)
+
+    def run(p):
+        _, aux = view.forward(p, pr.inputs, capture=si.probe_sites(n))
+        full = si.analytic_ids(p, aux, pr.spans.x_B, token, pr.label_N, pr.cell_N, 4)
+        red = si.chunked_probe(view, p, pr.inputs, pr.spans.x_B, token, 5)
+        got = si.analytic_ids(p, red, zeros, zeros + 1, pr.label_N, pr.cell_N, 4)
+        states = si.states_at(aux, n, pr.spans.x_B), si.states_at(red, n, zeros)
+        edits = Edits(add={"lm/resid_pre.1": add})
+        _, planted = view.forward(p, pr.inputs, edits, capture=["lm/resid_pre.1"])
+        moved = planted["lm/resid_pre.1"][np.arange(B), pr.spans.x_B][None]
+        ids = [si.spatial_ids(x, pr.label_N, pr.cell_N, 4)[0] for x in (moved, states[0][1:2])]
+        return full, got, states, ids[0] - ids[1]
+
+    full, got, (s_full, s_red), planted = jax.jit(run)(params)
     for k in full:
         np.testing.assert_allclose(got[k], full[k], atol=1e-5, err_msg=k)
-    np.testing.assert_allclose(
-        si.states_at(red, n, zeros), si.states_at(aux, n, pr.spans.x_B), atol=1e-5
-    )
-
-
-def test_a_planted_spatial_id_is_recovered(small):
-    """A direction per cell added to X's word at `lm/resid_pre.1` comes out of the ID
-    extraction at site 1 (centred over the cells), on top of the model's own ID."""
-    config, params, view, pr = small
-    plant = np.random.default_rng(0).normal(size=(4, config.lm_width)).astype(np.float32)
-    B, S = pr.inputs.tokens_BxS.shape
-    add = np.zeros((B, S, config.lm_width), np.float32)
-    add[np.arange(B), pr.spans.x_B] = plant[pr.cell_N]
-
-    def ids(edits):
-        _, aux = view.forward(params, pr.inputs, edits, capture=["lm/resid_pre.1"])
-        states = aux["lm/resid_pre.1"][np.arange(B), pr.spans.x_B][None]
-        return si.spatial_ids(states, pr.label_N, pr.cell_N, 4)[0]
-
-    got = jax.jit(lambda: ids(Edits(add={"lm/resid_pre.1": add})) - ids(None))()
-    np.testing.assert_allclose(got, plant - plant.mean(0), atol=1e-4)
+    np.testing.assert_allclose(s_red, s_full, atol=1e-5)
+    np.testing.assert_allclose(planted, plant - plant.mean(0), atol=1e-4)
 
 
 def test_counterfactual_mirrors_on_a_checkpoint(fixture):
@@ -210,7 +212,10 @@ def test_reports_on_a_checkpoint(tmp_path, report):
     import importlib
 
     module = importlib.import_module(f"jaxmech.reports.{report}")
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=2,
+    # patching and counterfactuals in two chunks (the last padded); the probe reports'
+    # scenes in one (their chunked probe is tested above)
+    batch = 2 if report in ("patching", "counterfactuals") else 1024
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=batch,
                           layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
     out = getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
     assert os.path.exists(tmp_path / report / "summary.json")

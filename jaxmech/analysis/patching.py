@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.families.vlm_view import Spans, VLMView
+from jaxmech.families.vlm_view import Spans, VLMView, chunk_rows
 from jaxmech.models.edits import Edits
 
 GROUPS = ("image", "question", "objects", "last", "all")
@@ -167,3 +167,42 @@ def resume_plan(view: VLMView, groups_GxBxS, shared_B=None):
         start, from_twin = max((int(first), False), (int(twin_end), True))
         plan.append((min(start, S - 1), from_twin))
     return plan
+
+
+def table_call(view: VLMView, plan, layers, twin_names):
+    """The jitted call of one chunk of a patching table: `patch_logp` of stacked models
+    [K, ...] against each named twin, the groups [B, G, S] (rows first, to be sliced)
+    traced and the resumed rows `plan` static, so every chunk runs one program."""
+
+    @jax.jit
+    def chunk(params_K, inputs, twins, groups_BxGxS, answer_B, other_B):
+        g = jnp.swapaxes(groups_BxGxS, 0, 1)
+
+        def one_model(p):
+            return {t: patch_logp(view, p, inputs, twins[t], g, answer_B, other_B, layers,
+                                  plan=plan) for t in twin_names}  # fmt: skip
+
+        return jax.vmap(one_model)(params_K)
+
+    return chunk
+
+
+def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
+                other_B, layers=None, shared_B=None, batch=None, progress=None) -> dict:  # fmt: skip
+    """{twin: `patch_logp` of K stacked models} over every example, `batch` at a time
+    (default all) through one compiled call (`table_call`; its resumed rows planned over
+    every example, the last chunk padded and cut). `progress(done, n)` after each
+    chunk. Host NumPy out, the examples' axis last."""
+    first = jax.tree_util.tree_map(lambda x: x[0], params_K)
+    layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
+    call = table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
+    every = (inputs, twins, np.swapaxes(np.asarray(groups_GxBxS), 0, 1), answer_B, other_B)
+    n = len(np.asarray(answer_B))
+    batch = batch or n
+    outs = []
+    for c, rows in enumerate(chunk_rows(n, batch)):
+        args = jax.tree_util.tree_map(lambda v, rows=rows: np.asarray(v)[rows], every)
+        outs.append(jax.device_get(call(params_K, *args)))
+        if progress is not None:
+            progress(min((c + 1) * batch, n), n)
+    return jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1)[..., :n], *outs)

@@ -62,25 +62,35 @@ def states_at(aux, n_blocks: int, pos_N) -> jax.Array:
     return jnp.stack([rows_at(aux[resid_site(y, n_blocks)], pos_N) for y in range(n_blocks + 1)])
 
 
+def map_chunks(fn, n: int, batch: int | None):
+    """`fn(rows)` (a pytree whose leaves lead with len(rows)) over rows 0..n-1: at once
+    (`fn(None)`: every row), or `batch` rows at a time in one `lax.map` (the last chunk
+    padded with row 0, then cut), so a large model's intermediates are held for one
+    chunk only."""
+    if batch is None or batch >= n:
+        return fn(None)
+    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
+    out = jax.lax.map(fn, jnp.asarray(idx))
+    return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
+
+
+def _rows(tree, rows):
+    """`tree` at `rows` along every leaf's first axis (None: all of it, as it is)."""
+    return tree if rows is None else jax.tree_util.tree_map(lambda a: jnp.asarray(a)[rows], tree)
+
+
 def word_states(view: VLMView, params, inputs, pos_N, batch: int | None = None) -> jax.Array:
     """[Y, N, D] the residual stream at each example's position pos_N[n] (e.g. an object
     word's `Spans.x_B`) at every site, from one forward of `inputs` (`batch` scenes at a
-    time in a `lax.map` where given: a large model's memory)."""
+    time where given: `map_chunks`)."""
     n_blocks = view.n_lm_blocks(params)
     sites = [resid_site(y, n_blocks) for y in range(n_blocks + 1)]
-    if batch is None:
-        _, aux = view.forward(params, inputs, capture=sites)
-        return states_at(aux, n_blocks, pos_N)
-    n = len(np.asarray(pos_N))
-    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
 
-    def chunk(i_b):
-        x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[i_b], inputs)
-        _, aux = view.forward(params, x, capture=sites)
-        return states_at(aux, n_blocks, jnp.asarray(pos_N)[i_b])
+    def chunk(rows):
+        _, aux = view.forward(params, _rows(inputs, rows), capture=sites)
+        return jnp.moveaxis(states_at(aux, n_blocks, _rows(pos_N, rows)), 1, 0)
 
-    out = jax.lax.map(chunk, jnp.asarray(idx))  # [chunks, Y, batch, D]
-    return jnp.moveaxis(out, 1, 0).reshape(out.shape[1], -1, out.shape[-1])[:, :n]
+    return jnp.moveaxis(map_chunks(chunk, len(np.asarray(pos_N)), batch), 0, 1)
 
 
 def probe_sites(n_blocks: int) -> list[str]:
@@ -109,25 +119,16 @@ def at_two_positions(aux, x_N, token_N, n_blocks: int) -> dict:
     return out
 
 
-def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int) -> dict:
-    """`at_two_positions` of the probe scenes' run, computed `batch` scenes at a time in
-    one `lax.map` (the last chunk padded by repeating its first scene, then cut), so a
-    large model's whole intermediates are held for one chunk only."""
-    n = len(np.asarray(x_N))
+def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int | None) -> dict:
+    """`at_two_positions` of the probe scenes' run, `batch` scenes at a time
+    (`map_chunks`)."""
     n_blocks = view.n_lm_blocks(params)
-    sites = probe_sites(n_blocks)
-    if batch >= n:  # one chunk: no loop
-        _, aux = view.forward(params, inputs, capture=sites)
-        return at_two_positions(aux, x_N, token_N, n_blocks)
-    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
 
-    def chunk(i_b):
-        x = jax.tree_util.tree_map(lambda a: jnp.asarray(a)[i_b], inputs)
-        _, aux = view.forward(params, x, capture=sites)
-        return at_two_positions(aux, jnp.asarray(x_N)[i_b], jnp.asarray(token_N)[i_b], n_blocks)
+    def chunk(rows):
+        _, aux = view.forward(params, _rows(inputs, rows), capture=probe_sites(n_blocks))
+        return at_two_positions(aux, _rows(x_N, rows), _rows(token_N, rows), n_blocks)
 
-    out = jax.lax.map(chunk, jnp.asarray(idx))
-    return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
+    return map_chunks(chunk, len(np.asarray(x_N)), batch)
 
 
 def cell_means(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array:

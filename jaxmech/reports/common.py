@@ -58,7 +58,6 @@ __all__ = [
     "ablation_summary",
     "check_run",
     "check_runs",
-    "chunk_rows",
     "excluded_lines",
     "fmt_ci",
     "fmt_spread",
@@ -211,13 +210,10 @@ def open_report(
     """(the loaded run, its report folder `path/folder`, created) for a report's
     analyse function, after `check_run` and `refusal(config, path)` (raised as
     ValueError when the report does not apply)."""
-    from jaxmech import plots
-
     why = refusal(check_run(path), path)
     if why:
         raise ValueError(why)
-    out = plots.ensure_dir(os.path.join(path, folder))
-    return open_run(path, with_data=with_data, log=log), out
+    return open_run(path, with_data=with_data, log=log), plots_dir(path, folder)
 
 
 def plots_dir(path: str, folder: str) -> str:
@@ -531,23 +527,14 @@ class CheckpointData(NamedTuple):
     batch: int
 
 
-def chunk_rows(n: int, batch: int) -> list[np.ndarray]:
-    """Row indices of `n` questions in chunks of `batch`, the last padded by repeating
-    row 0 (so every chunk has one shape and one compiled program serves them all; cut
-    the padding with `[:n]` after concatenating)."""
-    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)])
-    return list(idx.reshape(-1, batch))
-
-
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int = 16, dtype="float32",
                     log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
     reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
-    relation drawn from `seed`), no config, settings or task. Bad options raise ValueError naming them
-    (the view's before the weights are read)."""
-    from jaxmech.data.pictures import COLOURS, SHAPES
+    relation drawn from `seed`), no config, settings or task. Bad options raise
+    ValueError naming them, before the weights are read."""
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
@@ -562,7 +549,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
         raise ValueError(f"layers = {list(layers)}: expected LM blocks in [0, {n})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
     log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}")
-    per_rel = [pair_questions(view.grid, questions, len(SHAPES), len(COLOURS), seed, rel)
+    per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
                for rel in (0, 1)]  # fmt: skip
     specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
     return LoadedRun(

@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.data.spec import RELATIONS, swap_named
-from jaxmech.families.vlm_view import examples
+from jaxmech.families.vlm_view import chunk_rows, examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -38,7 +38,6 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
-    chunk_rows,
     declared,
     fmt_ci,
     plots_dir,

@@ -10,9 +10,9 @@ sequences are a little shorter than under Qwen's BPE.
 The table: every LM layer x 4 token groups (image, question, objects, last) x the
 images, mirror twin. Both sides compute the same patches and log-probabilities:
 
-* batched: `analysis.patching.patch_logp` over every image, layer and group in one
-  jitted call (the clean and twin runs once; each patch runs only the blocks after its
-  layer);
+* batched: `analysis.patching.patch_table` (`patch_logp`) over every image, layer and
+  group, `batch` images per compiled call (the clean and twin runs once; each patch
+  runs only the blocks and rows after those it shares with them);
 * loop: per image a clean and a twin forward (capturing every layer), then per (layer,
   group) one jitted full forward of that one image with the patch, as the authors' code
   does minus its process start per layer. Timed on `loop_images` images and quoted per
@@ -29,12 +29,13 @@ import os
 import statistics
 import tempfile
 import time
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.analysis.patching import GROUPS, patch_logp, resume_plan, token_groups
+from jaxmech.analysis.patching import GROUPS, patch_table, resume_plan, table_call, token_groups
 from jaxmech.data import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.families.qwen2_vl import params as qwen_params
@@ -158,27 +159,34 @@ def qwen2_vl_2b_config(ids: dict) -> QwenVLConfig:
 CONFIGS = {"bench": (bench_config, 224), "2b": (qwen2_vl_2b_config, 448)}
 
 
-def _memory(table, args) -> dict:
+def _memory(call, args) -> dict:
     """The compiled chunk's memory analysis and the device's peak use, in bytes (NaN
     where the backend does not say)."""
-    m = table.lower(*args).compile().memory_analysis()
+    m = call.lower(*args).compile().memory_analysis()
     stats = jax.devices()[0].memory_stats() or {}
-    get = lambda o, k: float(getattr(o, k, np.nan)) if o is not None else np.nan  # noqa: E731
+    get = lambda k: float(getattr(m, k, np.nan)) if m is not None else np.nan  # noqa: E731
     return {
-        "temp_bytes": get(m, "temp_size_in_bytes"),
-        "argument_bytes": get(m, "argument_size_in_bytes"),
+        "temp_bytes": get("temp_size_in_bytes"),
+        "argument_bytes": get("argument_size_in_bytes"),
         "peak_bytes": float(stats.get("peak_bytes_in_use", np.nan)),
     }
 
 
-def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3,
-                      kind: str = "bench", dtype=jnp.float32, batch: int | None = None,
-                      layers=None) -> dict:  # fmt: skip
-    """Cells per second of the batched table (`batch` images per compiled call, default
-    all) and of the loop (module docstring; `loop_images` 0: no loop), the largest
-    |difference| of their log-probabilities on the loop's images, the table's shape,
-    and memory (`_memory`). `kind`: "bench" (the issue's config, 224 px) or "2b"
-    (Qwen2-VL-2B's architecture, 448 px), random weights in `dtype`."""
+class Table(NamedTuple):
+    """One patching table's inputs: the view, stacked params [1, ...], the examples,
+    the mirror twins, the token groups [G, B, S] (`TABLE_GROUPS`) and the layers."""
+
+    view: Any
+    params_K: Any
+    ex: Any
+    twin: Any
+    groups: np.ndarray
+    layers: tuple
+
+
+def setup(kind: str, n_images: int, dtype, layers=None) -> Table:
+    """The table of `kind` ("bench" or "2b", `CONFIGS`) on `n_images` random pictures,
+    random weights in `dtype`."""
     make, size = CONFIGS[kind]
     with tempfile.TemporaryDirectory() as folder:
         config = make(word_tokenizer(folder))
@@ -189,51 +197,61 @@ def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3
     twin = view.render(specs["mirror"], ask=specs["examples"])[0]
     groups = token_groups(ex.spans)[[GROUPS.index(g) for g in TABLE_GROUPS]]
     layers = tuple(range(config.lm_layers)) if layers is None else tuple(layers)
-    batch = batch or n_images
-    if n_images % batch:
-        raise ValueError(f"batch = {batch}: must divide n_images = {n_images}")
-    shared = np.asarray(ex.spans.image_BxI)[:, 0]  # the text before the picture is the twin's
-    plan = resume_plan(view, groups, shared)  # over every image: one program for all chunks
-    part = lambda tree, lo: jax.tree_util.tree_map(lambda a: a[lo : lo + batch], tree)  # noqa: E731
-    chunks = [(part(ex.inputs, lo), part(twin, lo), part(groups.transpose(1, 0, 2), lo),
-               part(ex.answer_B, lo), part(ex.other_B, lo)) for lo in range(0, n_images, batch)]  # fmt: skip
+    params_K = jax.tree_util.tree_map(lambda x: x[None], params)
+    return Table(view, params_K, ex, twin, groups, layers)
 
-    @jax.jit
-    def table(p, x, t, g_BxGxS, a, o):
-        return patch_logp(view, p, x, t, g_BxGxS.transpose(1, 0, 2), a, o, layers, plan=plan)
 
-    def run_table():
-        return [table(params, *c)["patched"] for c in chunks]
+def batched(t: Table, batch: int | None, repeats: int) -> dict:
+    """The table through `analysis.patching.patch_table` (`batch` images per call): its
+    log-probabilities [Y, G, B], first-call and median times, and memory."""
+    shared = np.asarray(t.ex.spans.image_BxI)[:, 0]  # the text before the picture is shared
+
+    def run():
+        return patch_table(t.view, t.params_K, t.ex.inputs, {"mirror": t.twin}, t.groups,
+                           t.ex.answer_B, t.ex.other_B, t.layers, shared, batch)  # fmt: skip
 
     t0 = time.perf_counter()
-    got = np.concatenate(jax.block_until_ready(run_table()), -1)
-    compile_s = time.perf_counter() - t0
-    batched_s = _median_time(run_table, repeats)
-    memory = _memory(table, (params, *chunks[0]))
-    cells = len(layers) * len(groups) * n_images
+    got = run()["mirror"]["patched"][0]
+    first_s = time.perf_counter() - t0
+    rows = np.arange(batch or len(shared))
+    call = table_call(t.view, resume_plan(t.view, t.groups, shared), t.layers, ("mirror",))
+    args = jax.tree_util.tree_map(lambda v: np.asarray(v)[rows], (
+        t.ex.inputs, {"mirror": t.twin}, np.swapaxes(t.groups, 0, 1), t.ex.answer_B,
+        t.ex.other_B))  # fmt: skip
+    return {"patched": got, "first_call_s": first_s, "batched_s": _median_time(run, repeats),
+            **_memory(call, (t.params_K, *args))}  # fmt: skip
+
+
+def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3,
+                      kind: str = "bench", dtype=jnp.float32, batch: int | None = None,
+                      layers=None) -> dict:  # fmt: skip
+    """Cells per second of the batched table (`batched`) and of the loop (module
+    docstring; `loop_images` 0: no loop), the largest |difference| of their
+    log-probabilities on the loop's images, the table's shape and memory."""
+    t = setup(kind, n_images, dtype, layers)
+    b = batched(t, batch, repeats)
+    cells = len(t.layers) * len(t.groups) * n_images
     out = {
         "config": kind,
         "cells": cells,
-        "layers": len(layers),
-        "tokens": int(ex.inputs.tokens_BxS.shape[1]),
-        "image_tokens": int(ex.inputs.image_BxI.shape[1]),
-        "batched_cells_per_s": cells / batched_s,
-        "batched_s": batched_s,
-        "first_call_s": compile_s,
-        **memory,
-    }
+        "layers": len(t.layers),
+        "tokens": int(t.ex.inputs.tokens_BxS.shape[1]),
+        "image_tokens": int(t.ex.inputs.image_BxI.shape[1]),
+        "batched_cells_per_s": cells / b["batched_s"],
+    } | {k: v for k, v in b.items() if k != "patched"}
     if not loop_images:
         return out
     images = list(range(min(loop_images, n_images)))
-    loop_fns = _loop_calls(view, layers)
-    _loop(loop_fns, params, ex, twin, groups, images[:1])  # compile every call first
+    params = jax.tree_util.tree_map(lambda x: x[0], t.params_K)
+    calls = _loop_calls(t.view, t.layers)
+    _loop(calls, params, t.ex, t.twin, t.groups, images[:1])  # compile every call first
     t0 = time.perf_counter()
-    loop = _loop(loop_fns, params, ex, twin, groups, images)
-    loop_s = time.perf_counter() - t0
-    loop_cells = len(layers) * len(groups) * len(images)
+    loop = _loop(calls, params, t.ex, t.twin, t.groups, images)
+    loop_cells = len(t.layers) * len(t.groups) * len(images)
+    loop_rate = loop_cells / (time.perf_counter() - t0)
     return out | {
-        "loop_cells_per_s": loop_cells / loop_s,
+        "loop_cells_per_s": loop_rate,
         "loop_cells": loop_cells,
-        "ratio": (cells / batched_s) / (loop_cells / loop_s),
-        "max_abs_diff": float(np.abs(got[:, :, images] - loop).max()),
+        "ratio": out["batched_cells_per_s"] / loop_rate,
+        "max_abs_diff": float(np.abs(b["patched"][:, :, images] - loop).max()),
     }

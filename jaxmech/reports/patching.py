@@ -22,16 +22,9 @@ from __future__ import annotations
 
 import time
 
-import jax
 import numpy as np
 
-from jaxmech.analysis.patching import (
-    GROUPS,
-    belief_shift,
-    patch_logp,
-    resume_plan,
-    token_groups,
-)
+from jaxmech.analysis.patching import GROUPS, belief_shift, patch_table, token_groups
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
 from jaxmech.families.vlm_view import examples
@@ -43,7 +36,6 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
-    chunk_rows,
     declared,
     fmt_ci,
     plots_dir,
@@ -75,38 +67,28 @@ def compute(run: LoadedRun, log=print) -> dict:
     (`common.question_specs`) of the patched relation (`patched_relation`), the answer
     words [B], the word names, the patched LM blocks and the wall time. Every question
     is rendered at once (one length); they run `batch` at a time (a checkpoint's
-    `CheckpointData.batch`; a run's all at once) through one compiled call, its resumed
-    rows planned over them all (`resume_plan`), with progress per chunk."""
+    `CheckpointData.batch`; a run's all at once) through one compiled call
+    (`analysis.patching.patch_table`), with progress per chunk."""
     view, specs = view_of(run), question_specs(run)
     rel, words = patched_relation(run, view)
     asked = np.asarray(specs["examples"].relation_B) == rel
     ex = examples(view, take(specs["examples"], asked))
     twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
-    groups = token_groups(ex.spans)
-    plan = resume_plan(view, groups, np.asarray(ex.spans.image_BxI).min(1))
     ckpt = run.data if isinstance(run.data, CheckpointData) else None
     layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(view.n_lm_blocks(run.params)))
-    n = len(ex.answer_B)
-    batch = ckpt.batch if ckpt else n
+    t0 = time.perf_counter()
 
-    @jax.jit
-    def chunk(params_K, x, tw, g_BxGxS, a, o):
-        def one_model(p):
-            return {t: patch_logp(view, p, x, tw[t], g_BxGxS.transpose(1, 0, 2), a, o, layers,
-                                  plan=plan) for t in TWINS}  # fmt: skip
-
-        return jax.vmap(one_model)(params_K)
-
-    t0, outs = time.perf_counter(), []
-    every = (ex.inputs, twins, groups.transpose(1, 0, 2), ex.answer_B, ex.other_B)
-    for c, rows in enumerate(chunk_rows(n, batch)):
-        args = jax.tree_util.tree_map(lambda v, rows=rows: np.asarray(v)[rows], every)
-        outs.append(jax.device_get(chunk(run.params, *args)))
-        done, spent = min((c + 1) * batch, n), time.perf_counter() - t0
-        if n > batch:
+    def progress(done, n):
+        if ckpt and n > ckpt.batch:
+            spent = time.perf_counter() - t0
             log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
-    return {  # every leaf ends with the questions' axis
-        "logp": jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1)[..., :n], *outs),
+
+    logp = patch_table(
+        view, run.params, ex.inputs, twins, token_groups(ex.spans), ex.answer_B, ex.other_B,
+        layers, np.asarray(ex.spans.image_BxI).min(1), ckpt.batch if ckpt else None, progress,
+    )  # fmt: skip
+    return {
+        "logp": logp,
         "answer": np.asarray(ex.answer_B),
         "words": words,
         "layers": layers,

@@ -104,3 +104,22 @@ def check_edits(edits, inputs, c: QwenVLConfig) -> None:
             raise ValueError(f"Edits.image_order: shape {_shape(order)}, expected ({n_image},)")
         if is_concrete(order) and sorted(np.asarray(order).tolist()) != list(range(n_image)):
             raise ValueError(f"Edits.image_order: expected a permutation of 0..{n_image - 1}")
+
+
+RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `model.Resume` reads from its run (every block)
+
+
+def check_resume(resume, inputs, c: QwenVLConfig) -> None:
+    """A `Resume`'s block, start and shapes against the inputs (ValueError naming it)."""
+    B, S = np.shape(inputs.tokens_BxS)
+    if not 0 <= resume.layer < c.lm_layers:
+        raise ValueError(f"Resume.layer = {resume.layer}: expected a block in [0, {c.lm_layers})")
+    if not 0 <= resume.start < S:
+        raise ValueError(f"Resume.start = {resume.start}: expected a position in [0, {S})")
+    want = (B, S - resume.start, c.lm_width)
+    if np.shape(resume.x_BxTxD) != want:
+        raise ValueError(f"Resume.x_BxTxD: shape {np.shape(resume.x_BxTxD)}, expected {want}")
+    missing = [f"{n}.{i}" for i in range(resume.layer, c.lm_layers) for n in RESUME_SITES
+               if f"{n}.{i}" not in resume.aux]  # fmt: skip
+    if resume.start and missing:
+        raise ValueError(f"Resume.aux: lacks {missing[:3]} (capture `RESUME_SITES`)")

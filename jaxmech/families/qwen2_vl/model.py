@@ -25,6 +25,11 @@ the ViT's rotary positions read (windows stay those of the physical patches);
 `Edits.lm_pos_ids` ([S], [3, S] or [B, 3, S]) replaces the LM's (t, h, w) ids;
 `Edits.image_order` ([I]) makes image slot i read merged token image_order[i].
 
+Partial runs: `forward(..., last_row=True)` runs the last LM block for the last row only
+(logits [B, V]); `forward(..., resume=Resume(...))` runs the LM from one block on the
+last rows only, the rows before read from another run's keys and values (a key / value
+cache; the seed 003 methods' patches and steering resume there).
+
 Axis names (`jaxmech.shapes`): B sequences, P patches, I merged image tokens, S LM
 tokens, E / D ViT / LM width, H heads, Dh head width, R rotary pairs, V vocabulary.
 """
@@ -35,10 +40,14 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.families.qwen2_vl import positions
-from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
+from jaxmech.families.qwen2_vl.checks import (
+    RESUME_SITES,
+    check_edits,
+    check_inputs,
+    check_resume,
+)
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
@@ -261,9 +270,6 @@ class Resume(NamedTuple):
     aux: dict
 
 
-RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `Resume` reads from its run (every block)
-
-
 def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site, resume=None, last_row=False):
     """[B, S, D] the final-normed residual stream ([B, T, D] rows start.. when resumed;
     [B, 1, D] the last row with `last_row`: the last block's other rows are not run)."""
@@ -327,22 +333,6 @@ def forward(
         start = 0 if resume is None else resume.start
         x = x[jnp.arange(x.shape[0]), jnp.asarray(rows) - start]
     return unembed(lm, x), site.aux
-
-
-def check_resume(resume: Resume, inputs: Inputs, c: QwenVLConfig) -> None:
-    """A `Resume`'s block, start and shapes against the inputs (ValueError naming it)."""
-    B, S = np.shape(inputs.tokens_BxS)
-    if not 0 <= resume.layer < c.lm_layers:
-        raise ValueError(f"Resume.layer = {resume.layer}: expected a block in [0, {c.lm_layers})")
-    if not 0 <= resume.start < S:
-        raise ValueError(f"Resume.start = {resume.start}: expected a position in [0, {S})")
-    want = (B, S - resume.start, c.lm_width)
-    if np.shape(resume.x_BxTxD) != want:
-        raise ValueError(f"Resume.x_BxTxD: shape {np.shape(resume.x_BxTxD)}, expected {want}")
-    missing = [f"{n}.{i}" for i in range(resume.layer, c.lm_layers) for n in RESUME_SITES
-               if f"{n}.{i}" not in resume.aux]  # fmt: skip
-    if resume.start and missing:
-        raise ValueError(f"Resume.aux: lacks {missing[:3]} (capture `RESUME_SITES`)")
 
 
 def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:
