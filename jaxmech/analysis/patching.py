@@ -56,9 +56,11 @@ def belief_shift(orig, patched, twin, eps: float = 1e-6):
 
 
 def _answer_logp(logits_xBxV, answer_B):
-    logp = jax.nn.log_softmax(logits_xBxV, axis=-1)
-    idx = jnp.broadcast_to(answer_B[:, None], logp.shape[:-1] + (1,))
-    return jnp.take_along_axis(logp, idx, axis=-1)[..., 0]
+    """[..., B] log p(answer_B) under the full softmax: its logit minus the logsumexp
+    (the [..., B, V] log-softmax is never written out)."""
+    idx = jnp.broadcast_to(answer_B[:, None], logits_xBxV.shape[:-1] + (1,))
+    own = jnp.take_along_axis(logits_xBxV, idx, axis=-1)[..., 0]
+    return own - jax.nn.logsumexp(logits_xBxV, axis=-1)
 
 
 def patch_logp(
@@ -182,20 +184,27 @@ def table_call(view: VLMView, plan, layers, twin_names):
             return {t: patch_logp(view, p, inputs, twins[t], g, answer_B, other_B, layers,
                                   plan=plan) for t in twin_names}  # fmt: skip
 
+        if jax.tree_util.tree_leaves(params_K)[0].shape[0] == 1:  # one model (a checkpoint):
+            # unbatched, as a vmap over a size-1 axis makes XLA's contractions slower
+            first = jax.tree_util.tree_map(lambda x: x[0], params_K)
+            return jax.tree_util.tree_map(lambda x: x[None], one_model(first))
         return jax.vmap(one_model)(params_K)
 
     return chunk
 
 
 def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
-                other_B, layers=None, shared_B=None, batch=None, progress=None) -> dict:  # fmt: skip
+                other_B, layers=None, shared_B=None, batch=None, progress=None,
+                call=None) -> dict:  # fmt: skip
     """{twin: `patch_logp` of K stacked models} over every example, `batch` at a time
-    (default all) through one compiled call (`table_call`; its resumed rows planned over
-    every example, the last chunk padded and cut). `progress(done, n)` after each
-    chunk. Host NumPy out, the examples' axis last."""
-    first = jax.tree_util.tree_map(lambda x: x[0], params_K)
-    layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
-    call = table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
+    (default all) through one compiled call (`table_call`, with its resumed rows
+    planned over every example; `call`: one built before, e.g. to time it without its
+    compile). The last chunk is padded and cut. `progress(done, n)` after each chunk.
+    Host NumPy out, the examples' axis last."""
+    if call is None:
+        first = jax.tree_util.tree_map(lambda x: x[0], params_K)
+        layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
+        call = table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
     every = (inputs, twins, np.swapaxes(np.asarray(groups_GxBxS), 0, 1), answer_B, other_B)
     n = len(np.asarray(answer_B))
     batch = batch or n

@@ -18,7 +18,8 @@ images, mirror twin. Both sides compute the same patches and log-probabilities:
   does minus its process start per layer. Timed on `loop_images` images and quoted per
   cell.
 
-Both are compiled before timing; times are medians of `repeats` calls in this process.
+Both are compiled before timing, then timed in turns (table, loop, table, loop, ...) in
+this process, so each ratio compares them in the same minute; medians of `repeats`.
 """
 
 from __future__ import annotations
@@ -101,15 +102,6 @@ def bench_config(ids: dict) -> QwenVLConfig:
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
     )  # fmt: skip
-
-
-def _median_time(f, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        jax.block_until_ready(f())
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def _loop_calls(view, layers):
@@ -201,57 +193,69 @@ def setup(kind: str, n_images: int, dtype, layers=None) -> Table:
     return Table(view, params_K, ex, twin, groups, layers)
 
 
-def batched(t: Table, batch: int | None, repeats: int) -> dict:
-    """The table through `analysis.patching.patch_table` (`batch` images per call): its
-    log-probabilities [Y, G, B], first-call and median times, and memory."""
+def batched_call(t: Table, batch: int | None):
+    """(run, call): the table through `analysis.patching.patch_table` (`batch` images per
+    call) with its one compiled program built first, and that program."""
     shared = np.asarray(t.ex.spans.image_BxI)[:, 0]  # the text before the picture is shared
+    call = table_call(t.view, resume_plan(t.view, t.groups, shared), t.layers, ("mirror",))
 
     def run():
         return patch_table(t.view, t.params_K, t.ex.inputs, {"mirror": t.twin}, t.groups,
-                           t.ex.answer_B, t.ex.other_B, t.layers, shared, batch)  # fmt: skip
+                           t.ex.answer_B, t.ex.other_B, t.layers, shared, batch, call=call)  # fmt: skip
 
+    return run, call
+
+
+def _timed(f):
     t0 = time.perf_counter()
-    got = run()["mirror"]["patched"][0]
-    first_s = time.perf_counter() - t0
-    rows = np.arange(batch or len(shared))
-    call = table_call(t.view, resume_plan(t.view, t.groups, shared), t.layers, ("mirror",))
-    args = jax.tree_util.tree_map(lambda v: np.asarray(v)[rows], (
-        t.ex.inputs, {"mirror": t.twin}, np.swapaxes(t.groups, 0, 1), t.ex.answer_B,
-        t.ex.other_B))  # fmt: skip
-    return {"patched": got, "first_call_s": first_s, "batched_s": _median_time(run, repeats),
-            **_memory(call, (t.params_K, *args))}  # fmt: skip
+    out = jax.block_until_ready(f())
+    return out, time.perf_counter() - t0
 
 
 def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3,
                       kind: str = "bench", dtype=jnp.float32, batch: int | None = None,
                       layers=None) -> dict:  # fmt: skip
-    """Cells per second of the batched table (`batched`) and of the loop (module
-    docstring; `loop_images` 0: no loop), the largest |difference| of their
-    log-probabilities on the loop's images, the table's shape and memory."""
+    """Cells per second of the batched table (`batched_call`) and of the loop (module
+    docstring; `loop_images` 0: no loop), timed in turns, `repeats` times each, so
+    each ratio compares the two in the same minute (the machine drifts); medians. And
+    the largest |difference| of their log-probabilities on the loop's images, the
+    table's shape, the first call's time (compile included) and memory (`_memory`)."""
     t = setup(kind, n_images, dtype, layers)
-    b = batched(t, batch, repeats)
+    run, call = batched_call(t, batch)
+    got, first_s = _timed(run)
+    rows = np.arange(batch or n_images)
+    args = jax.tree_util.tree_map(lambda v: np.asarray(v)[rows], (
+        t.ex.inputs, {"mirror": t.twin}, np.swapaxes(t.groups, 0, 1), t.ex.answer_B,
+        t.ex.other_B))  # fmt: skip
     cells = len(t.layers) * len(t.groups) * n_images
-    out = {
-        "config": kind,
-        "cells": cells,
-        "layers": len(t.layers),
-        "tokens": int(t.ex.inputs.tokens_BxS.shape[1]),
-        "image_tokens": int(t.ex.inputs.image_BxI.shape[1]),
-        "batched_cells_per_s": cells / b["batched_s"],
-    } | {k: v for k, v in b.items() if k != "patched"}
-    if not loop_images:
-        return out
+    out = {"config": kind, "cells": cells, "layers": len(t.layers),
+           "tokens": int(t.ex.inputs.tokens_BxS.shape[1]),
+           "image_tokens": int(t.ex.inputs.image_BxI.shape[1]), "first_call_s": first_s,
+           **_memory(call, (t.params_K, *args))}  # fmt: skip
     images = list(range(min(loop_images, n_images)))
     params = jax.tree_util.tree_map(lambda x: x[0], t.params_K)
-    calls = _loop_calls(t.view, t.layers)
-    _loop(calls, params, t.ex, t.twin, t.groups, images[:1])  # compile every call first
-    t0 = time.perf_counter()
-    loop = _loop(calls, params, t.ex, t.twin, t.groups, images)
+    loop_calls = _loop_calls(t.view, t.layers)
+    if images:
+        _loop(loop_calls, params, t.ex, t.twin, t.groups, images[:1])  # compile every call
+    b_s, l_s = [], []
+    for _ in range(repeats):
+        b_s.append(_timed(run)[1])
+        if images:
+            loop, sec = _timed(lambda: _loop(loop_calls, params, t.ex, t.twin, t.groups, images))
+            l_s.append(sec)
+    out |= {
+        "batched_s": statistics.median(b_s),
+        "batched_cells_per_s": cells / statistics.median(b_s),
+    }
+    if not images:
+        return out
     loop_cells = len(t.layers) * len(t.groups) * len(images)
-    loop_rate = loop_cells / (time.perf_counter() - t0)
+    ratios = [(cells / b) / (loop_cells / sec) for b, sec in zip(b_s, l_s)]
+    diff = np.abs(got["mirror"]["patched"][0][:, :, images] - loop).max()
     return out | {
-        "loop_cells_per_s": loop_rate,
+        "loop_cells_per_s": loop_cells / statistics.median(l_s),
         "loop_cells": loop_cells,
-        "ratio": out["batched_cells_per_s"] / loop_rate,
-        "max_abs_diff": float(np.abs(b["patched"][:, :, images] - loop).max()),
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        "max_abs_diff": float(diff),
     }
