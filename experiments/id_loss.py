@@ -19,12 +19,20 @@ finds a finished one done); a resume against a changed --base is refused.
 
 Writes RUN/id_loss/{table,curves}.csv, summary.json, curves.png
 (`jaxmech.reports.id_loss`).
+
+On a real checkpoint (issue 27), the authors' recipe (the ViT's last MLP and the merger
+train, the LM is frozen) once per weight from the checkpoint, towards its own
+universal ID, evaluated before and after on held-out pictures
+(`jaxmech.reports.id_finetune`):
+
+    python -m experiments.id_loss --checkpoint=Qwen2-VL-2B-Instruct --out=runs/qwen_id \
+        --weights=0,1 --id_site=8 --steps=200 --lr=5e-5 --dtype=bfloat16
 """
 
 from absl import app, flags
 
-from jaxmech.cli import run_main, setup_runtime
-from jaxmech.reports.common import report_main
+from jaxmech.cli import checkpoint_options, define_checkpoint_flags, run_main, setup_runtime
+from jaxmech.reports.common import open_checkpoint, report_main
 from jaxmech.reports.id_loss import analyse_id_loss_run, finetune, id_loss_refusal
 
 flags.DEFINE_string("run", None, "results folder(s) to report on, comma-separated")
@@ -38,6 +46,7 @@ flags.DEFINE_string(
     "train_only", "", "parameters that train ('+'-separated globs, e.g. 'proj/*'); default all"
 )
 flags.DEFINE_bool("overwrite", False, "replace an existing --out")
+define_checkpoint_flags(own_out=False)
 FLAGS = flags.FLAGS
 
 
@@ -51,7 +60,27 @@ def _weights(text: str) -> list[float]:
 report = report_main(analyse_id_loss_run, id_loss_refusal)
 
 
+def on_checkpoint():
+    """The ID-loss fine-tunes of a checkpoint (`reports.id_finetune`) into --out."""
+    from jaxmech.reports.id_finetune import run_id_loss
+
+    if not FLAGS.out:
+        raise app.UsageError("--checkpoint needs --out (the results folder)")
+    weights = _weights(FLAGS.weights)
+    setup_runtime()
+    try:
+        run = open_checkpoint(FLAGS.checkpoint, **checkpoint_options(FLAGS))
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    lr = FLAGS.lr if FLAGS["lr"].present else 5e-5  # the authors' rate for a checkpoint
+    run_id_loss(run, FLAGS.out, weights, FLAGS.id_site, FLAGS.steps, lr, FLAGS.train_only or None)
+
+
 def main(argv):
+    if FLAGS.checkpoint:
+        if FLAGS.run or FLAGS.base:
+            raise app.UsageError("give --checkpoint alone (not with --run or --base)")
+        return on_checkpoint()
     if (FLAGS.run is None) == (FLAGS.base is None):
         raise app.UsageError("give --run=RUN (report) or --base=RUN --out=DIR (fine-tune)")
     if FLAGS.run is not None:

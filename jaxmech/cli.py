@@ -176,14 +176,16 @@ def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
     return grid, out
 
 
-def define_checkpoint_flags() -> None:
+def define_checkpoint_flags(own_out: bool = True) -> None:
     """The flags of a seed 003 / 004 report run on a real checkpoint (`--checkpoint`
-    beside `--run`; `checkpoint_options` reads them)."""
+    beside `--run`; `checkpoint_options` reads them). `own_out` False: the entry point
+    defines `--out` itself, and takes no `--layers`."""
     flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run)")
-    flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
-                        "runs/checkpoints/NAME)")  # fmt: skip
-    flags.DEFINE_string("layers", None, "LM blocks studied, e.g. 6:16 (end exclusive) or "
-                        "3,5 (default: every one)")  # fmt: skip
+    if own_out:
+        flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
+                            "runs/checkpoints/NAME)")  # fmt: skip
+        flags.DEFINE_string("layers", None, "LM blocks studied, e.g. 6:16 (end exclusive) "
+                            "or 3,5 (default: every one)")  # fmt: skip
     flags.DEFINE_string("grid", "4x4", "the scenes' grid, ROWSxCOLS")
     flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
     flags.DEFINE_integer("questions", 64, "pair questions asked")
@@ -213,6 +215,7 @@ def checkpoint_options(FLAGS) -> dict:
         grid = ()
     if len(grid) != 2 or min(grid) < 1:
         raise ValueError(f"--grid = {FLAGS.grid!r}: expected ROWSxCOLS, e.g. 4x4")
+    layers = parse_layers(FLAGS.layers) if "layers" in FLAGS else None
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
-                seed=FLAGS.question_seed, layers=parse_layers(FLAGS.layers),
-                batch=FLAGS.batch, dtype=FLAGS.dtype)  # fmt: skip
+                seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
+                dtype=FLAGS.dtype)  # fmt: skip

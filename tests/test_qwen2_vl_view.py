@@ -22,6 +22,7 @@ from jaxmech.families.qwen2_vl.view import checkpoint_view
 from jaxmech.families.vlm_view import cell_tokens, examples
 from jaxmech.models.edits import Edits
 from jaxmech.reports.common import open_checkpoint
+from jaxmech.train import param_paths
 
 FOLDER = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
 
@@ -226,3 +227,38 @@ def test_reports_on_a_checkpoint(tmp_path, report):
             "recolour",
         }
         assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 3)
+
+
+def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
+    """Two steps of the authors' recipe per weight on the fixture, end to end: the LM's
+    params stay bit-equal, the merger moves, weight 0's loss has no ID term, and a
+    pattern that matches no parameter is refused by name before any compute."""
+    from jaxmech.reports import id_finetune as idf
+
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, batch=64, log=lambda *_: None)
+    with pytest.raises(ValueError, match="train_only = 'nope/\\*'"):
+        idf.run_id_loss(run, str(tmp_path), train_only="nope/*", log=lambda *_: None)
+    out = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, log=lambda *_: None)
+    flat = lambda tree: dict(zip(param_paths(tree), jax.tree_util.tree_leaves(tree)))  # noqa: E731
+    before = flat(jax.tree_util.tree_map(lambda x: x[0], run.params))
+    for w, tuned in out["params"].items():
+        after = flat(tuned)
+        assert all(
+            np.array_equal(before[p], after[p])
+            for p in before
+            if not p.startswith(("vit/block_1/", "merger/"))
+        )
+        assert not np.array_equal(before["merger/W2"], after["merger/W2"]), w
+    rows = {w: [r for r in out["curves"] if r["weight"] == w] for w in (0.0, 1.0)}
+    assert [r["step"] for r in rows[1.0]] == [1, 2]
+    np.testing.assert_allclose(
+        rows[1.0][0]["loss"], rows[1.0][0]["answer"] + rows[1.0][0]["id"], rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        rows[0.0][0]["loss"], rows[0.0][0]["answer"], rtol=1e-6
+    )  # no ID term
+    assert rows[0.0][0]["answer"] == rows[1.0][0]["answer"]  # the same start and batch
+    assert {(r["weight"], r["when"]) for r in out["table"]} == {
+        (w, t) for w in (0.0, 1.0) for t in ("before", "after")
+    }
+    assert os.path.exists(tmp_path / "id_loss" / "summary.json")

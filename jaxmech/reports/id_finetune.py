@@ -1,0 +1,224 @@
+"""Seed 003's spatial-ID loss on a real checkpoint (issue 27): fine-tuning with the LM
+frozen, per ID-loss weight, against the plain fine-tune (weight 0).
+
+The recipe is the authors' (issue 26): only the parameters matched by `train_only`
+train (default: the ViT's last MLP and the merger; the LM is frozen), Adam at a small
+learning rate (no weight decay). The loss on a batch of pair questions (`data.spec.pair_questions`,
+drawn as pictures) is
+
+    -log p(answer word)  +  weight * mean(1 - cos(ID_pred, ID_true))
+
+ID_pred: for one object pair per step, X drawn at every cell with Y where it was (at
+the next cell when X lands on it), the state at X's word at LM site `site`, centred
+over the cells (`analysis.spatial_ids.probe_specs` with one placement). ID_true: the
+checkpoint's own universal ID at that site, extracted before fine-tuning from probes of
+every shape (`targets`), as the toy's fine-tune does.
+
+Each weight fine-tunes from the same params on the same batches (paired), so the
+difference to weight 0 is the loss's effect. Evaluated before and after on held-out
+pair questions: accuracy (the answer word's logit over the other word's), and the
+ID cosine on held-out probe pairs.
+
+Writes into OUT/id_loss/: curves.csv (weight, step, loss, answer, id), table.csv
+(weight, when, accuracy, id_cos), summary.json.
+
+Axis names (`jaxmech.shapes`): B questions, P probe pairs, L cells, D LM width.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxmech.analysis import spatial_ids as si
+from jaxmech.data.spec import SceneSpec, take
+from jaxmech.families.vlm_view import examples, margin, resid_site, rows_at
+from jaxmech.reports.common import LoadedRun, write_csv, write_json
+
+TRAIN_ONLY = (  # the authors' recipe on Qwen2-VL: the ViT's last MLP and the merger
+    "vit/block_{last}/W_in+vit/block_{last}/b_in+vit/block_{last}/W_out+vit/block_{last}/b_out"
+    "+merger/*"
+)
+
+
+def train_mask(params, spec: str):
+    """A pytree of bools: the leaves whose path matches one of `spec`'s '+'-separated
+    patterns. ValueError naming `train_only` for a pattern that matches nothing."""
+    paths = [
+        "/".join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+    ]
+    patterns = [p.strip() for p in spec.split("+") if p.strip()]
+    for pat in patterns:
+        if not any(fnmatch.fnmatchcase(p, pat) for p in paths):
+            raise ValueError(
+                f"train_only = {spec!r}: {pat!r} matches no parameter ({paths[0]}, ...)"
+            )
+    keep = [any(fnmatch.fnmatchcase(p, q) for q in patterns) for p in paths]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), keep)
+
+
+def targets(view, params, site: int, batch: int) -> jax.Array:
+    """[L, D] the checkpoint's universal ID at LM site `site` (every shape probed)."""
+    pr = si.probe(view, range(1, view.n_labels + 1))
+    states = si.word_states(view, params, pr.inputs, pr.spans.x_B, batch)
+    return si.spatial_ids(states[site : site + 1], pr.label_N, pr.cell_N, view.grid.cells)[0]
+
+
+def pair_probes(view, n_pairs: int, seed: int):
+    """(inputs, X's word [n_pairs L]): n_pairs object pairs (two different shapes, each
+    with a colour and a facing), X at every cell in turn, Y where it was (at the next
+    cell when X lands on it), rendered once."""
+    rng = np.random.default_rng([seed, 31])
+    L = view.grid.cells
+    labels = np.stack([rng.permutation(view.n_labels)[:2] + 1 for _ in range(n_pairs)])
+    y_cell = rng.integers(0, L, n_pairs)
+    cells = np.arange(L)
+    x = np.tile(cells, n_pairs)
+    y = np.repeat(y_cell, L)
+    y = np.where(y == x, (y + 1) % L, y)
+    each = lambda a: np.repeat(a, L, axis=0)  # noqa: E731
+    spec = SceneSpec(
+        np.stack([x, y], 1).astype(np.int32),
+        each(labels).astype(np.int32),
+        each(rng.integers(1, view.n_colours + 1, (n_pairs, 2))).astype(np.int32),
+        each(rng.integers(1, 3, (n_pairs, 2))).astype(np.int32),
+        np.zeros(n_pairs * L, np.int32),
+    )
+    inputs, spans = view.render(spec)
+    return inputs, np.asarray(spans.x_B)
+
+
+def id_cos(states_PxLxD, target_LxD):
+    """[P, L] cos(ID_pred, ID_true), both centred over the cells."""
+    pred = states_PxLxD - states_PxLxD.mean(1, keepdims=True)
+    target = target_LxD - target_LxD.mean(0)
+    norm = lambda v: jnp.sqrt((v**2).sum(-1) + 1e-12)  # noqa: E731
+    return (pred * target).sum(-1) / (norm(pred) * norm(target))
+
+
+def losses(view, params, ex, probe, site: int, target):
+    """(answer loss [], ID loss []) on a batch of questions and one probe set."""
+    logits = view.forward(params, ex.inputs)[0]
+    answer = -(rows_at(jax.nn.log_softmax(logits, -1), ex.answer_B)).mean()
+    inputs, x_N = probe
+    n_blocks = view.n_lm_blocks(params)
+    _, aux = view.forward(params, inputs, capture=[resid_site(site, n_blocks)])
+    states = rows_at(aux[resid_site(site, n_blocks)], x_N)
+    L = view.grid.cells
+    return answer, (1.0 - id_cos(states.reshape(-1, L, states.shape[-1]), target)).mean()
+
+
+def _rows(tree, rows):
+    return jax.tree_util.tree_map(lambda a: np.asarray(a)[rows], tree)
+
+
+def make_step(view, params, site: int, target, cfg: dict):
+    """(step, optimiser): one jitted Adam step on the leaves `cfg["train_only"]`
+    matches, the ID-loss weight an argument (one program for every weight)."""
+    mask = train_mask(params, cfg["train_only"])
+    opt = optax.masked(optax.adam(cfg["lr"]), mask)
+
+    @jax.jit
+    def step(p, state, ex_b, probe_b, weight):
+        def total(q):
+            # frozen leaves get no gradient, so XLA computes none for them
+            q = jax.tree_util.tree_map(lambda x, m: x if m else jax.lax.stop_gradient(x), q, mask)
+            a, i = losses(view, q, ex_b, probe_b, site, target)
+            return a + weight * i, (a, i)
+
+        (loss, (a, i)), g = jax.value_and_grad(total, has_aux=True)(p)
+        updates, state = opt.update(g, state, p)
+        return optax.apply_updates(p, updates), state, (loss, a, i)
+
+    return step, opt
+
+
+def finetune(view, params, weight: float, train, probes, step, opt, cfg: dict):
+    """(params after `cfg["steps"]` steps of `make_step`'s `step`, curve rows): each
+    step a batch of `cfg["batch"]` training questions and one probe pair, both drawn
+    from `cfg["seed"]` alone (every weight sees the same)."""
+    L = view.grid.cells
+    rng = np.random.default_rng([cfg["seed"], 37])
+    state, rows = opt.init(params), []
+    n_pairs = len(probes[1]) // L
+    for t in range(cfg["steps"]):
+        b = rng.choice(len(train.answer_B), cfg["batch"], replace=False)
+        pair = rng.integers(n_pairs)
+        probe = _rows(probes, np.arange(pair * L, (pair + 1) * L))
+        ex_b = train._replace(spec=None, inputs=_rows(train.inputs, b),
+                              spans=None, answer_B=train.answer_B[b], other_B=train.other_B[b])  # fmt: skip
+        params, state, (loss, a, i) = step(params, state, ex_b, probe, jnp.float32(weight))
+        rows.append({"weight": weight, "step": t + 1, "loss": float(loss), "answer": float(a),
+                     "id": float(i)})  # fmt: skip
+    return params, rows
+
+
+def make_eval(view, test, probes, site: int, target):
+    """A jitted `params -> {accuracy, id_cos}`: accuracy on held-out questions (margin >
+    0) and the mean ID cosine on held-out probe pairs."""
+    L = view.grid.cells
+
+    @jax.jit
+    def run(p):
+        m = margin(view.forward(p, test.inputs)[0], test.answer_B, test.other_B)
+        n_blocks = view.n_lm_blocks(p)
+        _, aux = view.forward(p, probes[0], capture=[resid_site(site, n_blocks)])
+        states = rows_at(aux[resid_site(site, n_blocks)], probes[1])
+        return (m > 0).mean(), id_cos(states.reshape(-1, L, states.shape[-1]), target).mean()
+
+    def evaluate(p) -> dict:
+        acc, cos = run(p)
+        return {"accuracy": float(acc), "id_cos": float(cos)}
+
+    return evaluate
+
+
+def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, steps: int = 200,
+                lr: float = 5e-5, train_only: str | None = None, log=print) -> dict:  # fmt: skip
+    """The ID-loss fine-tunes of a checkpoint (`common.open_checkpoint`), one per weight,
+    evaluated before and after; files in `out/id_loss/` (module docstring). Returns the
+    tables, the summary and each weight's fine-tuned params."""
+    from jaxmech.reports.common import CheckpointData, plots_dir
+
+    if not isinstance(run.data, CheckpointData):
+        raise ValueError("run_id_loss: expected a checkpoint (common.open_checkpoint)")
+    view, ckpt = run.data.view, run.data
+    params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    n_blocks = view.n_lm_blocks(params)
+    if not 1 <= site <= n_blocks:
+        raise ValueError(f"id_site = {site}: expected an LM site in [1, {n_blocks}]")
+    spec = train_only or TRAIN_ONLY.format(last=_vit_depth(params) - 1)
+    train_mask(params, spec)  # a bad pattern fails before any compute
+    n = len(ckpt.specs["examples"].relation_B)
+    split = np.arange(n) % 4 == 0  # a quarter of the questions held out
+    batch = min(ckpt.batch, 8, int((~split).sum()))
+    cfg = {"steps": steps, "lr": lr, "train_only": spec, "batch": batch, "seed": 0}
+    test = examples(view, take(ckpt.specs["examples"], split))
+    train = examples(view, take(ckpt.specs["examples"], ~split))
+    probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
+    target = targets(view, params, site, ckpt.batch)
+    evaluate = make_eval(view, test, held, site, target)
+    step, opt = make_step(view, params, site, target, cfg)
+    table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
+    table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
+    curves, tuned_by_weight = [], {}
+    for w in weights:
+        tuned, rows = finetune(view, params, w, train, probes, step, opt, cfg)
+        curves, tuned_by_weight[w] = curves + rows, tuned
+        table.append({"weight": w, "when": "after", **evaluate(tuned)})
+        log(f"weight {w:g}: {table[-1]}")
+    folder = plots_dir(out, "id_loss")
+    write_csv(os.path.join(folder, "curves.csv"), curves)
+    write_csv(os.path.join(folder, "table.csv"), table)
+    summary = {"config": cfg, "site": site, "table": table}
+    write_json(os.path.join(folder, "summary.json"), summary)
+    return {"table": table, "curves": curves, "summary": summary, "params": tuned_by_weight}
+
+
+def _vit_depth(params) -> int:
+    return sum(1 for k in params["vit"] if k.startswith("block_"))
