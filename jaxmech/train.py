@@ -100,9 +100,14 @@ def trainable_mask(config: Config, params):
     `config.train.train_only` (all when it is empty; never `static/...`), or None for
     all. ConfigError naming `train_only` for a pattern that matches no parameter."""
     spec = config.train.train_only
-    if not spec:
-        return None
-    patterns = [p.strip() for p in spec.split("+")]
+    return path_mask(params, spec) if spec else None
+
+
+def path_mask(params, spec: str):
+    """A pytree of Python bools like `params`: the leaves (never `static/...`) whose
+    path (`param_paths`) matches one of `spec`'s '+'-separated glob patterns.
+    ConfigError naming `train_only` for a pattern that matches no parameter."""
+    patterns = [p.strip() for p in spec.split("+") if p.strip()]
     paths = param_paths(params)
     for pat in patterns:
         if not any(fnmatch.fnmatchcase(p, pat) for p in paths):

@@ -27,7 +27,6 @@ Axis names (`jaxmech.shapes`): B questions, P probe pairs, L cells, D LM width.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 
 import jax
@@ -39,6 +38,7 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.spec import SceneSpec, take
 from jaxmech.families.vlm_view import examples, margin, resid_site, rows_at
 from jaxmech.reports.common import LoadedRun, write_csv, write_json
+from jaxmech.train import path_mask
 
 TRAIN_ONLY = (  # the authors' recipe on Qwen2-VL: the ViT's last MLP and the merger
     "vit/block_{last}/W_in+vit/block_{last}/b_in+vit/block_{last}/W_out+vit/block_{last}/b_out"
@@ -47,19 +47,9 @@ TRAIN_ONLY = (  # the authors' recipe on Qwen2-VL: the ViT's last MLP and the me
 
 
 def train_mask(params, spec: str):
-    """A pytree of bools: the leaves whose path matches one of `spec`'s '+'-separated
-    patterns. ValueError naming `train_only` for a pattern that matches nothing."""
-    paths = [
-        "/".join(str(k.key) for k in p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
-    ]
-    patterns = [p.strip() for p in spec.split("+") if p.strip()]
-    for pat in patterns:
-        if not any(fnmatch.fnmatchcase(p, pat) for p in paths):
-            raise ValueError(
-                f"train_only = {spec!r}: {pat!r} matches no parameter ({paths[0]}, ...)"
-            )
-    keep = [any(fnmatch.fnmatchcase(p, q) for q in patterns) for p in paths]
-    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), keep)
+    """Which leaves train: those matching `spec`'s '+'-separated globs (`train.path_mask`;
+    a pattern that matches nothing is refused by name, `train_only`)."""
+    return path_mask(params, spec)
 
 
 def targets(view, params, site: int, batch: int) -> jax.Array:
