@@ -193,6 +193,12 @@ def table_call(view: VLMView, plan, layers, twin_names):
     return chunk
 
 
+def chunk_args(inputs, twins: dict, groups_GxBxS, answer_B, other_B, rows) -> tuple:
+    """`table_call`'s arguments but the params for the examples at `rows` (host NumPy)."""
+    every = (inputs, twins, np.swapaxes(np.asarray(groups_GxBxS), 0, 1), answer_B, other_B)
+    return jax.tree_util.tree_map(lambda v: np.asarray(v)[rows], every)
+
+
 def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
                 other_B, layers=None, shared_B=None, batch=None, progress=None,
                 call=None) -> dict:  # fmt: skip
@@ -205,12 +211,11 @@ def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answ
         first = jax.tree_util.tree_map(lambda x: x[0], params_K)
         layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
         call = table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
-    every = (inputs, twins, np.swapaxes(np.asarray(groups_GxBxS), 0, 1), answer_B, other_B)
     n = len(np.asarray(answer_B))
     batch = batch or n
     outs = []
     for c, rows in enumerate(chunk_rows(n, batch)):
-        args = jax.tree_util.tree_map(lambda v, rows=rows: np.asarray(v)[rows], every)
+        args = chunk_args(inputs, twins, groups_GxBxS, answer_B, other_B, rows)
         outs.append(jax.device_get(call(params_K, *args)))
         if progress is not None:
             progress(min((c + 1) * batch, n), n)

@@ -74,7 +74,7 @@ def map_chunks(fn, n: int, batch: int | None):
     return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
 
 
-def _rows(tree, rows):
+def take_rows(tree, rows):
     """`tree` at `rows` along every leaf's first axis (None: all of it, as it is)."""
     return tree if rows is None else jax.tree_util.tree_map(lambda a: jnp.asarray(a)[rows], tree)
 
@@ -87,8 +87,8 @@ def word_states(view: VLMView, params, inputs, pos_N, batch: int | None = None) 
     sites = [resid_site(y, n_blocks) for y in range(n_blocks + 1)]
 
     def chunk(rows):
-        _, aux = view.forward(params, _rows(inputs, rows), capture=sites)
-        return jnp.moveaxis(states_at(aux, n_blocks, _rows(pos_N, rows)), 1, 0)
+        _, aux = view.forward(params, take_rows(inputs, rows), capture=sites)
+        return jnp.moveaxis(states_at(aux, n_blocks, take_rows(pos_N, rows)), 1, 0)
 
     return jnp.moveaxis(map_chunks(chunk, len(np.asarray(pos_N)), batch), 0, 1)
 
@@ -125,8 +125,8 @@ def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int | None
     n_blocks = view.n_lm_blocks(params)
 
     def chunk(rows):
-        _, aux = view.forward(params, _rows(inputs, rows), capture=probe_sites(n_blocks))
-        return at_two_positions(aux, _rows(x_N, rows), _rows(token_N, rows), n_blocks)
+        _, aux = view.forward(params, take_rows(inputs, rows), capture=probe_sites(n_blocks))
+        return at_two_positions(aux, take_rows(x_N, rows), take_rows(token_N, rows), n_blocks)
 
     return map_chunks(chunk, len(np.asarray(x_N)), batch)
 

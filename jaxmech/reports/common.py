@@ -527,6 +527,21 @@ class CheckpointData(NamedTuple):
     batch: int
 
 
+def chunk_progress(log, batch: int):
+    """`progress(done, n)` that logs the questions done, the time spent and an ETA after
+    each chunk of `batch` (silent when the questions fit in one)."""
+    import time
+
+    t0 = time.perf_counter()
+
+    def progress(done: int, n: int) -> None:
+        if n > batch:
+            spent = time.perf_counter() - t0
+            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
+
+    return progress
+
+
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int = 16, dtype="float32",
                     log=print) -> LoadedRun:  # fmt: skip

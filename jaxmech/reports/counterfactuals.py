@@ -22,8 +22,6 @@ Writes into `RUN/counterfactuals/` (every row also names its `examples` and `mod
 
 from __future__ import annotations
 
-import time
-
 import jax
 import numpy as np
 
@@ -38,6 +36,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    chunk_progress,
     declared,
     fmt_ci,
     plots_dir,
@@ -95,7 +94,7 @@ def compute(run: LoadedRun, log=print) -> dict:
 
         return jax.lax.map(one_model, params_K)
 
-    ms, ss, t0 = [], [], time.perf_counter()
+    ms, ss, progress = [], [], chunk_progress(log, batch)
     for i, rows in enumerate(chunk_rows(n, batch)):
         take_b = lambda tree, axis=0, rows=rows: jax.tree_util.tree_map(  # noqa: E731
             lambda x: np.take(np.asarray(x), rows, axis=axis), tree
@@ -106,9 +105,7 @@ def compute(run: LoadedRun, log=print) -> dict:
             take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids,
         ))  # fmt: skip
         ms.append(m), ss.append(s)
-        if n > batch:
-            done, spent = min((i + 1) * batch, n), time.perf_counter() - t0
-            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
+        progress(min((i + 1) * batch, n), n)
     return {
         "margins": np.concatenate(ms, -1)[..., :n],
         "swapped": np.concatenate(ss, -1)[..., :n],

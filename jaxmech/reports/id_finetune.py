@@ -36,6 +36,7 @@ import optax
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.spec import SceneSpec, take
+from jaxmech.families.toy_vlm.id_loss import id_cos  # the same cosine as the toy's loss
 from jaxmech.families.vlm_view import examples, margin, resid_site, rows_at
 from jaxmech.reports.common import LoadedRun, write_csv, write_json
 from jaxmech.train import path_mask
@@ -44,12 +45,6 @@ TRAIN_ONLY = (  # the authors' recipe on Qwen2-VL: the ViT's last MLP and the me
     "vit/block_{last}/W_in+vit/block_{last}/b_in+vit/block_{last}/W_out+vit/block_{last}/b_out"
     "+merger/*"
 )
-
-
-def train_mask(params, spec: str):
-    """Which leaves train: those matching `spec`'s '+'-separated globs (`train.path_mask`;
-    a pattern that matches nothing is refused by name, `train_only`)."""
-    return path_mask(params, spec)
 
 
 def targets(view, params, site: int, batch: int) -> jax.Array:
@@ -83,83 +78,83 @@ def pair_probes(view, n_pairs: int, seed: int):
     return inputs, np.asarray(spans.x_B)
 
 
-def id_cos(states_PxLxD, target_LxD):
-    """[P, L] cos(ID_pred, ID_true), both centred over the cells."""
-    pred = states_PxLxD - states_PxLxD.mean(1, keepdims=True)
-    target = target_LxD - target_LxD.mean(0)
-    norm = lambda v: jnp.sqrt((v**2).sum(-1) + 1e-12)  # noqa: E731
-    return (pred * target).sum(-1) / (norm(pred) * norm(target))
-
-
-def losses(view, params, ex, probe, site: int, target):
-    """(answer loss [], ID loss []) on a batch of questions and one probe set."""
-    logits = view.forward(params, ex.inputs)[0]
-    answer = -(rows_at(jax.nn.log_softmax(logits, -1), ex.answer_B)).mean()
+def probe_cos(view, params, probe, site: int, target) -> jax.Array:
+    """[P, L] cos(ID_pred, ID_true) of probe pairs (`pair_probes`: inputs and X's word)."""
     inputs, x_N = probe
-    n_blocks = view.n_lm_blocks(params)
-    _, aux = view.forward(params, inputs, capture=[resid_site(site, n_blocks)])
-    states = rows_at(aux[resid_site(site, n_blocks)], x_N)
-    L = view.grid.cells
-    return answer, (1.0 - id_cos(states.reshape(-1, L, states.shape[-1]), target)).mean()
+    name = resid_site(site, view.n_lm_blocks(params))
+    _, aux = view.forward(params, inputs, capture=[name])
+    states = rows_at(aux[name], x_N)
+    return id_cos(states.reshape(-1, view.grid.cells, states.shape[-1]), target)
 
 
-def _rows(tree, rows):
-    return jax.tree_util.tree_map(lambda a: np.asarray(a)[rows], tree)
+def losses(view, params, inputs, answer_B, probe, site: int, target):
+    """(answer loss [], ID loss []) on a batch of questions and one probe pair."""
+    logits = view.forward(params, inputs)[0]
+    answer = -(rows_at(jax.nn.log_softmax(logits, -1), answer_B)).mean()
+    return answer, (1.0 - probe_cos(view, params, probe, site, target)).mean()
 
 
-def make_step(view, params, site: int, target, cfg: dict):
-    """(step, optimiser): one jitted Adam step on the leaves `cfg["train_only"]`
-    matches, the ID-loss weight an argument (one program for every weight)."""
-    mask = train_mask(params, cfg["train_only"])
+def make_finetune(view, params, site: int, target, cfg: dict):
+    """A jitted `(params, train inputs, answers, probes, batches, pairs, weight) ->
+    (params, (loss, answer, id) per step)`: `cfg["steps"]` Adam steps on the leaves
+    `cfg["train_only"]` matches in one `lax.scan`, each step's questions and probe pair
+    gathered on the device from the index arrays; the ID-loss weight an argument (one
+    program for every weight)."""
+    mask = path_mask(params, cfg["train_only"])
     opt = optax.masked(optax.adam(cfg["lr"]), mask)
+    L = view.grid.cells
 
-    @jax.jit
-    def step(p, state, ex_b, probe_b, weight):
+    def step(carry, rows, data, weight):
+        p, state = carry
+        inputs, answer_B, probes = data
+        b, pair = rows
+        probe = si.take_rows(probes, pair * L + jnp.arange(L))
+
         def total(q):
             # frozen leaves get no gradient, so XLA computes none for them
             q = jax.tree_util.tree_map(lambda x, m: x if m else jax.lax.stop_gradient(x), q, mask)
-            a, i = losses(view, q, ex_b, probe_b, site, target)
+            a, i = losses(view, q, si.take_rows(inputs, b), answer_B[b], probe, site, target)
             return a + weight * i, (a, i)
 
         (loss, (a, i)), g = jax.value_and_grad(total, has_aux=True)(p)
         updates, state = opt.update(g, state, p)
-        return optax.apply_updates(p, updates), state, (loss, a, i)
+        return (optax.apply_updates(p, updates), state), (loss, a, i)
 
-    return step, opt
+    @jax.jit
+    def run(p, inputs, answer_B, probes, batches, pairs, weight):
+        data = (inputs, answer_B, probes)
+        (p, _), out = jax.lax.scan(lambda c, r: step(c, r, data, weight), (p, opt.init(p)),
+                                   (batches, pairs))  # fmt: skip
+        return p, out
+
+    return run
 
 
-def finetune(view, params, weight: float, train, probes, step, opt, cfg: dict):
-    """(params after `cfg["steps"]` steps of `make_step`'s `step`, curve rows): each
+def finetune(view, params, weight: float, train, probes, run, cfg: dict):
+    """(params after `cfg["steps"]` steps of `make_finetune`'s `run`, curve rows): each
     step a batch of `cfg["batch"]` training questions and one probe pair, both drawn
     from `cfg["seed"]` alone (every weight sees the same)."""
-    L = view.grid.cells
     rng = np.random.default_rng([cfg["seed"], 37])
-    state, rows = opt.init(params), []
-    n_pairs = len(probes[1]) // L
-    for t in range(cfg["steps"]):
-        b = rng.choice(len(train.answer_B), cfg["batch"], replace=False)
-        pair = rng.integers(n_pairs)
-        probe = _rows(probes, np.arange(pair * L, (pair + 1) * L))
-        ex_b = train._replace(spec=None, inputs=_rows(train.inputs, b),
-                              spans=None, answer_B=train.answer_B[b], other_B=train.other_B[b])  # fmt: skip
-        params, state, (loss, a, i) = step(params, state, ex_b, probe, jnp.float32(weight))
-        rows.append({"weight": weight, "step": t + 1, "loss": float(loss), "answer": float(a),
-                     "id": float(i)})  # fmt: skip
+    n_pairs = len(probes[1]) // view.grid.cells
+    batches, pairs = [], []
+    for _ in range(cfg["steps"]):
+        batches.append(rng.choice(len(train.answer_B), cfg["batch"], replace=False))
+        pairs.append(rng.integers(n_pairs))
+    params, (loss, a, i) = run(params, train.inputs, train.answer_B, probes,
+                               np.asarray(batches), np.asarray(pairs), jnp.float32(weight))  # fmt: skip
+    rows = [{"weight": weight, "step": t + 1, "loss": float(x), "answer": float(y), "id": float(z)}
+            for t, (x, y, z) in enumerate(zip(*jax.device_get((loss, a, i))))]  # fmt: skip
     return params, rows
 
 
 def make_eval(view, test, probes, site: int, target):
-    """A jitted `params -> {accuracy, id_cos}`: accuracy on held-out questions (margin >
-    0) and the mean ID cosine on held-out probe pairs."""
-    L = view.grid.cells
+    """`params -> {accuracy, id_cos}`, compiled once: accuracy on held-out questions
+    (margin > 0) and the mean ID cosine on held-out probe pairs."""
 
     @jax.jit
     def run(p):
         m = margin(view.forward(p, test.inputs)[0], test.answer_B, test.other_B)
-        n_blocks = view.n_lm_blocks(p)
-        _, aux = view.forward(p, probes[0], capture=[resid_site(site, n_blocks)])
-        states = rows_at(aux[resid_site(site, n_blocks)], probes[1])
-        return (m > 0).mean(), id_cos(states.reshape(-1, L, states.shape[-1]), target).mean()
+        return (m > 0).mean(), probe_cos(view, p, probes, site, target).mean()
 
     def evaluate(p) -> dict:
         acc, cos = run(p)
@@ -183,7 +178,7 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, ste
     if not 1 <= site <= n_blocks:
         raise ValueError(f"id_site = {site}: expected an LM site in [1, {n_blocks}]")
     spec = train_only or TRAIN_ONLY.format(last=_vit_depth(params) - 1)
-    train_mask(params, spec)  # a bad pattern fails before any compute
+    path_mask(params, spec)  # a bad pattern fails before any compute
     n = len(ckpt.specs["examples"].relation_B)
     split = np.arange(n) % 4 == 0  # a quarter of the questions held out
     batch = min(ckpt.batch, 8, int((~split).sum()))
@@ -193,12 +188,12 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, ste
     probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
     target = targets(view, params, site, ckpt.batch)
     evaluate = make_eval(view, test, held, site, target)
-    step, opt = make_step(view, params, site, target, cfg)
+    run_steps = make_finetune(view, params, site, target, cfg)
     table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
     table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
     curves, tuned_by_weight = [], {}
     for w in weights:
-        tuned, rows = finetune(view, params, w, train, probes, step, opt, cfg)
+        tuned, rows = finetune(view, params, w, train, probes, run_steps, cfg)
         curves, tuned_by_weight[w] = curves + rows, tuned
         table.append({"weight": w, "when": "after", **evaluate(tuned)})
         log(f"weight {w:g}: {table[-1]}")

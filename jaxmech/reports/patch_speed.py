@@ -36,7 +36,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.analysis.patching import GROUPS, patch_table, resume_plan, table_call, token_groups
+from jaxmech.analysis.patching import (
+    GROUPS,
+    chunk_args,
+    patch_table,
+    resume_plan,
+    table_call,
+    token_groups,
+)
 from jaxmech.data import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.families.qwen2_vl import params as qwen_params
@@ -224,9 +231,8 @@ def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3
     run, call = batched_call(t, batch)
     got, first_s = _timed(run)
     rows = np.arange(batch or n_images)
-    args = jax.tree_util.tree_map(lambda v: np.asarray(v)[rows], (
-        t.ex.inputs, {"mirror": t.twin}, np.swapaxes(t.groups, 0, 1), t.ex.answer_B,
-        t.ex.other_B))  # fmt: skip
+    args = chunk_args(t.ex.inputs, {"mirror": t.twin}, t.groups, t.ex.answer_B, t.ex.other_B, rows)
+
     cells = len(t.layers) * len(t.groups) * n_images
     out = {"config": kind, "cells": cells, "layers": len(t.layers),
            "tokens": int(t.ex.inputs.tokens_BxS.shape[1]),

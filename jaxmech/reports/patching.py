@@ -36,6 +36,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    chunk_progress,
     declared,
     fmt_ci,
     plots_dir,
@@ -76,16 +77,10 @@ def compute(run: LoadedRun, log=print) -> dict:
     twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
     ckpt = run.data if isinstance(run.data, CheckpointData) else None
     layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(view.n_lm_blocks(run.params)))
-    t0 = time.perf_counter()
-
-    def progress(done, n):
-        if ckpt and n > ckpt.batch:
-            spent = time.perf_counter() - t0
-            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
-
+    t0, batch = time.perf_counter(), ckpt.batch if ckpt else len(ex.answer_B)
     logp = patch_table(
         view, run.params, ex.inputs, twins, token_groups(ex.spans), ex.answer_B, ex.other_B,
-        layers, np.asarray(ex.spans.image_BxI).min(1), ckpt.batch if ckpt else None, progress,
+        layers, np.asarray(ex.spans.image_BxI).min(1), batch, chunk_progress(log, batch),
     )  # fmt: skip
     return {
         "logp": logp,

@@ -107,14 +107,11 @@ def forward(config: QwenVLConfig, params, inputs, edits=None, capture=False, res
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
     row. The last block runs that row only (as the toy's does) unless the capture asks
     for one of its sites that needs every row (`needs_all_rows`)."""
-    if needs_all_rows(capture, config.lm_layers):
-        last = jnp.full(inputs.tokens_BxS.shape[0], inputs.tokens_BxS.shape[1] - 1, jnp.int32)
-        return model.forward(
-            params, inputs, edits, config=config, capture=capture, rows=last, resume=resume
-        )
-    return model.forward(
-        params, inputs, edits, config=config, capture=capture, resume=resume, last_row=True
-    )
+    whole = needs_all_rows(capture, config.lm_layers)
+    B, S = inputs.tokens_BxS.shape
+    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
+    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
+                         resume=resume, last_row=not whole)  # fmt: skip
 
 
 def forward_from(config: QwenVLConfig, params, inputs, layer, start, x_BxTxD, aux):
