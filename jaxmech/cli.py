@@ -190,7 +190,8 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
     flags.DEFINE_integer("questions", 64, "pair questions asked")
     flags.DEFINE_integer("question_seed", 0, "seed of the questions' scenes")
-    flags.DEFINE_integer("batch", 16, "questions per compiled call")
+    flags.DEFINE_integer("batch", None, "questions per compiled call (default: the most "
+                         "that fit in half the memory, by XLA's memory analysis)")  # fmt: skip
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
 
 

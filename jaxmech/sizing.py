@@ -10,13 +10,17 @@ choice stable against small changes of the analysis between versions; the choice
 depends on the config and the device, never on a sweep's size, so a model's numbers
 do not depend on how many models share its sweep.
 
-On CPU the chunk stays CPU_CHUNK_PER_DEVICE, the fastest measured there (one model
+The same measurement sizes an analysis table's chunk of rows (`rows_for_memory`): there
+memory, not speed, is the limit, so it applies on CPU too, against the host's memory.
+
+On CPU a training chunk stays CPU_CHUNK_PER_DEVICE, the fastest measured there (one model
 already keeps both cores of a small machine busy; BUILD_NOTES.md, bench).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -33,6 +37,8 @@ MEMORY_SHARE = 0.5  # of a device's memory for one chunk's program (the rest: XL
 # workspace, the host-device copies of a checkpoint, fragmentation)
 MAX_CHUNK_PER_DEVICE = 8192
 PROBE_MODELS = (4, 8)
+PROBE_ROWS = (1, 2)  # rows at which an analysis program's footprint is measured
+FALLBACK_ROWS = 16
 
 
 class Footprint(NamedTuple):
@@ -54,7 +60,12 @@ def program_bytes(config: Config, k: int) -> int:
     state = jax.eval_shape(lambda s: init_program(s, config), stacked)
     budget = jax.ShapeDtypeStruct((k,), jnp.int32)
     data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
-    compiled = _train_program.lower(state, stacked, budget, data, prog).compile()
+    return compiled_bytes(_train_program.lower(state, stacked, budget, data, prog).compile())
+
+
+def compiled_bytes(compiled) -> int:
+    """Peak bytes of a compiled program by XLA's memory analysis: arguments + outputs +
+    temporaries, less what is aliased."""
     m = compiled.memory_analysis()
     total = (
         m.argument_size_in_bytes
@@ -87,6 +98,34 @@ def device_memory(device=None) -> int | None:
     except Exception:  # some backends raise instead of returning None
         return None
     return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def host_memory() -> int | None:
+    """Bytes of this machine's memory (a CPU backend's device memory), None if unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def rows_for_memory(compile_at, n: int, share: float = MEMORY_SHARE,
+                    memory: float | None = None) -> tuple[int, str]:  # fmt: skip
+    """(rows per call, how it was chosen) for a program over rows (e.g. an analysis
+    table's questions): `compile_at(b)` compiles it for b rows; XLA's memory analysis
+    at PROBE_ROWS gives bytes per row and fixed bytes (the weights); the rows are the
+    largest power of two whose footprint fits in `share` of the device's memory (the
+    host's on CPU; `memory`: these bytes instead), at most n."""
+    fp = fit_footprint({b: compiled_bytes(compile_at(b)) for b in PROBE_ROWS})
+    cpu = jax.default_backend() == "cpu"
+    if memory is None:
+        memory = host_memory() if cpu else device_memory()
+    if memory is None:
+        return min(FALLBACK_ROWS, n), "fallback (the device reports no memory size)"
+    rows = min(chunk_for_memory(fp, memory, share), n)
+    return rows, (
+        f"{rows} rows: {fp.per_model / 2**20:.1f} MiB per row + {fp.fixed / 2**20:.0f} MiB "
+        f"fixed, {share:.0%} of {memory / 2**30:.1f} GiB ({'host' if cpu else 'device'})"
+    )
 
 
 def chunk_for_memory(fp: Footprint, memory_bytes: float, share: float = MEMORY_SHARE) -> int:

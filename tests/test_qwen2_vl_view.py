@@ -4,6 +4,7 @@ resumed forward, seed 003's patching through it, and the `--checkpoint` report."
 
 from __future__ import annotations
 
+import glob
 import os
 
 import jax
@@ -206,19 +207,21 @@ REPORTS = ("patching", "spatial_ids", "counterfactuals", "steering", "diagnostic
 
 
 @pytest.mark.parametrize("report", REPORTS)
-def test_reports_on_a_checkpoint(tmp_path, report):
+def test_reports_on_a_checkpoint(tmp_path, capsys, report):
     """Every seed 003 / 004 report on the fixture checkpoint, end to end (~5-12 s each:
     each compiles its own programs). Patching: one LM block, the 3 left/right
-    questions in two chunks of 2 (the last padded)."""
+    questions in two chunks of 2 (the last padded), then resumed after its second
+    chunk is lost (one more table: ~3 s), equal to the whole run."""
     import importlib
 
     module = importlib.import_module(f"jaxmech.reports.{report}")
+    analyse = getattr(module, f"analyse_{report}_checkpoint")
     # patching and counterfactuals in two chunks (the last padded); the probe reports'
-    # scenes in one (their chunked probe is tested above)
-    batch = 2 if report in ("patching", "counterfactuals") else 1024
+    # scenes sized from the compiled forward (their chunked probe is tested above)
+    batch = 2 if report in ("patching", "counterfactuals") else None
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=batch,
                           layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
-    out = getattr(module, f"analyse_{report}_checkpoint")(run, str(tmp_path), log=lambda *_: None)
+    out = analyse(run, str(tmp_path), log=lambda *_: None)
     assert os.path.exists(tmp_path / report / "summary.json")
     if report == "patching":
         rows = out["tables"]["shifts"]
@@ -227,14 +230,21 @@ def test_reports_on_a_checkpoint(tmp_path, report):
             "recolour",
         }
         assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 3)
+        (store,) = glob.glob(str(tmp_path / "patching" / "chunks" / "*"))
+        os.remove(os.path.join(store, "chunk_00001.npz"))
+        capsys.readouterr()
+        again = analyse(run, str(tmp_path), log=lambda *_: None)
+        assert "3/3 questions (2 resumed)" in capsys.readouterr().out  # the progress line
+        assert again["tables"]["shifts"] == rows
 
 
 def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
     """Two steps of the authors' recipe per weight on the fixture, end to end: the LM's
     params stay bit-equal, the merger moves, weight 0's loss has no ID term, and a
-    pattern that matches no parameter is refused by name before any compute. ~10 s:
-    the fine-tune's scan, the target's probes and the evaluation compile one program
-    each."""
+    pattern that matches no parameter is refused by name before any compute; a rerun
+    resumes each weight from its stored fine-tune, equal. ~13 s: the fine-tune's scan,
+    the target's probes and the evaluation compile one program each (the rerun's
+    probes and evaluation again)."""
     from jaxmech.reports import id_finetune as idf
 
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, batch=64, log=lambda *_: None)
@@ -264,3 +274,10 @@ def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
         (w, t) for w in (0.0, 1.0) for t in ("before", "after")
     }
     assert os.path.exists(tmp_path / "id_loss" / "summary.json")
+    lines = []  # a rerun reads each weight's finished fine-tune instead of redoing it
+    again = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, log=lines.append)
+    assert sum("resumed" in line for line in lines) == 2
+    assert again["table"] == out["table"] and again["curves"] == out["curves"]
+    for w, tuned in out["params"].items():
+        assert all(np.array_equal(a, b) for a, b in zip(
+            jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(again["params"][w])))  # fmt: skip

@@ -30,7 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.families.vlm_view import Spans, VLMView, chunk_rows
+from jaxmech.chunks import run_chunks
+from jaxmech.families.vlm_view import Spans, VLMView
 from jaxmech.models.edits import Edits
 
 GROUPS = ("image", "question", "objects", "last", "all")
@@ -201,22 +202,38 @@ def chunk_args(inputs, twins: dict, groups_GxBxS, answer_B, other_B, rows) -> tu
 
 def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
                 other_B, layers=None, shared_B=None, batch=None, progress=None,
-                call=None) -> dict:  # fmt: skip
+                call=None, store=None) -> dict:  # fmt: skip
     """{twin: `patch_logp` of K stacked models} over every example, `batch` at a time
     (default all) through one compiled call (`table_call`, with its resumed rows
     planned over every example; `call`: one built before, e.g. to time it without its
-    compile). The last chunk is padded and cut. `progress(done, n)` after each chunk.
-    Host NumPy out, the examples' axis last."""
-    if call is None:
-        first = jax.tree_util.tree_map(lambda x: x[0], params_K)
-        layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
-        call = table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
+    compile). The last chunk is padded and cut. `progress(done, n, resumed)` after each
+    chunk; `store` (`chunks.ChunkStore`): finished chunks kept and resumed. Host NumPy
+    out, the examples' axis last."""
+    call = call or table_call_for(view, params_K, twins, groups_GxBxS, layers, shared_B)
     n = len(np.asarray(answer_B))
-    batch = batch or n
-    outs = []
-    for c, rows in enumerate(chunk_rows(n, batch)):
+
+    def chunk(rows):
         args = chunk_args(inputs, twins, groups_GxBxS, answer_B, other_B, rows)
-        outs.append(jax.device_get(call(params_K, *args)))
-        if progress is not None:
-            progress(min((c + 1) * batch, n), n)
-    return jax.tree_util.tree_map(lambda *x: np.concatenate(x, -1)[..., :n], *outs)
+        return jax.device_get(call(params_K, *args))
+
+    return run_chunks(chunk, n, batch or n, progress, store)
+
+
+def table_call_for(view: VLMView, params_K, twins: dict, groups_GxBxS, layers=None,
+                   shared_B=None):  # fmt: skip
+    """`table_call` for these groups (resumed rows planned over every example), every
+    LM block where `layers` is None."""
+    first = jax.tree_util.tree_map(lambda x: x[0], params_K)
+    layers = tuple(range(view.n_lm_blocks(first))) if layers is None else tuple(layers)
+    return table_call(view, resume_plan(view, groups_GxBxS, shared_B), layers, tuple(twins))
+
+
+def table_compile_at(call, params_K, inputs, twins: dict, groups_GxBxS, answer_B, other_B):
+    """`b -> call` compiled for chunks of b examples (for `sizing.rows_for_memory`)."""
+    n = len(np.asarray(answer_B))
+
+    def compile_at(b: int):
+        args = chunk_args(inputs, twins, groups_GxBxS, answer_B, other_B, np.arange(b) % n)
+        return call.lower(params_K, *args).compile()
+
+    return compile_at

@@ -57,7 +57,6 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.data.spec import Grid, SceneSpec, first_word
 
@@ -154,11 +153,3 @@ def examples(view: VLMView, spec: SceneSpec) -> Examples:
 def margin(logits_BxV, answer_B, other_B) -> jax.Array:
     """[B] logit(answer) - logit(the other word of its relation): > 0 answers right."""
     return rows_at(logits_BxV, answer_B) - rows_at(logits_BxV, other_B)
-
-
-def chunk_rows(n: int, batch: int) -> list[np.ndarray]:
-    """Row indices of `n` questions in chunks of `batch`, the last padded by repeating
-    row 0 (so every chunk has one shape and one compiled program serves them all; cut
-    the padding with `[:n]` after concatenating)."""
-    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)])
-    return list(idx.reshape(-1, batch))

@@ -491,7 +491,10 @@ def analyse(report: Report, path: str, log=print) -> dict:
 
 
 def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
-    """`analyse` on a loaded run (or checkpoint: `open_checkpoint`), written into `out`."""
+    """`analyse` on a loaded run (or checkpoint: `open_checkpoint`, whose finished
+    chunks are kept in `out/chunks/`: `table_store`), written into `out`."""
+    if checkpoint_data(run) is not None:
+        run = run._replace(data=run.data._replace(chunks=os.path.join(out, "chunks")))
     parts, tables, full = report_parts(report, run)
     for name, rows in tables.items():
         write_csv(os.path.join(out, f"{name}.csv"), rows)
@@ -519,42 +522,102 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
 class CheckpointData(NamedTuple):
     """What a checkpoint's `LoadedRun` holds instead of a task's data: its VLM view, its
     question set (`data.spec.pair_questions`), the LM blocks a report studies (None:
-    every one) and the scenes per compiled call."""
+    every one), the scenes per compiled call (None: sized from the compiled program's
+    memory analysis, `rows_per_call`), what the questions depend on (`key`: the
+    checkpoint's files and the options, for `table_store`) and where a report keeps
+    its finished chunks (None: nowhere; `analyse_loaded` sets it)."""
 
     view: VLMView
     specs: dict
     layers: tuple | None
-    batch: int
+    batch: int | None
+    key: dict
+    chunks: str | None = None
+
+
+def checkpoint_data(run: LoadedRun) -> CheckpointData | None:
+    return run.data if isinstance(run.data, CheckpointData) else None
+
+
+def rows_per_call(run: LoadedRun, compile_at, n: int, log=print) -> int:
+    """Rows per compiled call of a table over `n` questions: all of a run's; a
+    checkpoint's `--batch`, or where that is None the most whose compiled program
+    (`compile_at(b)`) fits in memory (`sizing.rows_for_memory`, logged)."""
+    from jaxmech.sizing import rows_for_memory
+
+    ckpt = checkpoint_data(run)
+    if ckpt is None:
+        return n
+    if ckpt.batch is not None:
+        return min(ckpt.batch, n)
+    rows, how = rows_for_memory(compile_at, n)
+    log(f"  questions per call: {how}")
+    return rows
+
+
+def probe_rows(run: LoadedRun, log=print) -> int | None:
+    """Probe scenes per chunk of a checkpoint's probe forwards (`spatial_ids.map_chunks`):
+    its `rows_per_call` of the view's forward capturing every residual site, on probe
+    scenes; None (every scene at once) for a run."""
+    from jaxmech.analysis import spatial_ids as si
+
+    if checkpoint_data(run) is None:
+        return None
+    view, first = view_of(run), jax.tree_util.tree_map(lambda x: x[0], run.params)
+    n_blocks = view.n_lm_blocks(first)
+    sites = [si.resid_site(y, n_blocks) for y in range(n_blocks + 1)]
+    inputs = si.probe(view, [1], placements=1).inputs
+    n = len(np.asarray(jax.tree_util.tree_leaves(inputs)[0]))
+    f = jax.jit(lambda p, x: view.forward(p, x, capture=sites))
+    at = lambda b: jax.tree_util.tree_map(lambda v: np.asarray(v)[np.arange(b) % n], inputs)  # noqa: E731
+    return rows_per_call(run, lambda b: f.lower(first, at(b)).compile(), 1 << 30, log)
+
+
+def table_store(run: LoadedRun, table: str, **what):
+    """The `chunks.ChunkStore` of a checkpoint's table named `table` with options
+    `what` (e.g. its layers and rows per call) beside the checkpoint's key, or None
+    (a run's tables are one call; a checkpoint's outside `analyse_loaded`)."""
+    from jaxmech.chunks import store_for
+
+    ckpt = checkpoint_data(run)
+    if ckpt is None or ckpt.chunks is None:
+        return None
+    return store_for(ckpt.chunks, {**ckpt.key, "table": table, **what})
 
 
 def chunk_progress(log, batch: int):
-    """`progress(done, n)` that logs the questions done, the time spent and an ETA after
-    each chunk of `batch` (silent when the questions fit in one)."""
+    """`progress(done, n, resumed=0)` that logs the questions done, the time spent and
+    an ETA after each chunk of `batch` (silent when the questions fit in one);
+    `resumed` of them were read from a store, not computed."""
     import time
 
     t0 = time.perf_counter()
 
-    def progress(done: int, n: int) -> None:
+    def progress(done: int, n: int, resumed: int = 0) -> None:
         if n > batch:
             spent = time.perf_counter() - t0
-            log(f"  {done}/{n} questions, {spent:.0f} s, ETA {spent / done * (n - done):.0f} s")
+            rate = spent / max(done - resumed, 1)
+            was = f" ({resumed} resumed)" if resumed else ""
+            log(f"  {done}/{n} questions{was}, {spent:.0f} s, ETA {rate * (n - done):.0f} s")
 
     return progress
 
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
-                    seed: int = 0, layers=None, batch: int = 16, dtype="float32",
+                    seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
                     log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
     reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
-    relation drawn from `seed`), no config, settings or task. Bad options raise
-    ValueError naming them, before the weights are read."""
+    relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
+    config, settings or task. Bad options raise ValueError naming them, before the
+    weights are read."""
+    from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
 
-    for name, v in (("questions", questions), ("batch", batch)):
+    for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
         if v < 1:
             raise ValueError(f"{name} = {v}: expected at least 1")
     family, config = read_checkpoint_config(folder)
@@ -567,12 +630,14 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
                for rel in (0, 1)]  # fmt: skip
     specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
+    key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
+           "size": size, "questions": questions, "seed": seed, "dtype": dtype}  # fmt: skip
     return LoadedRun(
         path=folder,
         config=None,
         params=jax.tree_util.tree_map(lambda x: x[None], params),
         settings=None,
-        data=CheckpointData(view, specs, None if layers is None else tuple(layers), batch),
+        data=CheckpointData(view, specs, None if layers is None else tuple(layers), batch, key),
         results=[{"model": 0, "diverged_step": -1}],
         models=(0,),
         excluded=(),

@@ -26,21 +26,24 @@ import jax
 import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
+from jaxmech.chunks import run_chunks
 from jaxmech.data.spec import RELATIONS, swap_named
-from jaxmech.families.vlm_view import chunk_rows, examples
+from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
-    CheckpointData,
     LoadedRun,
     Report,
     analyse,
     analyse_loaded,
+    checkpoint_data,
     chunk_progress,
     declared,
     fmt_ci,
     plots_dir,
     relation_questions,
+    rows_per_call,
+    table_store,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -67,7 +70,8 @@ def notes(view, params, config=None) -> dict[str, str]:
 def compute(run: LoadedRun, log=print) -> dict:
     """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
     "relation": [B]}. Every question is rendered at once (one length); a checkpoint's
-    run `batch` at a time through one compiled call, its counterfactuals one after
+    run `batch` at a time through one compiled call (`common.rows_per_call`; finished
+    chunks kept and resumed: `common.table_store`), its counterfactuals one after
     another (memory); a run's all at once."""
     view, ex = view_of(run), relation_questions(run)
     first = jax.tree_util.tree_map(lambda x: x[0], run.params)
@@ -77,9 +81,8 @@ def compute(run: LoadedRun, log=print) -> dict:
     rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
     versions = jax.tree_util.tree_map(stack, *rendered)  # [versions, B, ...]
     swapped = examples(view, swap_named(ex.spec))
-    ckpt = run.data if isinstance(run.data, CheckpointData) else None
-    n = len(ex.answer_B)
-    batch, one_at_a_time = (ckpt.batch, 1) if ckpt else (n, None)
+    ckpt, n = checkpoint_data(run), len(ex.answer_B)
+    one_at_a_time = 1 if ckpt else None
     per_row = np.ndim(cfs.lm_ids) == 4  # [C, B, 3, S]: left-padded rows, ids per row
 
     @jax.jit
@@ -90,28 +93,26 @@ def compute(run: LoadedRun, log=print) -> dict:
 
         def one_model(p):
             m = cfa.margins(view, p, versions, answer, other, c, one_at_a_time)
-            return m, cfa.margins(view, p, sw, sw_answer, sw_other, plain)[0]
+            return {
+                "margins": m,
+                "swapped": cfa.margins(view, p, sw, sw_answer, sw_other, plain)[0],
+            }
 
         return jax.lax.map(one_model, params_K)
 
-    ms, ss, progress = [], [], chunk_progress(log, batch)
-    for i, rows in enumerate(chunk_rows(n, batch)):
-        take_b = lambda tree, axis=0, rows=rows: jax.tree_util.tree_map(  # noqa: E731
+    def args(rows):
+        take_b = lambda tree, axis=0: jax.tree_util.tree_map(  # noqa: E731
             lambda x: np.take(np.asarray(x), rows, axis=axis), tree
         )
         lm_ids = take_b(cfs.lm_ids, 1) if per_row else cfs.lm_ids
-        m, s = jax.device_get(chunk(
-            run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
-            take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids,
-        ))  # fmt: skip
-        ms.append(m), ss.append(s)
-        progress(min((i + 1) * batch, n), n)
-    return {
-        "margins": np.concatenate(ms, -1)[..., :n],
-        "swapped": np.concatenate(ss, -1)[..., :n],
-        "relation": np.asarray(ex.spec.relation_B),
-        "names": names,
-    }
+        return (run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
+                take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids)  # fmt: skip
+
+    batch = rows_per_call(run, lambda b: chunk.lower(*args(np.arange(b) % n)).compile(), n, log)
+    store = table_store(run, "counterfactuals", names=names, batch=batch)
+    out = run_chunks(lambda rows: jax.device_get(chunk(*args(rows))), n, batch,
+                     chunk_progress(log, batch), store)  # fmt: skip
+    return out | {"relation": np.asarray(ex.spec.relation_B), "names": names}
 
 
 def table_rows(res: dict, models) -> list[dict]:

@@ -34,7 +34,6 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
-    CheckpointData,
     LoadedRun,
     Report,
     analyse,
@@ -43,6 +42,7 @@ from jaxmech.reports.common import (
     fmt_ci,
     id_labels,
     plots_dir,
+    probe_rows,
     relation_questions,
     view_of,
 )
@@ -78,7 +78,7 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
 
     occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
 
-    batch = run.data.batch if isinstance(run.data, CheckpointData) else None
+    batch = probe_rows(run)
 
     def one_model(args):
         p, o = args

@@ -20,7 +20,9 @@ pair questions: accuracy (the answer word's logit over the other word's), and th
 ID cosine on held-out probe pairs.
 
 Writes into OUT/id_loss/: curves.csv (weight, step, loss, answer, id), table.csv
-(weight, when, accuracy, id_cos), summary.json.
+(weight, when, accuracy, id_cos), summary.json; each weight's finished fine-tune (its
+curve, evaluation and trained leaves) is kept in OUT/id_loss/chunks/ (`chunks`), so a
+killed run resumes at the first weight it had not finished.
 
 Axis names (`jaxmech.shapes`): B questions, P probe pairs, L cells, D LM width.
 """
@@ -35,10 +37,11 @@ import numpy as np
 import optax
 
 from jaxmech.analysis import spatial_ids as si
+from jaxmech.chunks import store_for
 from jaxmech.data.spec import SceneSpec, take
 from jaxmech.families.toy_vlm.id_loss import id_cos  # the same cosine as the toy's loss
 from jaxmech.families.vlm_view import examples, margin, resid_site, rows_at
-from jaxmech.reports.common import LoadedRun, write_csv, write_json
+from jaxmech.reports.common import LoadedRun, probe_rows, write_csv, write_json
 from jaxmech.train import path_mask
 
 TRAIN_ONLY = (  # the authors' recipe on Qwen2-VL: the ViT's last MLP and the merger
@@ -131,9 +134,9 @@ def make_finetune(view, params, site: int, target, cfg: dict):
 
 
 def finetune(view, params, weight: float, train, probes, run, cfg: dict):
-    """(params after `cfg["steps"]` steps of `make_finetune`'s `run`, curve rows): each
-    step a batch of `cfg["batch"]` training questions and one probe pair, both drawn
-    from `cfg["seed"]` alone (every weight sees the same)."""
+    """(params after `cfg["steps"]` steps of `make_finetune`'s `run`, {loss, answer, id}
+    per step): each step a batch of `cfg["batch"]` training questions and one probe
+    pair, both drawn from `cfg["seed"]` alone (every weight sees the same)."""
     rng = np.random.default_rng([cfg["seed"], 37])
     n_pairs = len(probes[1]) // view.grid.cells
     batches, pairs = [], []
@@ -142,9 +145,13 @@ def finetune(view, params, weight: float, train, probes, run, cfg: dict):
         pairs.append(rng.integers(n_pairs))
     params, (loss, a, i) = run(params, train.inputs, train.answer_B, probes,
                                np.asarray(batches), np.asarray(pairs), jnp.float32(weight))  # fmt: skip
-    rows = [{"weight": weight, "step": t + 1, "loss": float(x), "answer": float(y), "id": float(z)}
-            for t, (x, y, z) in enumerate(zip(*jax.device_get((loss, a, i))))]  # fmt: skip
-    return params, rows
+    return params, dict(zip(("loss", "answer", "id"), jax.device_get((loss, a, i))))
+
+
+def curve_rows(weight: float, curve: dict) -> list[dict]:
+    """curves.csv's rows of one fine-tune's per-step {loss, answer, id}."""
+    return [{"weight": weight, "step": t + 1, "loss": float(x), "answer": float(y), "id": float(z)}
+            for t, (x, y, z) in enumerate(zip(curve["loss"], curve["answer"], curve["id"]))]  # fmt: skip
 
 
 def make_eval(view, test, probes, site: int, target):
@@ -181,28 +188,56 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, ste
     path_mask(params, spec)  # a bad pattern fails before any compute
     n = len(ckpt.specs["examples"].relation_B)
     split = np.arange(n) % 4 == 0  # a quarter of the questions held out
-    batch = min(ckpt.batch, 8, int((~split).sum()))
+    batch = min(ckpt.batch or 8, 8, int((~split).sum()))
     cfg = {"steps": steps, "lr": lr, "train_only": spec, "batch": batch, "seed": 0}
     test = examples(view, take(ckpt.specs["examples"], split))
     train = examples(view, take(ckpt.specs["examples"], ~split))
     probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
-    target = targets(view, params, site, ckpt.batch)
+    target = targets(view, params, site, probe_rows(run, log))
     evaluate = make_eval(view, test, held, site, target)
     run_steps = make_finetune(view, params, site, target, cfg)
     table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
     table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
-    curves, tuned_by_weight = [], {}
+    curves, tuned_by_weight, folder = [], {}, plots_dir(out, "id_loss")
+    mask = jax.tree_util.tree_leaves(path_mask(params, spec))
     for w in weights:
-        tuned, rows = finetune(view, params, w, train, probes, run_steps, cfg)
-        curves, tuned_by_weight[w] = curves + rows, tuned
-        table.append({"weight": w, "when": "after", **evaluate(tuned)})
+        store = store_for(os.path.join(folder, "chunks"), {**ckpt.key, **cfg, "site": site,
+                                                          "weight": w})  # fmt: skip
+        done = store.get(0)
+        if done is None:
+            tuned, curve = finetune(view, params, w, train, probes, run_steps, cfg)
+            done = {"curve": curve, "after": evaluate(tuned), "tuned": trained_leaves(tuned, mask)}
+            store.put(0, done)
+        else:
+            log(f"weight {w:g}: resumed from {store.folder}")
+        tuned = with_leaves(params, done["tuned"])
+        curves += curve_rows(w, done["curve"])
+        tuned_by_weight[w] = tuned
+        table.append(
+            {"weight": w, "when": "after", **{k: float(v) for k, v in done["after"].items()}}
+        )
         log(f"weight {w:g}: {table[-1]}")
-    folder = plots_dir(out, "id_loss")
     write_csv(os.path.join(folder, "curves.csv"), curves)
     write_csv(os.path.join(folder, "table.csv"), table)
     summary = {"config": cfg, "site": site, "table": table}
     write_json(os.path.join(folder, "summary.json"), summary)
     return {"table": table, "curves": curves, "summary": summary, "params": tuned_by_weight}
+
+
+def trained_leaves(params, mask: list) -> dict:
+    """{leaf index: leaf} of the leaves that train (`mask`: `path_mask`'s leaves): what a
+    fine-tune changes, kept so that a resumed run returns the same params."""
+    leaves = jax.tree_util.tree_leaves(params)
+    return {str(i): np.asarray(x) for i, (x, m) in enumerate(zip(leaves, mask)) if m}
+
+
+def with_leaves(params, trained: dict):
+    """`params` with the leaves of `trained_leaves` put back."""
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    leaves = [
+        jnp.asarray(trained[str(i)]) if str(i) in trained else x for i, x in enumerate(leaves)
+    ]
+    return jax.tree_util.tree_unflatten(tree, leaves)
 
 
 def _vit_depth(params) -> int:

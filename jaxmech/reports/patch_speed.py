@@ -40,8 +40,7 @@ from jaxmech.analysis.patching import (
     GROUPS,
     chunk_args,
     patch_table,
-    resume_plan,
-    table_call,
+    table_call_for,
     token_groups,
 )
 from jaxmech.data import pictures
@@ -204,7 +203,7 @@ def batched_call(t: Table, batch: int | None):
     """(run, call): the table through `analysis.patching.patch_table` (`batch` images per
     call) with its one compiled program built first, and that program."""
     shared = np.asarray(t.ex.spans.image_BxI)[:, 0]  # the text before the picture is shared
-    call = table_call(t.view, resume_plan(t.view, t.groups, shared), t.layers, ("mirror",))
+    call = table_call_for(t.view, t.params_K, {"mirror": t.twin}, t.groups, t.layers, shared)
 
     def run():
         return patch_table(t.view, t.params_K, t.ex.inputs, {"mirror": t.twin}, t.groups,

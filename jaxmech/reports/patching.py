@@ -24,23 +24,32 @@ import time
 
 import numpy as np
 
-from jaxmech.analysis.patching import GROUPS, belief_shift, patch_table, token_groups
+from jaxmech.analysis.patching import (
+    GROUPS,
+    belief_shift,
+    patch_table,
+    table_call_for,
+    table_compile_at,
+    token_groups,
+)
 from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
-    CheckpointData,
     LoadedRun,
     Report,
     analyse,
     analyse_loaded,
+    checkpoint_data,
     chunk_progress,
     declared,
     fmt_ci,
     plots_dir,
     question_specs,
+    rows_per_call,
+    table_store,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -68,20 +77,24 @@ def compute(run: LoadedRun, log=print) -> dict:
     (`common.question_specs`) of the patched relation (`patched_relation`), the answer
     words [B], the word names, the patched LM blocks and the wall time. Every question
     is rendered at once (one length); they run `batch` at a time (a checkpoint's
-    `CheckpointData.batch`; a run's all at once) through one compiled call
-    (`analysis.patching.patch_table`), with progress per chunk."""
+    `common.rows_per_call`; a run's all at once) through one compiled call
+    (`analysis.patching.patch_table`), with progress per chunk, a checkpoint's
+    finished chunks kept and resumed (`common.table_store`)."""
     view, specs = view_of(run), question_specs(run)
     rel, words = patched_relation(run, view)
     asked = np.asarray(specs["examples"].relation_B) == rel
     ex = examples(view, take(specs["examples"], asked))
     twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
-    ckpt = run.data if isinstance(run.data, CheckpointData) else None
+    ckpt, n = checkpoint_data(run), len(ex.answer_B)
     layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(view.n_lm_blocks(run.params)))
-    t0, batch = time.perf_counter(), ckpt.batch if ckpt else len(ex.answer_B)
-    logp = patch_table(
-        view, run.params, ex.inputs, twins, token_groups(ex.spans), ex.answer_B, ex.other_B,
-        layers, np.asarray(ex.spans.image_BxI).min(1), batch, chunk_progress(log, batch),
-    )  # fmt: skip
+    groups, shared = token_groups(ex.spans), np.asarray(ex.spans.image_BxI).min(1)
+    call = table_call_for(view, run.params, twins, groups, layers, shared)
+    t0 = time.perf_counter()
+    at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
+    batch = rows_per_call(run, at, n, log)
+    store = table_store(run, "patching", layers=layers, batch=batch)
+    logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
+                       batch=batch, progress=chunk_progress(log, batch), call=call, store=store)  # fmt: skip
     return {
         "logp": logp,
         "answer": np.asarray(ex.answer_B),

@@ -30,7 +30,6 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.families.vlm_view import cell_tokens
 from jaxmech.reports.common import (
     EXAMPLES,
-    CheckpointData,
     LoadedRun,
     Report,
     analyse,
@@ -39,6 +38,7 @@ from jaxmech.reports.common import (
     fmt_ci,
     id_labels,
     plots_dir,
+    probe_rows,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -74,7 +74,7 @@ def compute(run: LoadedRun) -> dict:
     [K, Y, D], delta [K, Y, L, D], analytic {name: [K, blocks]} (`analytic`); and
     cos_train_val [K, Y], the cosine of the two label sets' IDs (a checkpoint's: of
     its two halves of the labels). The probe runs `batch` scenes at a time (a
-    checkpoint's `CheckpointData.batch`; a run's all at once)."""
+    checkpoint's `common.probe_rows`; a run's all at once)."""
     view = view_of(run)
     pr = si.probe(view, range(1, view.n_labels + 1))
     label, cell, L = pr.label_N, pr.cell_N, view.grid.cells
@@ -82,8 +82,7 @@ def compute(run: LoadedRun) -> dict:
     use = np.arange(len(label)) if run.examples is None else (
         np.flatnonzero(train if run.examples == "seen" else ~train))  # fmt: skip
     token = cell_tokens(pr.spans, cell)
-    ckpt = run.data if isinstance(run.data, CheckpointData) else None
-    batch = ckpt.batch if ckpt else len(label)
+    batch = probe_rows(run) or len(label)
     zeros = np.zeros(len(label), np.int32)
 
     def one_model(p):

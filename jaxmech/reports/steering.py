@@ -56,6 +56,7 @@ from jaxmech.reports.common import (
     id_labels,
     needs_depth,
     plots_dir,
+    probe_rows,
     steering_examples,
     view_of,
 )
@@ -77,7 +78,7 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     n = view.n_lm_blocks(None if ckpt else jax.tree_util.tree_map(lambda x: x[0], run.params))
     sites = [y for y in (ckpt.layers or range(n)) if y >= 1] if ckpt else list(range(1, n))
     res = st.steer_models(view, run.params, ex, source, target, seed, id_labels(run), sites,
-                          ckpt.batch if ckpt else None)  # fmt: skip
+                          probe_rows(run))  # fmt: skip
     return res | {"sites": sites}
 
 
