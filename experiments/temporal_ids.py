@@ -3,22 +3,34 @@
     python -m experiments.train --preset=vlm_video --seeds=8 --out=runs/video
     python -m experiments.temporal_ids --run=runs/video
     python -m experiments.patching --run=runs/video      # mirror = time reversal
+    python -m experiments.temporal_ids --checkpoint=Qwen2-VL-2B-Instruct --layers=6:16 \
+        --dtype=bfloat16 --out=runs/qwen2vl_2b
 
 Per LM site, the object word's ID from probe videos, its frame part (the temporal ID:
 share of the ID, linearity in the frame index) and steering with it against
 norm-matched controls. Writes RUN/temporal_ids/{ids,flips,curves}.csv, summary.json,
-temporal_ids.png (`jaxmech.reports.temporal_ids`).
+temporal_ids.png (`jaxmech.reports.temporal_ids`); a checkpoint's into
+OUT/temporal_ids/, on videos of two objects in different frames (each scene grid row a
+frame: `data.pictures.draw_video`), asked "Does the red circle appear before or after
+the blue square?".
 """
 
 from absl import flags
 
-from jaxmech.cli import run_main
+from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.temporal_ids import analyse_temporal_ids_run, temporal_refusal
+from jaxmech.reports.temporal_ids import (
+    analyse_temporal_ids_checkpoint,
+    analyse_temporal_ids_run,
+    temporal_refusal,
+)
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_temporal_ids_run, temporal_refusal)
+define_checkpoint_flags()
+main = report_main(
+    analyse_temporal_ids_run, temporal_refusal, analyse_temporal_ids_checkpoint, video=True
+)
 
 if __name__ == "__main__":
     run_main(main)

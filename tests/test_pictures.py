@@ -85,3 +85,23 @@ def test_questions_name_the_objects_in_the_papers_wording():
     assert pc.object_names(spec)[0] == ("red circle", "blue square")
     with pytest.raises(ValueError, match="colours_BxK"):
         pc.questions(spec._replace(colours_BxK=np.array([[9, 3], [2, 0], [6, 0]])))
+
+
+def test_a_video_is_the_grid_read_as_time_and_its_time_reversal_the_frames_reversed():
+    grid, spec = Grid(3, 4), _spec(np.random.default_rng(1), grid=Grid(3, 4))
+    video = pc.draw_video(grid, spec, 112)
+    assert video.shape == (12, 3, 112, 112, 3)
+    np.testing.assert_array_equal(pc.draw_video(grid, sp.mirror_height(grid, spec), 112),
+                                  video[:, ::-1])  # fmt: skip
+    # frame f is the 1 x 4 row of the objects of grid row f, each in its column
+    cells, drawn = np.asarray(spec.cells_BxK), np.asarray(spec.labels_BxK) > 0
+    for b in range(3):
+        for f in range(grid.h):
+            row = np.where(
+                (cells[b] // grid.w == f) & drawn[b] & (cells[b] >= 0), cells[b] % grid.w, -1
+            )
+            one = spec._replace(cells_BxK=row[None], **{k: np.asarray(getattr(spec, k))[b : b + 1]
+                                for k in ("labels_BxK", "colours_BxK", "facings_BxK", "relation_B")})  # fmt: skip
+            np.testing.assert_array_equal(video[b, f], pc.draw(Grid(1, 4), one, 112)[0])
+    words = pc.questions(spec._replace(relation_B=np.ones(12, int)), pc.VIDEO_TEMPLATES)
+    assert all(q.startswith("Does the ") and " appear before or after the " in q for q in words)

@@ -295,3 +295,49 @@ def test_init_params_match_the_loaded_layout(checkpoint):
     fresh = params.init_params(config, jax.random.PRNGKey(0))
     shape = lambda t: jax.tree_util.tree_map(lambda a: tuple(a.shape), t)
     assert shape(fresh) == shape(p) == params.param_shapes(config)
+
+
+VIDEO_QUESTIONS = [  # make_fixtures.VIDEO_CASES
+    "Is the red circle to the left or the right of the blue square? Answer with one word.",
+    "Is the blue cross above or below the red triangle? Answer with one word.",
+]
+
+
+def test_video_equals_reference(checkpoint):
+    """A batch of two 3-frame videos (the last frame repeated over the temporal patch,
+    rows left-padded; Qwen2.5-VL's time ids spaced by tokens_per_second x seconds per
+    temporal patch at 1 fps) through the processor and the forward, against the
+    reference's `video_reference.npz` (make_fixtures.py videos)."""
+    config, p, proc, _ = checkpoint
+    folder = os.path.join(FIXTURES, config.variant)
+    ref = np.load(os.path.join(folder, "video_reference.npz"))
+    enc = processor.encode_video(proc, list(ref["video/frames"]), VIDEO_QUESTIONS,
+                                 fps=float(ref["video/fps"]))  # fmt: skip
+    np.testing.assert_array_equal(enc.inputs.tokens_BxS, ref["video/input_ids"])
+    np.testing.assert_array_equal(enc.inputs.valid_BxS, ref["video/attention_mask"].astype(bool))
+    assert enc.grid == tuple(ref["video/grid"][0]) and enc.grid[0] == 2
+    pixels = reference_pixels({"v/levels": ref["video/levels"]}, "v", proc.videos)
+    np.testing.assert_allclose(enc.inputs.pixels_BxPxF.reshape(pixels.shape), pixels, atol=1e-6)
+    np.testing.assert_array_equal(enc.inputs.pos_Bx3xS, ref["video/rope"].transpose(1, 0, 2))
+    if config.vit_tokens_per_second:  # the time ids are spaced: 2 s per temporal patch x 4
+        t_ids = np.take_along_axis(enc.inputs.pos_Bx3xS[:, 0], enc.inputs.image_BxI, 1)
+        assert (np.ptp(t_ids, 1) == 8).all()
+    logits, aux = jax.jit(functools.partial(model.forward, config=config, capture=True))(
+        p, enc.inputs
+    )
+    valid = enc.inputs.valid_BxS
+    np.testing.assert_allclose(
+        np.asarray(logits)[valid], ref["video/logits"][valid], atol=TOL, rtol=TOL
+    )
+    for i in range(config.lm_layers):
+        np.testing.assert_allclose(np.asarray(aux[f"lm/resid_pre.{i}"])[valid],
+                                   ref["video/hidden"][i][valid], atol=TOL, rtol=TOL)  # fmt: skip
+
+
+def test_video_frames_the_processor_would_resize_are_refused(checkpoint):
+    _, _, proc, _ = checkpoint
+    frames = np.zeros((2, 56, 100, 3), np.uint8)
+    with pytest.raises(ValueError, match="frames of 56 x 100 would be resized"):
+        processor.encode_video(proc, [frames], ["Is the red circle to the left?"])
+    with pytest.raises(ValueError, match="fps = 0"):
+        processor.encode_video(proc, [frames[:, :, :56]], ["q"], fps=0)

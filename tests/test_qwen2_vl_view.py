@@ -217,8 +217,9 @@ def test_reports_on_a_checkpoint(tmp_path, capsys, report):
     module = importlib.import_module(f"jaxmech.reports.{report}")
     analyse = getattr(module, f"analyse_{report}_checkpoint")
     # patching and counterfactuals in two chunks (the last padded); the probe reports'
-    # scenes sized from the compiled forward (their chunked probe is tested above)
-    batch = 2 if report in ("patching", "counterfactuals") else None
+    # scenes (their chunked probe is tested above)
+    # scenes sized from the compiled forward in one of them (the others' in one call)
+    batch = {"patching": 2, "counterfactuals": 2, "spatial_ids": None}.get(report, 1024)
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=batch,
                           layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
     out = analyse(run, str(tmp_path), log=lambda *_: None)
@@ -281,3 +282,52 @@ def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
     for w, tuned in out["params"].items():
         assert all(np.array_equal(a, b) for a, b in zip(
             jax.tree_util.tree_leaves(tuned), jax.tree_util.tree_leaves(again["params"][w])))  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", ["qwen2_vl", "qwen2_5_vl"])
+def test_a_video_view_renders_frames_as_time(variant):
+    """Each scene frame is one temporal patch; the spans' cells are (frame, column);
+    the view's LM position ids equal the processor's (Qwen2.5-VL's time ids spaced by
+    tokens_per_second x seconds per frame); relation 1 is answered Before / After."""
+    folder = os.path.join(os.path.dirname(FOLDER), variant)
+    _, config, params = load_checkpoint(folder)
+    view = checkpoint_view(folder, config, Grid(2, 2), 112, video=True)
+    specs = pair_questions(view.grid, 3, view.n_labels, view.n_colours, seed=2, relation=1)
+    ex = examples(view, specs["examples"])
+    rev = view.render(specs["mirror"], ask=specs["examples"])[0]
+    np.testing.assert_array_equal(np.asarray(rev.tokens_BxS), np.asarray(ex.inputs.tokens_BxS))
+    P = np.asarray(ex.inputs.pixels_BxPxF).shape[1] // 2  # patches per frame
+    np.testing.assert_array_equal(  # time reversal swaps the two frames' patches
+        np.asarray(rev.pixels_BxPxF)[:, :P], np.asarray(ex.inputs.pixels_BxPxF)[:, P:]
+    )
+    np.testing.assert_array_equal(
+        view.lm_position_ids(params, ex.spans), np.asarray(ex.inputs.pos_Bx3xS)
+    )
+    frame = np.asarray(ex.spans.image_trc_Ix3)[:, 0]
+    np.testing.assert_array_equal(np.asarray(ex.spans.cell_I) // 2, frame)  # the cell's row
+    t_ids = np.take_along_axis(
+        np.asarray(ex.inputs.pos_Bx3xS)[:, 0], np.asarray(ex.spans.image_BxI), 1
+    )
+    # one frame per temporal patch of 2 frames at 2 fps: 1 s, x tokens_per_second (4 here)
+    assert (np.ptp(t_ids, 1) == (4 if config.vit_tokens_per_second else 1)).all()
+    tok = view.render.args[0].tokenizer
+    assert view.answer_words[1].tolist() == [tok.token_to_id("Before"), tok.token_to_id("After")]
+    with pytest.raises(ValueError, match="size = 168: the video processor would resize"):
+        checkpoint_view(folder, config, Grid(2, 3), 168, video=True)
+
+
+def test_temporal_ids_on_a_checkpoint(tmp_path):
+    """The temporal-ID report on the fixture opened as videos, end to end (~5 s); a
+    checkpoint opened as pictures is refused."""
+    from jaxmech.reports.temporal_ids import analyse_temporal_ids_checkpoint
+
+    quiet = lambda *_: None  # noqa: E731
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, video=True, layers=(1,), batch=64,
+                          log=quiet)  # fmt: skip
+    assert set(np.asarray(run.data.specs["examples"].relation_B).tolist()) == {1}
+    out = analyse_temporal_ids_checkpoint(run, str(tmp_path), log=quiet)
+    ids = out["tables"]["ids"]
+    assert {r["site"] for r in ids} == {0, 1, 2} and "frame_1" in ids[0]
+    assert os.path.exists(tmp_path / "temporal_ids" / "temporal_ids.png")
+    with pytest.raises(ValueError, match="opened as videos"):
+        analyse_temporal_ids_checkpoint(open_checkpoint(FOLDER, size=112, log=quiet), str(tmp_path))

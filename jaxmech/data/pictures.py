@@ -14,6 +14,10 @@ positions and facings mirrored) is the picture flipped left to right, pixel for 
 (tested). Up-down they are not symmetric (a triangle points up, a heart's lobes are at
 the top): a height mirror moves objects without turning them over, as in the world.
 
+`draw_video` draws a scene as a video instead: grid row f is frame f (`data.video`),
+and `VIDEO_TEMPLATES` ask about time ("Does the red circle appear before or after the
+blue square?").
+
 `questions(spec)` words each scene's question as the papers do ("Is the red circle to
 the left or the right of the blue square? Answer with one word."), and `object_names`
 gives the two names it mentions, whose last sub-tokens a family's spans point at.
@@ -46,6 +50,12 @@ TEMPLATES = (
     "Is the {x} to the left or the right of the {y}? Answer with one word.",
     "Is the {x} above or below the {y}? Answer with one word.",
     "Is there {a} {x} in the image? Answer with one word.",
+)
+# a video's (`draw_video`): relation 1 is time, as the toy's video task has it
+VIDEO_TEMPLATES = (
+    TEMPLATES[0],
+    "Does the {x} appear before or after the {y}? Answer with one word.",
+    "Is there {a} {x} in the video? Answer with one word.",
 )
 MIDDLE = "centre of the image"  # what a question names when Y's label is 0
 
@@ -150,9 +160,24 @@ def object_names(spec: SceneSpec) -> list[tuple[str, str]]:
     return out
 
 
-def questions(spec: SceneSpec) -> list[str]:
-    """[B] each scene's question in the papers' wording (`TEMPLATES`)."""
+def draw_video(grid: Grid, spec: SceneSpec, size: int = 448) -> np.ndarray:
+    """[B, grid.h, size, size, 3] uint8: every scene of `spec` as a video, its grid read
+    as time (`data.video`): frame f shows the objects of grid row f in their columns,
+    drawn as a 1 x grid.w row of cells filling the frame. Time reversal of the spec
+    (`spec.mirror_height`) reverses the frames."""
+    cells = np.asarray(spec.cells_BxK)
+    frames = [
+        draw(Grid(1, grid.w), spec._replace(cells_BxK=np.where(cells // grid.w == f,
+                                                                cells % grid.w, -1)), size)
+        for f in range(grid.h)
+    ]  # fmt: skip
+    return np.stack(frames, 1)
+
+
+def questions(spec: SceneSpec, templates=TEMPLATES) -> list[str]:
+    """[B] each scene's question in the papers' wording (`TEMPLATES`; a video's:
+    `VIDEO_TEMPLATES`)."""
     return [
-        TEMPLATES[int(rel)].format(x=x, y=y, a="an" if x[:1] in "aeiou" else "a")
+        templates[int(rel)].format(x=x, y=y, a="an" if x[:1] in "aeiou" else "a")
         for (x, y), rel in zip(object_names(spec), np.asarray(spec.relation_B))
     ]

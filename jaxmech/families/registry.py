@@ -30,8 +30,9 @@ A model family (`ModelConfig.model_kind`) is one `Family`, found with
                                                methods may ask of them
                                                (`families.vlm_view`); None otherwise.
                                                A checkpoint family's takes (folder,
-                                               config, grid, size): its processor is
-                                               the folder's
+                                               config, grid, size, video=False): its
+                                               processor is the folder's; `video`: the
+                                               scenes drawn as videos
   read_config(folder) -> config              checkpoint families: the architecture
                                                alone, no weights read (cheap checks)
   load(folder) -> (config, params)           checkpoint families (real models, e.g.

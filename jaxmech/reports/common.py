@@ -351,13 +351,13 @@ def take_models(res: dict, keys, index) -> dict:
     return res | {k: jax.tree_util.tree_map(pick, res[k]) for k in keys}
 
 
-def report_main(analyse, refusal, on_checkpoint=None):
+def report_main(analyse, refusal, on_checkpoint=None, video: bool = False):
     """The `main(argv)` of a report entry point: every folder of its `--run` flag
     (which the entry module defines: absl flags belong to one module) is checked by
     `check_runs` before any compute, then `analyse(folder)` runs on each. With
     `on_checkpoint(run, out)` the entry point also takes `--checkpoint=DIR`
     (`cli.define_checkpoint_flags`): the checkpoint is opened (`open_checkpoint`) and
-    its report written into `--out`."""
+    its report written into `--out` (`video`: opened as videos)."""
     from absl import app, flags
 
     from jaxmech.cli import checkpoint_options, setup_runtime
@@ -371,7 +371,7 @@ def report_main(analyse, refusal, on_checkpoint=None):
                 raise app.UsageError("give --run or --checkpoint, not both")
             try:
                 opts = checkpoint_options(F)
-                run = open_checkpoint(F.checkpoint, **opts)
+                run = open_checkpoint(F.checkpoint, **opts, video=video)
             except ValueError as e:
                 raise app.UsageError(str(e)) from None
             out = F.out or os.path.join("runs", "checkpoints", os.path.basename(
@@ -605,12 +605,13 @@ def chunk_progress(log, batch: int):
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
-                    log=print) -> LoadedRun:  # fmt: skip
+                    video: bool = False, log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
     reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
     relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
-    config, settings or task. Bad options raise ValueError naming them, before the
+    config, settings or task. `video`: the scenes drawn as videos (the family's video
+    view), asked about time only (relation 1: before / after). Bad options raise ValueError naming them, before the
     weights are read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
@@ -621,17 +622,17 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
         if v < 1:
             raise ValueError(f"{name} = {v}: expected at least 1")
     family, config = read_checkpoint_config(folder)
-    view = family.vlm_view(folder, config, Grid(*grid), size)
+    view = family.vlm_view(folder, config, Grid(*grid), size, video=video)
     n = view.n_lm_blocks(None)
     if layers is not None and (not layers or min(layers) < 0 or max(layers) >= n):
         raise ValueError(f"layers = {list(layers)}: expected LM blocks in [0, {n})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
     log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}")
     per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
-               for rel in (0, 1)]  # fmt: skip
+               for rel in ((1,) if video else (0, 1))]  # fmt: skip
     specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
     key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
-           "size": size, "questions": questions, "seed": seed, "dtype": dtype}  # fmt: skip
+           "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video}  # fmt: skip
     return LoadedRun(
         path=folder,
         config=None,

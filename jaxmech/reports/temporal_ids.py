@@ -35,9 +35,13 @@ from jaxmech.reports.common import (
     LoadedRun,
     Report,
     analyse,
+    analyse_loaded,
+    checkpoint_data,
     declared,
     fmt_ci,
     needs_depth,
+    plots_dir,
+    probe_rows,
     steering_examples,
     view_of,
 )
@@ -53,11 +57,15 @@ def temporal_refusal(config, path: str) -> str | None:
 
 
 def compute(run: LoadedRun) -> dict:
-    """Per model: the steering results (`reports.steering.compute`) and the statistics
-    of its IDs at every site."""
+    """Per model: the steering results (`analysis.steering.steer_models`, the IDs of
+    every label; a checkpoint's at its `--layers` from 1 on, probe scenes sized by
+    memory) and the statistics of its IDs at every site."""
     ex, source, target = steering_examples(run)
-    res = st.steer_models(view_of(run), run.params, ex, source, target)
-    stats = [tid.id_stats(d, run.config.task.grid_h) for d in res["delta"]]
+    view, ckpt = view_of(run), checkpoint_data(run)
+    sites = [y for y in (ckpt.layers or range(view.n_lm_blocks(None))) if y >= 1] if ckpt else None
+    res = st.steer_models(view, run.params, ex, source, target, sites=sites,
+                          probe_batch=probe_rows(run))  # fmt: skip
+    stats = [tid.id_stats(d, view.grid.h) for d in res["delta"]]
     return {"ids": {k: np.stack([s[k] for s in stats]) for k in stats[0]}, **res}
 
 
@@ -157,7 +165,7 @@ def plot(res: dict, fr: dict, beliefs: np.ndarray, path: str) -> str:
 
 def _compute(run: LoadedRun) -> dict:
     res = compute(run)
-    return res | {"flip_rates": flips(res), "beliefs": frame_beliefs(res, run.config.task.grid_h)}
+    return res | {"flip_rates": flips(res), "beliefs": frame_beliefs(res, view_of(run).grid.h)}
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
@@ -166,7 +174,8 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    log(f"{run.k} models; unseen-pair before/after questions")
+    which = "pair" if checkpoint_data(run) else "unseen-pair"
+    log(f"{run.k} models; {which} before/after questions")
     summary = summarise(res, res["flip_rates"], res["beliefs"], log)
     return summary | {"excluded": list(run.excluded)}
 
@@ -185,3 +194,11 @@ REPORT = Report(
 def analyse_temporal_ids_run(path: str, log=print) -> dict:
     """The temporal-ID report of one video run (`common.analyse`)."""
     return analyse(REPORT, path, log)
+
+
+def analyse_temporal_ids_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
+    """The temporal-ID report of a checkpoint opened as videos (`common.open_checkpoint`
+    with `video=True`) into `out`."""
+    if not (checkpoint_data(run) and run.data.key.get("video")):
+        raise ValueError("temporal IDs: expected a checkpoint opened as videos (video=True)")
+    return analyse_loaded(REPORT, run, plots_dir(out, FOLDER), log)

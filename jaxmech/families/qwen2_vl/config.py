@@ -51,6 +51,9 @@ class QwenVLConfig:
     vit_rope_theta: float = 10000.0
     vit_eps: float = 1e-6
     vit_act: str = "quick_gelu"  # the ViT MLP's activation (Qwen2.5-VL: "silu", gated)
+    # a video's M-RoPE time ids per second (Qwen2.5-VL's tokens_per_second); 0: one id
+    # per temporal patch, whatever the frame rate (Qwen2-VL)
+    vit_tokens_per_second: float = 0.0
     # language model
     lm_vocab: int = 160
     lm_width: int = 64
@@ -94,6 +97,7 @@ class QwenVLConfig:
         int_in("vit_window", self.vit_window, 0)
         for name in ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"):
             float_in(name, getattr(self, name), 0.0, lo_open=True)
+        float_in("vit_tokens_per_second", self.vit_tokens_per_second, 0.0)
         self._check_heads()
         for i in self.vit_full_blocks:
             if not 0 <= i < self.vit_depth:
@@ -174,6 +178,8 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
         window = int(_get(v, "window_size", default=112)) // patch
         full = tuple(int(i) for i in _get(v, "fullatt_block_indexes", default=()))
         act = _get(v, "hidden_act", default="silu")
+    # the reference's class default (4) where config.json does not say; released: 2
+    per_second = 0.0 if variant == "qwen2_vl" else float(_get(v, "tokens_per_second", default=4))
     out = int(_get(v, "out_hidden_size", default=lm_width) if variant != "qwen2_vl" else lm_width)
     if out != lm_width:
         raise ConfigError(
@@ -191,6 +197,7 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
         vit_window=window,
         vit_full_blocks=full,
         vit_act=act,
+        vit_tokens_per_second=per_second,
     )
 
 

@@ -8,8 +8,10 @@ merge_size^2 consecutive patches is one merged (LM) token.
 
 M-RoPE ids (`mrope_ids`), per sequence: text tokens count up from 0 with all three ids
 equal; an image's merged tokens get (s + f, s + row, s + col) with s the next free id
-and (f, row, col) in the merged grid; the text after it resumes at s + max(h, w) /
-merge_size (the ids are not the token count). Rotary angles: frequency pair i of the LM
+and (f, row, col) in the merged grid (a video's f times its time interval, floored:
+Qwen2.5-VL spaces its frames by tokens_per_second x seconds per temporal patch); the
+text after it resumes at s + max(h, w) / merge_size, as the reference does for videos
+too (the ids are not the token count). Rotary angles: frequency pair i of the LM
 (R = head_dim / 2 pairs, f_i = theta^(-2i / head_dim)) turns by the id of the section
 it falls in (`mrope_section`, e.g. [16, 24, 24]: t the highest frequencies, then h, then
 w). The ViT's pairs: the first head_dim / 4 turn by the patch row, the rest by the
@@ -71,10 +73,10 @@ def merged_grid(grid, merge: int):
     )
 
 
-def _image_runs(ids, image_token_id: int, sizes):
-    """(start, length) of each image's tokens in one sequence, in order; `sizes` are the
-    merged-token counts of its images."""
-    at = np.flatnonzero(ids == image_token_id)
+def _image_runs(ids, image_token_id, sizes):
+    """(start, length) of each image's (or video's) tokens in one sequence, in order;
+    `sizes` are their merged-token counts; `image_token_id` one id or a tuple of ids."""
+    at = np.flatnonzero(np.isin(ids, image_token_id))
     runs, k = [], 0
     for n in sizes:
         if k + n > len(at) or at[k + n - 1] - at[k] != n - 1:
@@ -90,18 +92,23 @@ def _image_runs(ids, image_token_id: int, sizes):
 
 
 def mrope_ids(
-    input_ids_BxS, grids, image_token_id: int, merge: int, images_per_row=None, valid_BxS=None
-):
+    input_ids_BxS, grids, image_token_id, merge: int, images_per_row=None, valid_BxS=None,
+    time_intervals=None,
+):  # fmt: skip
     """[B, 3, S] int32, the LM's (t, h, w) position ids (module docstring); padding 0.
 
     Args:
       input_ids_BxS: token ids.
-      grids: `(t, h, w)` patch grids of the images in reading order, row after row.
-      image_token_id: the `<|image_pad|>` id (each image is one run of its merged tokens).
+      grids: `(t, h, w)` patch grids of the images (or videos) in reading order, row
+        after row.
+      image_token_id: the `<|image_pad|>` id, or a tuple of ids (with `<|video_pad|>`):
+        each image or video is one run of its merged tokens.
       merge: the merger's spatial merge size.
       images_per_row: [B] how many of `grids` each row has (default: one each).
       valid_BxS: bool, the tokens that are not padding (default: all); ids count the
         valid tokens only, wherever the padding is.
+      time_intervals: per grid, the time ids between its temporal patches (default 1;
+        Qwen2.5-VL's videos: tokens_per_second x seconds per temporal patch), floored.
     """
     ids = np.asarray(input_ids_BxS)
     B, S = ids.shape
@@ -116,18 +123,20 @@ def mrope_ids(
         g += per_row[b]
         row = ids[b][valid[b]]
         runs = _image_runs(row, image_token_id, [t * h * w // merge**2 for t, h, w in mine])
-        out[b][:, valid[b]] = _row_ids(len(row), runs, mine, merge)
+        steps = [1.0] * len(mine) if time_intervals is None else time_intervals[g - len(mine) : g]
+        out[b][:, valid[b]] = _row_ids(len(row), runs, mine, merge, steps)
     return out
 
 
-def _row_ids(S: int, runs, grids, merge: int):
+def _row_ids(S: int, runs, grids, merge: int, steps):
     ids = np.zeros((3, S), np.int32)
     pos, next_id = 0, 0
-    for (start, n), grid in zip(runs, grids):
+    for (start, n), grid, step in zip(runs, grids, steps):
         ids[:, pos:start] = next_id + np.arange(start - pos)
         next_id += start - pos
         f, r, c = merged_grid(grid, merge)
-        ids[:, start : start + n] = next_id + np.stack([f, r, c])
+        t = np.floor(f * np.float64(step)).astype(np.int64)  # as the reference's .long()
+        ids[:, start : start + n] = next_id + np.stack([t, r, c])
         next_id += max(grid[1], grid[2]) // merge
         pos = start + n
     ids[:, pos:] = next_id + np.arange(S - pos)

@@ -40,7 +40,7 @@ from jaxmech.families.vlm_view import Spans
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 SYSTEM = "You are a helpful assistant."
-IMAGE_PAD, PAD = "<|image_pad|>", "<|endoftext|>"
+IMAGE_PAD, VIDEO_PAD, PAD = "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"
 
 
 class ImageSettings(NamedTuple):
@@ -55,16 +55,23 @@ class ImageSettings(NamedTuple):
     std: tuple = CLIP_STD
 
 
-def image_settings(folder: str) -> ImageSettings:
+# the video processor's defaults (its frames' pixel bounds differ from an image's)
+VIDEO_DEFAULTS = ImageSettings(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768)
+
+
+def image_settings(folder: str, video: bool = False) -> ImageSettings:
     """The folder's preprocessor_config.json (either key style: `min_pixels` /
-    `max_pixels` or `size: {shortest_edge, longest_edge}`), or the defaults."""
-    path = os.path.join(folder, "preprocessor_config.json")
-    if not os.path.exists(path):
-        return ImageSettings()
-    with open(path) as f:
+    `max_pixels` or `size: {shortest_edge, longest_edge}`), or the defaults. `video`:
+    the video processor's, from video_preprocessor_config.json where there is one,
+    else preprocessor_config.json (as the reference falls back), else its defaults."""
+    d = VIDEO_DEFAULTS if video else ImageSettings()
+    names = ("video_preprocessor_config.json",) * video + ("preprocessor_config.json",)
+    paths = [os.path.join(folder, n) for n in names if os.path.exists(os.path.join(folder, n))]
+    if not paths:
+        return d
+    with open(paths[0]) as f:
         raw = json.load(f)
     size = raw.get("size") or {}
-    d = ImageSettings()
     return ImageSettings(
         min_pixels=int(raw.get("min_pixels") or size.get("shortest_edge") or d.min_pixels),
         max_pixels=int(raw.get("max_pixels") or size.get("longest_edge") or d.max_pixels),
@@ -125,20 +132,56 @@ def patches(image, s: ImageSettings):
     return np.ascontiguousarray(x.reshape(gh * gw, 3 * T * p * p)), (1, gh, gw)
 
 
-def chat_prompt(question: str, system: str = SYSTEM) -> str:
-    """The Qwen chat template for one image then `question`, ready for the answer."""
+def video_patches(frames, s: ImageSettings):
+    """(float32 [P, C T p p] the flattened patches, (t, h, w) the patch grid) of a video
+    ([F, H, W, 3] uint8 frames, at a size the processor keeps: `check_frame_size`).
+    Frames pair up over the temporal patch (the last repeated to an even count), in the
+    reference video processor's patch order: temporal patch, merged row, merged column,
+    then (C, T, p, p)."""
+    x = np.asarray(frames)
+    if x.ndim != 4 or x.shape[-1] != 3 or x.dtype != np.uint8:
+        raise ValueError(f"video: shape {x.shape} {x.dtype}, expected uint8 [F, H, W, 3]")
+    check_frame_size(x.shape[1], x.shape[2], s)
+    p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
+    x = np.concatenate([x, np.repeat(x[-1:], -len(x) % T, 0)])
+    x = (x.astype(np.float64) * (1 / 255)).astype(np.float32)
+    x = ((x - np.asarray(s.mean, np.float32)) / np.asarray(s.std, np.float32)).transpose(0, 3, 1, 2)
+    t, gh, gw = len(x) // T, x.shape[2] // p, x.shape[3] // p
+    x = x.reshape(t, T, 3, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+    return np.ascontiguousarray(x.reshape(t * gh * gw, 3 * T * p * p)), (t, gh, gw)
+
+
+def check_frame_size(height: int, width: int, s: ImageSettings) -> None:
+    """Refuses (ValueError) video frames the video processor would resize: its resize
+    (torchvision's antialiased bicubic) is not reproduced here, so frames must come at
+    a size it keeps."""
+    unit = s.patch_size * s.merge_size
+    kept = smart_resize(height, width, unit, s.min_pixels, s.max_pixels)
+    if kept != (height, width):
+        raise ValueError(
+            f"video: frames of {height} x {width} would be resized to {kept[0]} x {kept[1]} "
+            f"(multiples of {unit}, min_pixels {s.min_pixels}, max_pixels {s.max_pixels}); "
+            "pass frames at a size the video processor keeps"
+        )
+
+
+def chat_prompt(question: str, system: str = SYSTEM, pad: str = IMAGE_PAD) -> str:
+    """The Qwen chat template for one image (or, `pad` VIDEO_PAD, one video) then
+    `question`, ready for the answer."""
     return (
         f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
-        f"<|vision_start|>{IMAGE_PAD}<|vision_end|>{question}<|im_end|>\n<|im_start|>assistant\n"
+        f"<|vision_start|>{pad}<|vision_end|>{question}<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
 class Processor(NamedTuple):
-    """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image settings and config."""
+    """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image and video settings and
+    config."""
 
     tokenizer: Any
     images: ImageSettings
     config: QwenVLConfig
+    videos: ImageSettings = VIDEO_DEFAULTS
 
 
 def load_processor(folder: str, config: QwenVLConfig) -> Processor:
@@ -154,14 +197,19 @@ def load_processor(folder: str, config: QwenVLConfig) -> Processor:
             f"{path}: {IMAGE_PAD} has id {tok.token_to_id(IMAGE_PAD)}, config.json says "
             f"image_token_id = {config.image_token_id}"
         )
-    return Processor(tok, image_settings(folder), config)
+    if tok.token_to_id(VIDEO_PAD) not in (None, config.video_token_id):
+        raise ValueError(
+            f"{path}: {VIDEO_PAD} has id {tok.token_to_id(VIDEO_PAD)}, config.json says "
+            f"video_token_id = {config.video_token_id}"
+        )
+    return Processor(tok, image_settings(folder), config, image_settings(folder, video=True))
 
 
 class Encoded(NamedTuple):
     """A batch ready for `model.forward`, with what `spans` needs: the prompts (image pad
     expanded), each token's character offsets [B, S, 2] (-1 at padding) and the
     question's character range in each prompt [B, 2]; the patch grid (t, h, w) and
-    merge size of its images."""
+    merge size of its images; whether they are videos (each frame a row of cells)."""
 
     inputs: Inputs
     prompts: list
@@ -169,6 +217,7 @@ class Encoded(NamedTuple):
     question_Bx2: np.ndarray
     grid: tuple
     merge: int
+    video: bool = False
 
 
 def _check_batch(images, questions):
@@ -198,19 +247,41 @@ def encode(proc: Processor, images, questions) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch."""
     _check_batch(images, questions)
     pixels, grid = _pixels(proc, images)
+    return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id)
+
+
+def encode_video(proc: Processor, videos, questions, fps: float = 2.0) -> Encoded:
+    """Videos (uint8 [F, H, W, 3] frames each, one size for all: `video_patches`) and one
+    question each -> an `Encoded` batch, each video where the chat template puts it
+    (`<|video_pad|>`). `fps`: the frames' rate, which only Qwen2.5-VL's time ids read
+    (tokens_per_second x the seconds a temporal patch spans)."""
+    _check_batch(videos, questions)
+    if not fps > 0:
+        raise ValueError(f"fps = {fps}: expected a positive frame rate")
+    out = [video_patches(v, proc.videos) for v in videos]
+    if len({g for _, g in out}) > 1:
+        raise ValueError(f"videos: different patch grids {sorted({g for _, g in out})}")
+    c = proc.config
+    step = c.vit_tokens_per_second * proc.videos.temporal_patch_size / fps
+    pixels, grid = np.stack([p for p, _ in out]), out[0][1]
+    return _encode(proc, pixels, grid, questions, VIDEO_PAD, c.video_token_id, step or 1.0)
+
+
+def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,
+            interval: float = 1.0) -> Encoded:  # fmt: skip
     c = proc.config
     n = int(np.prod(grid)) // c.merge_size**2
     prompts, rows, spans = [], [], []
     for q in questions:
-        text = chat_prompt(q).replace(IMAGE_PAD, IMAGE_PAD * n)
+        text = chat_prompt(q, pad=pad).replace(pad, pad * n)
         enc = proc.tokenizer.encode(text, add_special_tokens=False)
         start = text.index("<|vision_end|>") + len("<|vision_end|>")
         prompts.append(text)
         rows.append((enc.ids, enc.offsets))
         spans.append((start, start + len(q)))
     S = max(len(ids) for ids, _ in rows)
-    pad = proc.tokenizer.token_to_id(PAD)
-    tokens = np.full((len(rows), S), pad if pad is not None else 0, np.int32)
+    pad_tok = proc.tokenizer.token_to_id(PAD)
+    tokens = np.full((len(rows), S), pad_tok if pad_tok is not None else 0, np.int32)
     offsets = np.full((len(rows), S, 2), -1, np.int32)
     valid = np.zeros((len(rows), S), bool)
     for b, (ids, offs) in enumerate(rows):
@@ -220,21 +291,21 @@ def encode(proc: Processor, images, questions) -> Encoded:
             True,
         )
     return Encoded(
-        _inputs(c, tokens, valid, pixels, grid),
+        _inputs(c, tokens, valid, pixels, grid, pad_id, interval),
         prompts,
         offsets,
         np.asarray(spans),
         grid,
         c.merge_size,
+        pad == VIDEO_PAD,
     )
 
 
-def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid) -> Inputs:
+def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval: float) -> Inputs:
     B = tokens.shape[0]
-    pos = positions.mrope_ids(tokens, [grid] * B, c.image_token_id, c.merge_size, valid_BxS=valid)
-    image = np.stack(
-        [np.flatnonzero((row == c.image_token_id) & ok) for row, ok in zip(tokens, valid)]
-    )
+    pos = positions.mrope_ids(tokens, [grid] * B, pad_id, c.merge_size, valid_BxS=valid,
+                              time_intervals=[interval] * B)  # fmt: skip
+    image = np.stack([np.flatnonzero((row == pad_id) & ok) for row, ok in zip(tokens, valid)])
     rows, cols, frame = positions.patch_grid(grid, c.merge_size)
     window = positions.window_ids(grid, c.merge_size, c.vit_window)
 
@@ -286,7 +357,8 @@ def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
 def _spans(enc: Encoded, xy, cells) -> Spans:
     f, r, c = positions.merged_grid(enc.grid, enc.merge)
     h, w = enc.grid[1] // enc.merge, enc.grid[2] // enc.merge
-    cell = (r * cells[0] // h) * cells[1] + c * cells[1] // w
+    row = f * cells[0] // enc.grid[0] if enc.video else r * cells[0] // h  # a video's: its frame
+    cell = row * cells[1] + c * cells[1] // w
     offs = enc.offsets_BxSx2
     q = enc.question_Bx2
     question = (

@@ -16,6 +16,12 @@ The LM's position ids (`lm_position_ids`) are the M-RoPE ids the processor made:
 ids count from each row's first real token, the image tokens' (row, col) ids are offset
 by the image's start (`positions.mrope_ids`).
 
+A video view (`checkpoint_view(..., video=True)`) draws each scene as a video whose
+frame f is the scene's grid row f (`pictures.draw_video`, as the toy's video task reads
+its grid), each frame one temporal patch, and asks relation 1 as time ("Does the red
+circle appear before or after the blue square?", answers "Before" / "After"): the seed
+003 temporal-ID report's input.
+
 Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I merged image tokens.
 """
 
@@ -33,49 +39,65 @@ from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.vlm_view import VLMView
 
 ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
+VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))  # relation 1: time
+VIDEO_FPS = 2.0  # a rendered video's frame rate: each scene frame shown for one second
 GRID = Grid(4, 4)  # the default scene grid: 448 px = 4 cells of 4 x 4 merged tokens
 
 
-def answer_words(proc: processor.Processor) -> np.ndarray:
-    """[3, 2] the first token id of each relation's answer words (`ANSWERS`). Raises
-    ValueError when a spatial relation's two words begin with the same token."""
+def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
+    """[3, 2] the first token id of each relation's answer words (`ANSWERS`; a video's
+    `VIDEO_ANSWERS`). Raises ValueError when a relation's two words begin with the same
+    token."""
     ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
-           for pair in ANSWERS]  # fmt: skip
+           for pair in answers]  # fmt: skip
     for rel, (a, b) in enumerate(ids[:2]):
         if a == b:
             raise ValueError(
-                f"tokenizer.json: {ANSWERS[rel][0]!r} and {ANSWERS[rel][1]!r} begin with the "
+                f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} begin with the "
                 f"same token {a}, so their logits cannot tell the answers apart"
             )
     return np.asarray(ids, np.int32)
 
 
-def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
-    """Refuses (ValueError naming `size`) a picture size the processor would resize, or
-    whose cells are not whole merged tokens."""
-    s = proc.images
+def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = False) -> None:
+    """Refuses (ValueError naming `size`) a picture (or video frame) size the processor
+    would resize, or whose cells are not whole merged tokens."""
+    s = proc.videos if video else proc.images
     unit = s.patch_size * s.merge_size
-    if size % (unit * grid.w) or size % (unit * grid.h):
+    rows = 1 if video else grid.h  # a video frame is one row of cells
+    if size % (unit * grid.w) or size % (unit * rows):
         raise ValueError(
-            f"size = {size}: must be a multiple of {unit} x the grid's {grid.h} x {grid.w} "
+            f"size = {size}: must be a multiple of {unit} x the grid's {rows} x {grid.w} "
             "(each cell whole merged tokens)"
         )
     kept = processor.smart_resize(size, size, unit, s.min_pixels, s.max_pixels)
     if kept != (size, size):
+        what = "video processor" if video else "processor"
         raise ValueError(
-            f"size = {size}: the processor would resize it to {kept[0]} x {kept[1]} "
+            f"size = {size}: the {what} would resize it to {kept[0]} x {kept[1]} "
             f"(min_pixels {s.min_pixels}, max_pixels {s.max_pixels}); pick a size it keeps"
         )
 
 
-def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None):
+def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
+           video: bool = False):  # fmt: skip
     """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
     asked (default `specs`'): a twin (e.g. recoloured) keeps its example's question, so
-    both runs have the same tokens."""
+    both runs have the same tokens. `video`: drawn as videos (`pictures.draw_video`),
+    each frame repeated over the temporal patch so that each scene frame is one
+    temporal patch, at `VIDEO_FPS`."""
     ask = specs if ask is None else ask
-    images = pictures.draw(grid, specs, size)
     names = pictures.object_names(ask)
-    enc = processor.encode(proc, list(images), pictures.questions(ask))
+    if video:
+        frames = np.repeat(
+            pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1
+        )
+        asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
+        enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS)
+    else:
+        enc = processor.encode(
+            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask)
+        )
     words = [(x, y or x) for x, y in names]  # presence questions name X only
     sp = processor.spans(enc, words, cells=(grid.h, grid.w))
     return enc.inputs, sp._replace(first_B=np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32))
@@ -120,8 +142,9 @@ def forward_from(config: QwenVLConfig, params, inputs, layer, start, x_BxTxD, au
     return forward(config, params, inputs, resume=resume)[0]
 
 
-def lm_position_ids(config: QwenVLConfig, spans) -> np.ndarray:
-    """[B, 3, S] the M-RoPE ids of rendered scenes, from their spans (module docstring)."""
+def lm_position_ids(config: QwenVLConfig, spans, interval: float = 1.0) -> np.ndarray:
+    """[B, 3, S] the M-RoPE ids of rendered scenes, from their spans (module docstring);
+    `interval`: a video's time ids per frame (`positions.mrope_ids`)."""
     image, trc = np.asarray(spans.image_BxI), np.asarray(spans.image_trc_Ix3)
     B, S = np.asarray(spans.question_BxS).shape
     first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
@@ -131,7 +154,7 @@ def lm_position_ids(config: QwenVLConfig, spans) -> np.ndarray:
         s0, s1 = int(image[b, 0]), int(image[b, -1]) + 1
         base = s0 - first[b]
         out[b, :, first[b] : s0] = np.arange(base)
-        out[b, :, s0:s1] = base + trc.T
+        out[b, :, s0:s1] = base + np.stack([np.floor(trc[:, 0] * interval), trc[:, 1], trc[:, 2]])
         out[b, :, s1:] = base + extent + np.arange(S - s1)
     return out.astype(np.int32)
 
@@ -153,26 +176,29 @@ def position_basis(config: QwenVLConfig, grid_thw) -> jnp.ndarray:
 
 
 def checkpoint_view(
-    folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448
+    folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448, video: bool = False
 ) -> VLMView:
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
-    scenes on `grid` drawn `size` pixels square. Raises ValueError naming `size` or the
-    tokenizer before any compute."""
+    scenes on `grid` drawn `size` pixels square; `video`: as videos of grid.h frames
+    (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). Raises ValueError
+    naming `size` or the tokenizer before any compute."""
     proc = processor.load_processor(folder, config)
-    check_size(proc, grid, size)
-    words = answer_words(proc)
+    check_size(proc, grid, size, video)
+    words = answer_words(proc, VIDEO_ANSWERS if video else ANSWERS)
     p = size // config.patch_size
-    grid_thw = (1, p, p)
+    grid_thw = (grid.h if video else 1, p, p)
+    T = proc.videos.temporal_patch_size
+    interval = (config.vit_tokens_per_second * T / VIDEO_FPS or 1.0) if video else 1.0
     return VLMView(
         name=config.variant,
         grid=grid,
         n_labels=len(pictures.SHAPES),
         n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, proc, grid, size),
+        render=functools.partial(render, proc, grid, size, video=video),
         forward=functools.partial(forward, config),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: lm_position_ids(config, spans),
+        lm_position_ids=lambda params, spans: lm_position_ids(config, spans, interval),
         vit_positions=lambda params: vit_positions(grid_thw, config.merge_size),
         vit_blocks=lambda params: config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
