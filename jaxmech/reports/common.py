@@ -611,8 +611,8 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
     relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
     config, settings or task. `video`: the scenes drawn as videos (the family's video
-    view), asked about time only (relation 1: before / after). Bad options raise ValueError naming them, before the
-    weights are read."""
+    view), asked about time only (relation 1: before / after). Bad options raise
+    ValueError naming them, before the weights are read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint

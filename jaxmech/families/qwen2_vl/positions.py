@@ -73,10 +73,10 @@ def merged_grid(grid, merge: int):
     )
 
 
-def _image_runs(ids, image_token_id, sizes):
+def _image_runs(ids, image_token_id: int, sizes):
     """(start, length) of each image's (or video's) tokens in one sequence, in order;
-    `sizes` are their merged-token counts; `image_token_id` one id or a tuple of ids."""
-    at = np.flatnonzero(np.isin(ids, image_token_id))
+    `sizes` are their merged-token counts."""
+    at = np.flatnonzero(ids == image_token_id)
     runs, k = [], 0
     for n in sizes:
         if k + n > len(at) or at[k + n - 1] - at[k] != n - 1:
@@ -92,7 +92,7 @@ def _image_runs(ids, image_token_id, sizes):
 
 
 def mrope_ids(
-    input_ids_BxS, grids, image_token_id, merge: int, images_per_row=None, valid_BxS=None,
+    input_ids_BxS, grids, image_token_id: int, merge: int, images_per_row=None, valid_BxS=None,
     time_intervals=None,
 ):  # fmt: skip
     """[B, 3, S] int32, the LM's (t, h, w) position ids (module docstring); padding 0.
@@ -101,8 +101,8 @@ def mrope_ids(
       input_ids_BxS: token ids.
       grids: `(t, h, w)` patch grids of the images (or videos) in reading order, row
         after row.
-      image_token_id: the `<|image_pad|>` id, or a tuple of ids (with `<|video_pad|>`):
-        each image or video is one run of its merged tokens.
+      image_token_id: the `<|image_pad|>` id (`<|video_pad|>`'s for videos): each image
+        or video is one run of its merged tokens.
       merge: the merger's spatial merge size.
       images_per_row: [B] how many of `grids` each row has (default: one each).
       valid_BxS: bool, the tokens that are not padding (default: all); ids count the

@@ -250,11 +250,12 @@ def encode(proc: Processor, images, questions) -> Encoded:
     return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id)
 
 
-def encode_video(proc: Processor, videos, questions, fps: float = 2.0) -> Encoded:
+def encode_video(proc: Processor, videos, questions, fps: float = 24.0) -> Encoded:
     """Videos (uint8 [F, H, W, 3] frames each, one size for all: `video_patches`) and one
     question each -> an `Encoded` batch, each video where the chat template puts it
     (`<|video_pad|>`). `fps`: the frames' rate, which only Qwen2.5-VL's time ids read
-    (tokens_per_second x the seconds a temporal patch spans)."""
+    (tokens_per_second x the seconds a temporal patch spans); 24 is what the reference
+    assumes for frames given without their metadata."""
     _check_batch(videos, questions)
     if not fps > 0:
         raise ValueError(f"fps = {fps}: expected a positive frame rate")
