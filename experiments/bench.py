@@ -7,6 +7,7 @@
     python -m experiments.bench --accelerator  # GPU/TPU: K = 64..4096, memory, chunk
     python -m experiments.bench --preset=vlm --ks=1,4,8 --timed_steps=50   # the toy VLM
     python -m experiments.bench --preset=vlm --ks= --breakdown   # where one step's time goes
+    python -m experiments.bench --preset=vlm --ks= --profile     # ... op by op (jax.profiler)
     python -m experiments.bench --vlm_tables   # 003's patching table on a Qwen2-VL layout
 
 Everything is measured in this one run; the report prints ratios between them.
@@ -24,6 +25,7 @@ from jaxmech.reports.benchmark import (
     model_steps_per_second,
     step_breakdown,
     step_flops_xla,
+    step_profile,
     sweep_throughput,
 )
 from jaxmech.sweep import coerce
@@ -34,6 +36,7 @@ flags.DEFINE_integer("timed_steps", 100, "training steps per timed call")
 flags.DEFINE_bool(
     "breakdown", False, "time one model's step and its parts (batch, forward, backward)"
 )
+flags.DEFINE_bool("profile", False, "profile one model's gradient step op by op (jax.profiler)")
 flags.DEFINE_integer("sweep_models", 0, "also train this many models as a sweep (models/hour)")
 flags.DEFINE_integer("chunk_size", None, "models per compiled call in the sweep measurement")
 flags.DEFINE_integer(
@@ -166,6 +169,16 @@ def main(argv):
         )
         for name, sec in parts.items():
             print(f"  {name:>9} {1000 * sec:8.2f} ms  {sec / total:6.1%} of the step")
+
+    if FLAGS.profile:
+        prof = step_profile(config)
+        total = sum(t for _, t, _ in prof["by_kind"])
+        print(f"one model's value-and-gradient step by XLA op ({total:.2f} ms of ops per step):")
+        for kind, t, n in prof["by_kind"][:12]:
+            print(f"  {kind:<28} {t:7.3f} ms  {t / total:6.1%}  {n:6.0f} ops per step")
+        print("the longest ops (ms per step; the compiled HLO):")
+        for name, t, line in prof["top"]:
+            print(f"  {t:6.3f}  {line[:200] or name}")
 
     if FLAGS.sweep_models:
         sw = sweep_throughput(config, FLAGS.sweep_models, FLAGS.chunk_size)

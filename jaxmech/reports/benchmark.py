@@ -124,6 +124,52 @@ def step_breakdown(config: Config, n_steps: int = 50, repeats: int = 3) -> dict:
     return out
 
 
+RUNTIME_EVENTS = ("$", "Thunk", "Slinky")  # a trace's host and runtime events, not XLA ops
+
+
+def step_profile(config: Config, n_steps: int = 20, top: int = 12) -> dict:
+    """Where one model's value-and-gradient step spends its time, op by op: a
+    `jax.profiler` trace (its Perfetto JSON) of `n_steps` steps in one scan, each op's
+    time summed and divided by `n_steps`. {"by_kind": [(kind, ms per step, ops per
+    step)] by the op name without its number (dot, copy_bitcast_fusion, ...), "top":
+    [(op, ms per step, its line of the compiled HLO)]}. A timing helper run by hand."""
+    import collections
+    import glob
+    import gzip
+    import json
+    import re
+    import tempfile
+
+    data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
+    s = jax.tree_util.tree_map(jnp.asarray, config.settings())
+    params, loss = init_state(config, s).params, family_for(config).loss
+    grad = lambda i: jax.grad(loss)(params, step_batch(i, s, data, config), data.tables, s, config)  # noqa: E731
+    run = jax.jit(lambda: jax.lax.map(grad, jnp.arange(n_steps)))
+    jax.block_until_ready(run())  # compile + warm up
+    with tempfile.TemporaryDirectory() as folder:
+        jax.profiler.start_trace(folder, create_perfetto_trace=True)
+        jax.block_until_ready(run())
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(os.path.join(folder, "**", "*.trace.json.gz"), recursive=True)
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    ms, count = collections.Counter(), collections.Counter()
+    for e in events:
+        if e.get("ph") == "X" and not e["name"].startswith(RUNTIME_EVENTS):
+            ms[e["name"]] += e.get("dur", 0) / 1e3 / n_steps
+            count[e["name"]] += 1
+    kinds, kind_n = collections.Counter(), collections.Counter()
+    for name, t in ms.items():
+        kinds[re.sub(r"[.\d]+$", "", name)] += t
+        kind_n[re.sub(r"[.\d]+$", "", name)] += count[name] / n_steps
+    hlo = {m.group(2): line.strip() for line in run.lower().compile().as_text().splitlines()
+           if (m := re.match(r"\s*(ROOT )?%?([\w.-]+) = ", line))}  # fmt: skip
+    return {
+        "by_kind": [(k, t, kind_n[k]) for k, t in kinds.most_common()],
+        "top": [(name, t, hlo.get(name, "")) for name, t in ms.most_common(top)],
+    }
+
+
 def model_steps_per_second(config: Config, k: int, n_steps: int = 100, repeats: int = 3) -> float:
     """Best-of throughput, in model-steps per second, of k models trained together."""
     run, state = _steps_program(config, k, n_steps)
