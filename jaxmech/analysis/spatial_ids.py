@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.chunks import chunk_rows
 from jaxmech.data.spec import probe_specs
 from jaxmech.families.vlm_view import Spans, VLMView, resid_site, rows_at
 from jaxmech.models.attention import n_blocks as count_blocks
@@ -69,8 +70,7 @@ def map_chunks(fn, n: int, batch: int | None):
     chunk only."""
     if batch is None or batch >= n:
         return fn(None)
-    idx = np.concatenate([np.arange(n), np.zeros(-n % batch, int)]).reshape(-1, batch)
-    out = jax.lax.map(fn, jnp.asarray(idx))
+    out = jax.lax.map(fn, jnp.asarray(np.stack(chunk_rows(n, batch))))
     return jax.tree_util.tree_map(lambda a: a.reshape((-1,) + a.shape[2:])[:n], out)
 
 

@@ -539,6 +539,14 @@ def checkpoint_data(run: LoadedRun) -> CheckpointData | None:
     return run.data if isinstance(run.data, CheckpointData) else None
 
 
+def steered_sites(run: LoadedRun) -> list[int]:
+    """The LM sites the steering reports steer: every y >= 1 (before it the object word
+    has seen no image), a checkpoint's within its `--layers`."""
+    ckpt = checkpoint_data(run)
+    n = view_of(run).n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], run.params))
+    return [y for y in (ckpt.layers if ckpt and ckpt.layers else range(n)) if y >= 1]
+
+
 def rows_per_call(run: LoadedRun, compile_at, n: int, log=print) -> int:
     """Rows per compiled call of a table over `n` questions: all of a run's; a
     checkpoint's `--batch`, or where that is None the most whose compiled program

@@ -175,17 +175,18 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, ste
     """The ID-loss fine-tunes of a checkpoint (`common.open_checkpoint`), one per weight,
     evaluated before and after; files in `out/id_loss/` (module docstring). Returns the
     tables, the summary and each weight's fine-tuned params."""
-    from jaxmech.reports.common import CheckpointData, plots_dir
+    from jaxmech.reports.common import checkpoint_data, plots_dir
 
-    if not isinstance(run.data, CheckpointData):
+    ckpt = checkpoint_data(run)
+    if ckpt is None:
         raise ValueError("run_id_loss: expected a checkpoint (common.open_checkpoint)")
-    view, ckpt = run.data.view, run.data
+    view = ckpt.view
     params = jax.tree_util.tree_map(lambda x: x[0], run.params)
     n_blocks = view.n_lm_blocks(params)
     if not 1 <= site <= n_blocks:
         raise ValueError(f"id_site = {site}: expected an LM site in [1, {n_blocks}]")
     spec = train_only or TRAIN_ONLY.format(last=_vit_depth(params) - 1)
-    path_mask(params, spec)  # a bad pattern fails before any compute
+    mask = jax.tree_util.tree_leaves(path_mask(params, spec))  # a bad pattern fails here
     n = len(ckpt.specs["examples"].relation_B)
     split = np.arange(n) % 4 == 0  # a quarter of the questions held out
     batch = min(ckpt.batch or 8, 8, int((~split).sum()))
@@ -199,7 +200,6 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int = 1, ste
     table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
     table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
     curves, tuned_by_weight, folder = [], {}, plots_dir(out, "id_loss")
-    mask = jax.tree_util.tree_leaves(path_mask(params, spec))
     for w in weights:
         store = store_for(os.path.join(folder, "chunks"), {**ckpt.key, **cfg, "site": site,
                                                           "weight": w})  # fmt: skip

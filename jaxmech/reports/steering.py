@@ -32,7 +32,6 @@ Writes into `RUN/steering/` (every row also names its `examples` and `model_grou
 
 from __future__ import annotations
 
-import jax
 import numpy as np
 
 from jaxmech.analysis import steering as st
@@ -46,7 +45,6 @@ from jaxmech.data.spec import RELATIONS
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
-    CheckpointData,
     LoadedRun,
     Report,
     analyse,
@@ -57,6 +55,7 @@ from jaxmech.reports.common import (
     needs_depth,
     plots_dir,
     probe_rows,
+    steered_sites,
     steering_examples,
     view_of,
 )
@@ -73,12 +72,9 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     with the universal IDs of the training-pair labels (`common.id_labels`), at every
     site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites."""
     ex, source, target = steering_examples(run)
-    view = view_of(run)
-    ckpt = run.data if isinstance(run.data, CheckpointData) else None
-    n = view.n_lm_blocks(None if ckpt else jax.tree_util.tree_map(lambda x: x[0], run.params))
-    sites = [y for y in (ckpt.layers or range(n)) if y >= 1] if ckpt else list(range(1, n))
-    res = st.steer_models(view, run.params, ex, source, target, seed, id_labels(run), sites,
-                          probe_rows(run))  # fmt: skip
+    sites = steered_sites(run)
+    res = st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run),
+                          sites, probe_rows(run))  # fmt: skip
     return res | {"sites": sites}
 
 

@@ -42,6 +42,7 @@ from jaxmech.reports.common import (
     needs_depth,
     plots_dir,
     probe_rows,
+    steered_sites,
     steering_examples,
     view_of,
 )
@@ -61,9 +62,8 @@ def compute(run: LoadedRun) -> dict:
     every label; a checkpoint's at its `--layers` from 1 on, probe scenes sized by
     memory) and the statistics of its IDs at every site."""
     ex, source, target = steering_examples(run)
-    view, ckpt = view_of(run), checkpoint_data(run)
-    sites = [y for y in (ckpt.layers or range(view.n_lm_blocks(None))) if y >= 1] if ckpt else None
-    res = st.steer_models(view, run.params, ex, source, target, sites=sites,
+    view = view_of(run)
+    res = st.steer_models(view, run.params, ex, source, target, sites=steered_sites(run),
                           probe_batch=probe_rows(run))  # fmt: skip
     stats = [tid.id_stats(d, view.grid.h) for d in res["delta"]]
     return {"ids": {k: np.stack([s[k] for s in stats]) for k in stats[0]}, **res}

@@ -262,10 +262,17 @@ def encode_video(proc: Processor, videos, questions, fps: float = 24.0) -> Encod
     out = [video_patches(v, proc.videos) for v in videos]
     if len({g for _, g in out}) > 1:
         raise ValueError(f"videos: different patch grids {sorted({g for _, g in out})}")
-    c = proc.config
-    step = c.vit_tokens_per_second * proc.videos.temporal_patch_size / fps
     pixels, grid = np.stack([p for p, _ in out]), out[0][1]
-    return _encode(proc, pixels, grid, questions, VIDEO_PAD, c.video_token_id, step or 1.0)
+    return _encode(proc, pixels, grid, questions, VIDEO_PAD, proc.config.video_token_id,
+                   time_interval(proc, fps))  # fmt: skip
+
+
+def time_interval(proc: Processor, fps: float) -> float:
+    """A video's M-RoPE time ids per temporal patch at `fps`: Qwen2.5-VL's
+    tokens_per_second x the seconds a temporal patch spans; 1 where the config has no
+    tokens_per_second (Qwen2-VL: one id per temporal patch)."""
+    per_second = proc.config.vit_tokens_per_second
+    return per_second * proc.videos.temporal_patch_size / fps if per_second else 1.0
 
 
 def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,

@@ -187,8 +187,7 @@ def checkpoint_view(
     words = answer_words(proc, VIDEO_ANSWERS if video else ANSWERS)
     p = size // config.patch_size
     grid_thw = (grid.h if video else 1, p, p)
-    T = proc.videos.temporal_patch_size
-    interval = (config.vit_tokens_per_second * T / VIDEO_FPS or 1.0) if video else 1.0
+    interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
     return VLMView(
         name=config.variant,
         grid=grid,
