@@ -317,8 +317,9 @@ def test_a_video_view_renders_frames_as_time(variant):
 
 
 def test_temporal_ids_on_a_checkpoint(tmp_path):
-    """The temporal-ID report on the fixture opened as videos, end to end (~5 s); a
-    checkpoint opened as pictures is refused."""
+    """The temporal-ID report on the fixture opened as videos, end to end; a checkpoint
+    opened as pictures is refused. ~9-15 s in the suite: it compiles the steering
+    program (probes, flip margins, ID curves) for the video view, as the toy's does."""
     from jaxmech.reports.temporal_ids import analyse_temporal_ids_checkpoint
 
     quiet = lambda *_: None  # noqa: E731
