@@ -1,6 +1,10 @@
 """Training throughput: model-steps/s alone and vmapped, against the matmul rate.
 
+Each K runs on one device, and split over every device where it divides (on CPU an
+entry point has one device per core: `jaxmech.sizing.cpu_devices`).
+
     python -m experiments.bench                # K = 1, 4, 16, 64
+    python -m experiments.bench --preset=vlm --ks=1,2 --timed_steps=50   # 2 cores: 1 vs 2 devices
     python -m experiments.bench --ks=1,16 --timed_steps=50
     python -m experiments.bench --ks= --sweep_models=8   # sweep-level models/hour
     python -m experiments.bench --ks= --ablation_models=64   # one ablation-table call
@@ -149,14 +153,17 @@ def main(argv):
     )
     base = None
     print(
-        f"{'K':>4} {'model-steps/s':>14} {'ms/model-step':>14} {'vs K=1':>8} "
+        f"{'K':>4} {'devices':>7} {'model-steps/s':>14} {'ms/model-step':>14} {'vs first':>8} "
         f"{'dense GFLOP/s':>14} {'dense/matmul':>12} {'exec/matmul':>12}"
     )
-    for k in ks:
-        sps = model_steps_per_second(config, k, FLAGS.timed_steps)
+    n_dev = jax.device_count()
+    # each K on one device, and split over every device where it divides (a sweep's way)
+    rows = [(k, d) for k in ks for d in sorted({1, n_dev}) if k % d == 0]
+    for k, d in rows:
+        sps = model_steps_per_second(config, k, FLAGS.timed_steps, devices=d)
         base = base or sps
         print(
-            f"{k:>4} {sps:>14.1f} {1000 / sps:>14.2f} {sps / base:>8.2f} "
+            f"{k:>4} {d:>7} {sps:>14.1f} {1000 / sps:>14.2f} {sps / base:>8.2f} "
             f"{sps * dense / 1e9:>14.1f} {sps * dense / rate:>12.2f} "
             f"{(sps * xla / rate if xla else float('nan')):>12.2f}"
         )

@@ -12,7 +12,7 @@ import sys
 
 from absl import app, flags, logging
 
-from jaxmech import outdir
+from jaxmech import outdir, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid
@@ -69,8 +69,21 @@ def enable_compilation_cache() -> str | None:
 
 
 def setup_runtime() -> None:
-    """What every entry point does first: quiet Orbax's INFO lines, enable the cache."""
+    """What every entry point does first: quiet Orbax's INFO lines, the CPU devices
+    (`sizing.cpu_devices`), enable the cache.
+
+    The device count can only be set before JAX's backends start; when a caller (a test,
+    a notebook) already ran JAX, its devices stay as they are.
+    """
+    import jax
+
     logging.set_verbosity(logging.WARNING)
+    n = sizing.cpu_devices()
+    if n is not None:
+        try:
+            jax.config.update("jax_num_cpu_devices", n)
+        except RuntimeError:  # backends already started: keep the caller's devices
+            pass
     enable_compilation_cache()
 
 

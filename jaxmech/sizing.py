@@ -13,8 +13,10 @@ do not depend on how many models share its sweep.
 The same measurement sizes an analysis table's chunk of rows (`rows_for_memory`): there
 memory, not speed, is the limit, so it applies on CPU too, against the host's memory.
 
-On CPU a training chunk stays CPU_CHUNK_PER_DEVICE, the fastest measured there (one model
-already keeps both cores of a small machine busy; BUILD_NOTES.md, bench).
+On CPU a training chunk stays CPU_CHUNK_PER_DEVICE per device, and an entry point asks
+for one CPU device per usable core (`cpu_devices`; $JAXMECH_CPU_DEVICES overrides): the
+toy models' steps are too small for one XLA CPU device to keep two cores busy, so the
+chunk's models run side by side, split over the devices (BUILD_NOTES.md, issue 28).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import numpy as np
 from jaxmech.config import Config
 from jaxmech.train import _train_program, build_data, init_program, program_config, stack_settings
 
-CPU_CHUNK_PER_DEVICE = 4
+CPU_CHUNK_PER_DEVICE = 4  # one chunk of 8 beat four of 2 for 8 VLM seeds on 2 devices
 # Without a memory figure from the device (memory_stats() is None on some backends).
 FALLBACK_CHUNK_PER_DEVICE = 256
 MEMORY_SHARE = 0.5  # of a device's memory for one chunk's program (the rest: XLA's
@@ -39,6 +41,41 @@ MAX_CHUNK_PER_DEVICE = 8192
 PROBE_MODELS = (4, 8)
 PROBE_ROWS = (1, 2)  # rows at which an analysis program's footprint is measured
 FALLBACK_ROWS = 16
+
+
+CPU_DEVICES_ENV = "JAXMECH_CPU_DEVICES"
+# Measured on 2 cores only. A chunk is CPU_CHUNK_PER_DEVICE per device and smaller sweeps
+# pad it, so the default stops at 8 devices (a chunk of 32) on larger machines.
+MAX_DEFAULT_CPU_DEVICES = 8
+_FORCED_COUNT = "xla_force_host_platform_device_count"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def cpu_devices() -> int | None:
+    """How many CPU devices an entry point asks JAX for (None: leave JAX's choice).
+
+    One per usable core by default (at most MAX_DEFAULT_CPU_DEVICES): the toy models'
+    steps are too small for one XLA CPU device to keep two cores busy, so a sweep splits
+    its chunk over the devices, which run side by side (BUILD_NOTES.md, issue 28).
+    $JAXMECH_CPU_DEVICES sets another count (1: the single device of runs made before
+    issue 28); an `--xla_force_host_platform_device_count` in $XLA_FLAGS is left to
+    decide. Raises ValueError naming the variable for a bad value.
+    """
+    if _FORCED_COUNT in os.environ.get("XLA_FLAGS", ""):
+        return None
+    text = os.environ.get(CPU_DEVICES_ENV, "").strip()
+    if not text:
+        return min(usable_cores(), MAX_DEFAULT_CPU_DEVICES)
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{CPU_DEVICES_ENV}={text!r} is invalid: allowed an integer >= 1")
+    return int(text)
 
 
 class Footprint(NamedTuple):

@@ -497,10 +497,13 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
         return "a sweep.json this version cannot read"
     program = stored.get("program", ident["program"])
     if program != ident["program"]:
+        devices = ""
+        if program.get("backend") == "cpu":  # entry points take one CPU device per core
+            devices = f", with {sizing.CPU_DEVICES_ENV}={program.get('devices')}"
         return (
             f"this sweep run as {_program_text(program)}, not {_program_text(ident['program'])} "
             "(its models' numbers would differ; give the same --chunk_size on a machine "
-            "like the one it ran on)"
+            f"like the one it ran on{devices})"
         )
     return None
 

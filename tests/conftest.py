@@ -29,13 +29,19 @@ def pytest_configure(config):
         os.environ["XLA_FLAGS"] = f"{flags} {_O0}".strip()
 
 
+# The suite's processes run on one CPU device, as its in-process tests do (JAX's
+# default; entry points would take one per core: `sizing.cpu_devices`), so that a CLI
+# subprocess's sweep is the same program as the in-process run it is compared with.
+os.environ["JAXMECH_CPU_DEVICES"] = "1"
+
+
 def subprocess_env(devices: int | None = None) -> dict:
     """The environment for a CLI subprocess: this one's (the shared compile cache, the
-    XLA flags), with `devices` fake CPU devices if given."""
+    XLA flags, one CPU device), with `devices` CPU devices if given (through the entry
+    points' own setting, `sizing.cpu_devices`)."""
     env = dict(os.environ)
     if devices is not None:
-        flag = f"--xla_force_host_platform_device_count={devices}"
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+        env["JAXMECH_CPU_DEVICES"] = str(devices)
     return env
 
 

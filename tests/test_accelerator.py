@@ -43,6 +43,25 @@ def test_the_default_chunk_is_measured_on_accelerators_and_fixed_on_cpu(monkeypa
     assert chunk == sizing.FALLBACK_CHUNK_PER_DEVICE and how.startswith("fallback")
 
 
+def test_entry_points_ask_for_one_cpu_device_per_core_unless_told(monkeypatch):
+    assert 1 <= sizing.usable_cores() <= os.cpu_count()
+    monkeypatch.delenv(sizing.CPU_DEVICES_ENV, raising=False)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_xnnpack=false")
+    monkeypatch.setattr(sizing, "usable_cores", lambda: 6)
+    assert sizing.cpu_devices() == 6
+    monkeypatch.setattr(sizing, "usable_cores", lambda: 64)
+    assert sizing.cpu_devices() == sizing.MAX_DEFAULT_CPU_DEVICES
+    monkeypatch.setenv(sizing.CPU_DEVICES_ENV, " 3 ")
+    assert sizing.cpu_devices() == 3
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv(sizing.CPU_DEVICES_ENV, bad)
+        with pytest.raises(ValueError, match=f"JAXMECH_CPU_DEVICES='{bad}' is invalid"):
+            sizing.cpu_devices()
+    # a device count forced through XLA's own flag is left to XLA, whatever else is set
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    assert sizing.cpu_devices() is None
+
+
 def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
     """~60 s: a subprocess on 2 fake devices (none of the parent's programs apply) that
     compiles the footprint's two programs and the check's three training segments."""

@@ -14,11 +14,13 @@ meaningful even on a noisy machine. FLOP counts:
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.config import Config
 from jaxmech.data.vocab import CAPTION_LEN
@@ -63,21 +65,24 @@ def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
     return 2.0 * n**3 / best
 
 
-def _steps_program(config: Config, k: int, n_steps: int):
-    """A jitted function running n_steps training steps of k vmapped models."""
+def _steps_program(config: Config, k: int, n_steps: int, devices: int = 1):
+    """A jitted function running n_steps training steps of k vmapped models, their
+    model axis split over the first `devices` devices (as a sweep splits its chunk)."""
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("models",))
+    shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("models"))
     data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
-    settings = jax.tree_util.tree_map(
-        jnp.asarray, stack_settings([config.replace(seed=i).settings() for i in range(k)])
+    settings = jax.device_put(
+        stack_settings([config.replace(seed=i).settings() for i in range(k)]), shard
     )
     state = jax.jit(jax.vmap(lambda s: init_state(config, s)))(settings)
 
-    def run(state):
+    def run(state, settings):
         def body(st, _):
             return jax.vmap(lambda s_, x: train_step(s_, x, data, config)[0])(st, settings), None
 
         return jax.lax.scan(body, state, None, length=n_steps)[0]
 
-    return jax.jit(run), state
+    return functools.partial(jax.jit(run), settings=settings), state
 
 
 def step_flops_xla(config: Config) -> float | None:
@@ -170,9 +175,14 @@ def step_profile(config: Config, n_steps: int = 20, top: int = 12) -> dict:
     }
 
 
-def model_steps_per_second(config: Config, k: int, n_steps: int = 100, repeats: int = 3) -> float:
-    """Best-of throughput, in model-steps per second, of k models trained together."""
-    run, state = _steps_program(config, k, n_steps)
+def model_steps_per_second(
+    config: Config, k: int, n_steps: int = 100, repeats: int = 3, devices: int = 1
+) -> float:
+    """Best-of throughput, in model-steps per second, of k models trained together
+    (split over `devices` devices; k a multiple of it)."""
+    if devices < 1 or k % devices:
+        raise ValueError(f"k = {k} models over devices = {devices}: expected a multiple")
+    run, state = _steps_program(config, k, n_steps, devices)
     state = jax.block_until_ready(run(state))  # compile + warm up
     best = float("inf")
     for _ in range(repeats):
