@@ -243,12 +243,14 @@ def run_segment(state: TrainState, settings: Settings, data: Data, config: Confi
     return state, {**out, **{k: v.mean() for k, v in m.items()}}
 
 
-def model_mesh() -> jax.sharding.Mesh:
-    """A one-axis mesh named `models` over every device present."""
+def model_mesh(n_devices: int | None = None) -> jax.sharding.Mesh:
+    """A one-axis mesh named `models` over the first `n_devices` devices (default: every
+    device present)."""
+    n = jax.device_count() if n_devices is None else n_devices
     # Auto axes: XLA propagates the model-axis sharding through the vmapped program
     # (Explicit axes would demand sharding annotations on every intermediate).
     return jax.make_mesh(
-        (jax.device_count(),), ("models",), axis_types=(jax.sharding.AxisType.Auto,)
+        (n,), ("models",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:n]
     )
 
 

@@ -20,12 +20,18 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.config import Config
 from jaxmech.data.vocab import CAPTION_LEN
 from jaxmech.families import family_for
-from jaxmech.train import build_data, init_state, stack_settings, step_batch, train_step
+from jaxmech.train import (
+    build_data,
+    init_state,
+    model_mesh,
+    stack_settings,
+    step_batch,
+    train_step,
+)
 
 
 def _tower_forward_flops(config: Config, seq: int, layers: int, readout_only: bool) -> float:
@@ -68,8 +74,7 @@ def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
 def _steps_program(config: Config, k: int, n_steps: int, devices: int = 1):
     """A jitted function running n_steps training steps of k vmapped models, their
     model axis split over the first `devices` devices (as a sweep splits its chunk)."""
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:devices]), ("models",))
-    shard = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("models"))
+    shard = jax.sharding.NamedSharding(model_mesh(devices), jax.sharding.PartitionSpec("models"))
     data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
     settings = jax.device_put(
         stack_settings([config.replace(seed=i).settings() for i in range(k)]), shard
