@@ -313,6 +313,14 @@ def _train_program(state, settings, budget, data, config: Config):
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
+def evaluation_program(state, settings, data, config: Config):
+    """The evaluation a segment ends with, for K models alone ({name: [K]}): keyed on
+    `program_config(config)` like `_train_program`; the accelerator check times it."""
+    family = family_for(config)
+    return jax.vmap(lambda st, s: evaluate_state(st, s, data, family, config))(state, settings)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
 def _restart_program(params, settings, config: Config):
     def one(p, s):
         opt = make_optimizer(config, s.lr, s.weight_decay)

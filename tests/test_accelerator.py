@@ -85,6 +85,7 @@ def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
     assert res["memory"]["chunk_per_device_if_measured"] >= 1
     for share in ("evaluation_share", "checkpoint_and_host_share"):
         assert 0.0 <= res["shares"][share] <= 1.0
+    assert res["shares"]["evaluation_s"] > 0  # one evaluation timed alone
     with open(os.path.join(out, "accelerator.csv")) as f:
         assert f.readline().startswith("k,status,")
 

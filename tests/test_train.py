@@ -16,8 +16,10 @@ from jaxmech.train import (
     _train_program,
     build_data,
     diverged_models,
+    evaluation_program,
     init_program,
     init_state,
+    program_config,
     stack_settings,
     train_models,
 )
@@ -89,6 +91,17 @@ def test_resume_equals_uninterrupted():
     # one compiled segment serves both runs: bit for bit
     for a, b in zip(jax.tree_util.tree_leaves(full), jax.tree_util.tree_leaves(resumed)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_evaluation_program_gives_the_segments_own_evaluation():
+    # the accelerator check times evaluation through it: it must be the same evaluation
+    s = _settings(SMALL, seed=[0, 1], n_pair_labels=[5, 4])
+    data = build_data(SMALL)
+    state, curves = train_models(SMALL, s, data=data, n_chunks=1)
+    alone = evaluation_program(state, s, data, program_config(SMALL))
+    assert set(alone) < set(curves)
+    for name, value in alone.items():  # compiled apart from the segment: up to rounding
+        np.testing.assert_allclose(np.asarray(value), curves[name][:, -1], rtol=1e-5, err_msg=name)
 
 
 def test_a_run_with_nothing_left_to_train_is_refused_before_any_compute():

@@ -9,9 +9,9 @@ vmapped, sharded over every device, an evaluation every `eval_every` steps):
   budget; a K whose predicted footprint (`sizing.footprint`) exceeds the memory is
   skipped (status "skipped"), and an out-of-memory error ends the list (the largest K
   that ran is reported);
-* at the first K: the share of the time spent in evaluation (the same steps with one
-  evaluation instead of `n_chunks`) and in checkpoints and host work (the same models
-  as a resumable sweep, `sweep.run_grid`, into a temporary folder);
+* at the first K: the share of the time spent in evaluation (one evaluation timed
+  alone, times `n_chunks`) and in checkpoints and host work (the same models as a
+  resumable sweep, `sweep.run_grid`, into a temporary folder, less its segments);
 * sharded vs unsharded: the first K's models trained as in its row on every device
   and on the first device alone, params compared (equal to float rounding, within 1e-4 of
   each tensor's largest entry: XLA compiles another program; b_K, rounding noise by
@@ -28,10 +28,21 @@ import time
 
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as PS
 
 from jaxmech import sizing
 from jaxmech.config import Config
-from jaxmech.train import model_mesh, stack_settings, train_models
+from jaxmech.train import (
+    build_data,
+    evaluation_program,
+    init_program,
+    model_mesh,
+    pad_models,
+    program_config,
+    stack_settings,
+    train_models,
+)
 
 ACCELERATOR_KS = (64, 256, 1024, 4096)
 
@@ -100,14 +111,37 @@ def throughput_rows(config: Config, ks, n_chunks: int, fp: sizing.Footprint, log
     return rows
 
 
+def evaluation_seconds(config: Config, k: int, repeats: int = 3) -> float:
+    """Median seconds of one evaluation of k models (`train.evaluation_program`, the
+    segment's evaluation compiled alone, the models sharded as in training) at their
+    step-0 params: its cost does not depend on their values."""
+    mesh = model_mesh()
+    k_pad = -(-k // mesh.devices.size) * mesh.devices.size
+    settings = jax.device_put(
+        pad_models(_settings(config, k), k_pad), NamedSharding(mesh, PS("models"))
+    )
+    state = init_program(settings, config)
+    data = jax.device_put(build_data(config), NamedSharding(mesh, PS()))
+    prog = program_config(config)
+    run = lambda: jax.block_until_ready(evaluation_program(state, settings, data, prog))  # noqa: E731
+    run()  # compiles
+    walls = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        run()
+        walls.append(time.perf_counter() - t)
+    return float(np.median(walls))
+
+
 def time_shares(config: Config, k: int, n_chunks: int) -> dict:
-    """Shares of a sweep's time in evaluation and in checkpoints + host work, at k."""
+    """Shares of a sweep's time in evaluation (timed alone, `evaluation_seconds`: a
+    difference of two trainings' walls was mostly their noise) and in checkpoints + host
+    work (the sweep's wall less its segments'), at k."""
     from jaxmech.sweep import expand, run_grid
 
     steps = n_chunks * config.train.eval_every
     with_evals, _ = timed_train(config, k, n_chunks)
-    one_eval, _ = timed_train(config.replace(steps=steps, eval_every=steps), k, 1)
-    per_eval = max(with_evals - one_eval, 0.0) / max(n_chunks - 1, 1)
+    per_eval = evaluation_seconds(config, k)
     tmp = tempfile.mkdtemp(prefix="jaxmech-accel-")
     try:
         grid = expand(config.replace(steps=steps), {}, seeds=k)
@@ -122,6 +156,7 @@ def time_shares(config: Config, k: int, n_chunks: int) -> dict:
     return {
         "k": k,
         "sweep_s": sweep,
+        "evaluation_s": per_eval,
         "evaluation_share": per_eval * n_chunks / sweep,
         "checkpoint_and_host_share": max(sweep - with_evals, 0.0) / sweep,
     }
@@ -227,8 +262,9 @@ def write_check(res: dict, out: str) -> list[str]:
         f"largest K that ran: {res['largest_k']}",
         f"memory per model {m['per_model_bytes'] / 2**20:.2f} MiB (+ {m['fixed_bytes'] / 2**20:.1f} MiB "
         f"fixed); chunk per device a sweep chooses: {m['chunk_per_device']} ({m['chosen_by']})",
-        f"time shares at K={s['k']}: evaluation {s['evaluation_share']:.1%}, checkpoints and "
-        f"host {s['checkpoint_and_host_share']:.1%}",
+        f"time shares at K={s['k']}: evaluation {s['evaluation_share']:.1%} "
+        f"({1000 * s['evaluation_s']:.0f} ms each), checkpoints and host "
+        f"{s['checkpoint_and_host_share']:.1%}",
         f"sharded over {sh['devices']} device(s) vs one, {sh['models']} models: max |diff| "
         f"{sh['max_abs_diff']:.2e} ({sh['max_rel_diff']:.1e} of the tensor's scale), equal "
         f"to rounding {sh['equal_to_rounding']}, bit-equal "
