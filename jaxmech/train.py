@@ -357,6 +357,19 @@ def _to_global(tree, sharding):
     return jax.tree_util.tree_map(put, tree)
 
 
+def split_models(tree, mesh: jax.sharding.Mesh):
+    """Host arrays [K, ...] -> global arrays split over the mesh's `models` axis, the
+    model axis padded to a multiple of its devices (`pad_models`)."""
+    n = mesh.devices.size
+    k = jax.tree_util.tree_leaves(tree)[0].shape[0]
+    return _to_global(pad_models(tree, -(-k // n) * n), NamedSharding(mesh, PS("models")))
+
+
+def replicate(tree, mesh: jax.sharding.Mesh):
+    """Host arrays -> global arrays held whole by every device of the mesh (shared data)."""
+    return _to_global(tree, NamedSharding(mesh, PS()))
+
+
 def fetch(tree):
     """Global arrays -> host NumPy on every process (gathers across hosts if needed)."""
     if jax.process_count() > 1:
@@ -407,18 +420,11 @@ def train_models(
     data = build_data(config) if data is None else data
     k = int(np.asarray(settings.seed).shape[0])
     mesh = model_mesh() if mesh is None else mesh
-    n_dev = mesh.devices.size
-    k_pad = -(-k // n_dev) * n_dev
-    shard = NamedSharding(mesh, PS("models"))
-    replicated = NamedSharding(mesh, PS())
     # The programs follow their inputs' shardings: models split over devices, data replicated.
-    settings_d = _to_global(pad_models(settings, k_pad), shard)
-    if state is None:
-        state_d = init_program(settings_d, config)
-    else:
-        state_d = _to_global(pad_models(state, k_pad), shard)
-    data_d = _to_global(data, replicated)
-    budget_d = _to_global(pad_models(np.asarray(step_budget(settings, config)), k_pad), shard)
+    settings_d = split_models(settings, mesh)
+    state_d = init_program(settings_d, config) if state is None else split_models(state, mesh)
+    data_d = replicate(data, mesh)
+    budget_d = split_models(np.asarray(step_budget(settings, config)), mesh)
     prog = program_config(config)
     segments = []
     for _ in range(n_chunks):  # the state stays on the devices between segments

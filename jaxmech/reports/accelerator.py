@@ -28,8 +28,6 @@ import time
 
 import jax
 import numpy as np
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as PS
 
 from jaxmech import sizing
 from jaxmech.config import Config
@@ -38,8 +36,9 @@ from jaxmech.train import (
     evaluation_program,
     init_program,
     model_mesh,
-    pad_models,
     program_config,
+    replicate,
+    split_models,
     stack_settings,
     train_models,
 )
@@ -116,12 +115,9 @@ def evaluation_seconds(config: Config, k: int, repeats: int = 3) -> float:
     segment's evaluation compiled alone, the models sharded as in training) at their
     step-0 params: its cost does not depend on their values."""
     mesh = model_mesh()
-    k_pad = -(-k // mesh.devices.size) * mesh.devices.size
-    settings = jax.device_put(
-        pad_models(_settings(config, k), k_pad), NamedSharding(mesh, PS("models"))
-    )
+    settings = split_models(_settings(config, k), mesh)
     state = init_program(settings, config)
-    data = jax.device_put(build_data(config), NamedSharding(mesh, PS()))
+    data = replicate(build_data(config), mesh)
     prog = program_config(config)
     run = lambda: jax.block_until_ready(evaluation_program(state, settings, data, prog))  # noqa: E731
     run()  # compiles
