@@ -26,8 +26,10 @@ from jaxmech.data.vocab import CAPTION_LEN
 from jaxmech.families import family_for
 from jaxmech.train import (
     build_data,
+    init_program,
     init_state,
     model_mesh,
+    split_models,
     stack_settings,
     step_batch,
     train_step,
@@ -74,12 +76,11 @@ def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
 def _steps_program(config: Config, k: int, n_steps: int, devices: int = 1):
     """A jitted function running n_steps training steps of k vmapped models, their
     model axis split over the first `devices` devices (as a sweep splits its chunk)."""
-    shard = jax.sharding.NamedSharding(model_mesh(devices), jax.sharding.PartitionSpec("models"))
     data = jax.tree_util.tree_map(jnp.asarray, build_data(config))
-    settings = jax.device_put(
-        stack_settings([config.replace(seed=i).settings() for i in range(k)]), shard
+    settings = split_models(
+        stack_settings([config.replace(seed=i).settings() for i in range(k)]), model_mesh(devices)
     )
-    state = jax.jit(jax.vmap(lambda s: init_state(config, s)))(settings)
+    state = init_program(settings, config)
 
     def run(state, settings):
         def body(st, _):
