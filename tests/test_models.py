@@ -716,3 +716,41 @@ def test_vmap_over_params_and_edits():
             np.testing.assert_allclose(out[i, j], want, atol=ATOL, rtol=1e-5)
     assert not np.allclose(out[0, 0], out[1, 0], atol=1e-3)
     assert not np.allclose(out[0, 0], out[0, 1], atol=1e-3)
+
+
+def _textbook_layer_norm(x, w, b, eps=1e-5):
+    mu = x.mean(-1, keepdims=True)
+    var = ((x - mu) ** 2).mean(-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
+
+
+def test_layer_norm_and_its_written_backward_equal_autodiff_of_the_formula():
+    """`layer_norm`'s hand-written backward (issue 28) gives autodiff's gradient of the
+    textbook formula, for x, w and b, at an eps other than the default too."""
+    from jaxmech.models.attention import layer_norm
+
+    kx, kw, kg = jax.random.split(jax.random.key(3), 3)
+    x = 3.0 * jax.random.normal(kx, (4, 5, D)) + 1.0
+    w, b = jax.random.normal(kw, (D,)), jnp.linspace(-1.0, 1.0, D)
+    g = jax.random.normal(kg, (4, 5, D))
+    for eps in (1e-5, 1e-2):
+        np.testing.assert_allclose(
+            layer_norm(x, w, b, eps), _textbook_layer_norm(x, w, b, eps), atol=1e-6
+        )
+        ours = jax.vjp(lambda *a: layer_norm(*a, eps), x, w, b)[1](g)
+        ref = jax.vjp(lambda *a: _textbook_layer_norm(*a, eps), x, w, b)[1](g)
+        for a, r in zip(ours, ref):
+            np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)
+
+
+def test_rows_matmul_equals_the_plain_product_and_its_gradients():
+    from jaxmech.models.attention import rows_matmul
+
+    kx, kw = jax.random.split(jax.random.key(4))
+    x, W = jax.random.normal(kx, (3, 5, 7, D)), jax.random.normal(kw, (D, 6))
+    np.testing.assert_allclose(rows_matmul(x, W), x @ W, rtol=1e-6, atol=1e-6)
+    loss = lambda f: lambda x, W: jnp.sum(jnp.tanh(f(x, W)))  # noqa: E731
+    ours = jax.grad(loss(rows_matmul), argnums=(0, 1))(x, W)
+    ref = jax.grad(loss(lambda x, W: x @ W), argnums=(0, 1))(x, W)
+    for a, r in zip(ours, ref):
+        np.testing.assert_allclose(a, r, rtol=1e-5, atol=1e-5)

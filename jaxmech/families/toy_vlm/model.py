@@ -55,7 +55,7 @@ from jaxmech.data.scenes import SCENE_WORDS
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.checks import check_edits, check_inputs, check_params
 from jaxmech.families.toy_vlm.vit import read
-from jaxmech.models.attention import Rotary, block_forward, layer_norm, n_blocks
+from jaxmech.models.attention import Rotary, block_forward, layer_norm, n_blocks, rows_matmul
 from jaxmech.models.edits import NO_EDITS, Edits
 
 N_SCENE_WORDS = len(SCENE_WORDS)  # the question and answer words; labels follow at 10 + l
@@ -195,9 +195,9 @@ def project(proj, x_BxLxD):
     """The projector: x W + b, or GELU(x W1 + b1) W2 + b2 (GELU's tanh approximation,
     as the blocks' MLPs: `models.attention.mlp`)."""
     if "W" in proj:
-        return x_BxLxD @ proj["W"] + proj["b"]
-    hidden = jax.nn.gelu(x_BxLxD @ proj["W1"] + proj["b1"], approximate=True)
-    return hidden @ proj["W2"] + proj["b2"]
+        return rows_matmul(x_BxLxD, proj["W"]) + proj["b"]
+    hidden = jax.nn.gelu(rows_matmul(x_BxLxD, proj["W1"]) + proj["b1"], approximate=True)
+    return rows_matmul(hidden, proj["W2"]) + proj["b2"]
 
 
 def lm_position_ids(params, n_question: int):
