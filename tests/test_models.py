@@ -27,7 +27,7 @@ from jaxmech.families.dual_encoder.model import (
     text_inputs,
     vision_inputs,
 )
-from jaxmech.models.attention import FirstBlock, block_forward
+from jaxmech.models.attention import FirstBlock, block_forward, layer_norm, rows_matmul
 from jaxmech.models.edits import NO_EDITS, TERMS, Edits, term_mask
 
 # image_len 8: the vision sequence (CLS + 8 pixels) is as long as a caption, and with as
@@ -727,8 +727,6 @@ def _textbook_layer_norm(x, w, b, eps=1e-5):
 def test_layer_norm_and_its_written_backward_equal_autodiff_of_the_formula():
     """`layer_norm`'s hand-written backward (issue 28) gives autodiff's gradient of the
     textbook formula, for x, w and b, at an eps other than the default too."""
-    from jaxmech.models.attention import layer_norm
-
     kx, kw, kg = jax.random.split(jax.random.key(3), 3)
     x = 3.0 * jax.random.normal(kx, (4, 5, D)) + 1.0
     w, b = jax.random.normal(kw, (D,)), jnp.linspace(-1.0, 1.0, D)
@@ -744,8 +742,6 @@ def test_layer_norm_and_its_written_backward_equal_autodiff_of_the_formula():
 
 
 def test_rows_matmul_equals_the_plain_product_and_its_gradients():
-    from jaxmech.models.attention import rows_matmul
-
     kx, kw = jax.random.split(jax.random.key(4))
     x, W = jax.random.normal(kx, (3, 5, 7, D)), jax.random.normal(kw, (D, 6))
     np.testing.assert_allclose(rows_matmul(x, W), x @ W, rtol=1e-6, atol=1e-6)

@@ -162,7 +162,7 @@ def ln_parts(x, parts, w, b):
     in each part: LN(x) = sum_i w * (part_i - mean(part_i)) / s + b. Exact at this
     input; not a linear function of the inputs in general.
     """
-    s = jax.lax.rsqrt(((x - x.mean(-1, keepdims=True)) ** 2).mean(-1, keepdims=True) + LN_EPS)
+    s = _normalize_parts(x, LN_EPS)[1]  # the same scale as `layer_norm`'s
     return [(p - p.mean(-1, keepdims=True)) * s * w for p in parts], b
 
 
