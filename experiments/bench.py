@@ -12,6 +12,8 @@ entry point has one device per core: `jaxmech.sizing.cpu_devices`).
     python -m experiments.bench --preset=vlm --ks=1,4,8 --timed_steps=50   # the toy VLM
     python -m experiments.bench --preset=vlm --ks= --breakdown   # where one step's time goes
     python -m experiments.bench --preset=vlm --ks= --profile     # ... op by op (jax.profiler)
+    python -m experiments.bench --preset=vlm --ks= --scaling_widths=32,64,128,256 \
+        --scaling_batches=32,128,512   # the step's share of the matmul rate vs width, batch
     python -m experiments.bench --vlm_tables   # 003's patching table on a Qwen2-VL layout
 
 Everything is measured in this one run; the report prints ratios between them.
@@ -27,6 +29,8 @@ from jaxmech.reports.benchmark import (
     dense_step_flops,
     matmul_rate,
     model_steps_per_second,
+    scaling_configs,
+    scaling_table,
     step_breakdown,
     step_flops_xla,
     step_profile,
@@ -41,6 +45,10 @@ flags.DEFINE_bool(
     "breakdown", False, "time one model's step and its parts (batch, forward, backward)"
 )
 flags.DEFINE_bool("profile", False, "profile one model's gradient step op by op (jax.profiler)")
+flags.DEFINE_string(
+    "scaling_widths", "", "also time the step at these d_model (d_head, d_mlp scaled with it)"
+)
+flags.DEFINE_string("scaling_batches", "", "also time the step at these batch sizes")
 flags.DEFINE_integer("sweep_models", 0, "also train this many models as a sweep (models/hour)")
 flags.DEFINE_integer("chunk_size", None, "models per compiled call in the sweep measurement")
 flags.DEFINE_integer(
@@ -115,6 +123,20 @@ def vlm_tables():
     )
 
 
+def print_scaling(configs, rate: float) -> None:
+    """The step's share of the matmul rate as the width or the batch changes."""
+    print("the training step by width and batch (4 vmapped models, one device, medians of 3):")
+    print(
+        f"{'d_model':>8} {'batch':>6} {'GFLOP':>8} {'ms/model-step':>14} {'us/row':>7} {'exec/matmul':>12}"
+    )
+    for r in scaling_table(configs):
+        flops, sec = r["flops"] or float("nan"), r["seconds"]
+        print(
+            f"{r['d_model']:>8} {r['batch_size']:>6} {flops / 1e9:>8.3f} {1e3 * sec:>14.2f} "
+            f"{1e6 * sec / r['batch_size']:>7.1f} {flops / sec / rate:>12.2f}"
+        )
+
+
 def main(argv):
     del argv
     setup_runtime()
@@ -123,6 +145,9 @@ def main(argv):
         config = base.replace(**{n: coerce(n, v) for n, v in specs_from_flags(FLAGS).items()})
         ks = _int_list("ks", FLAGS.ks)
         accel_ks = _int_list("accel_ks", FLAGS.accel_ks)
+        widths = _int_list("scaling_widths", FLAGS.scaling_widths)
+        batches = _int_list("scaling_batches", FLAGS.scaling_batches)
+        scaling = scaling_configs(config, widths, batches)  # bad values fail before timing
         if FLAGS.accelerator and not accel_ks:
             raise ValueError("--accel_ks is empty: give model counts, e.g. 64,256")
         if FLAGS.vlm_tables and min(FLAGS.table_images, FLAGS.loop_images) < 1:
@@ -186,6 +211,9 @@ def main(argv):
         print("the longest ops (ms per step; the compiled HLO):")
         for name, t, line in prof["top"]:
             print(f"  {t:6.3f}  {line[:200] or name}")
+
+    if scaling:
+        print_scaling(scaling, rate)
 
     if FLAGS.sweep_models:
         sw = sweep_throughput(config, FLAGS.sweep_models, FLAGS.chunk_size)

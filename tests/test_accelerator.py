@@ -100,3 +100,25 @@ def test_bad_accelerator_flags_fail_before_any_compute(tmp_path):
         cmd = [sys.executable, "-m", "experiments.bench", "--accelerator", flag]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
+
+
+def test_the_scaling_table_times_each_width_and_batch_and_refuses_bad_ones():
+    """~20 s: compiles three tiny training programs (the widths and the batch)."""
+    from jaxmech.config import ConfigError
+    from jaxmech.reports.benchmark import scaling_configs, scaling_table
+
+    config = tiny_config()
+    with pytest.raises(ValueError, match="scaling width 6"):
+        scaling_configs(config, widths=(8, 6))
+    with pytest.raises(ConfigError, match="batch_size"):
+        scaling_configs(config, batches=(0,))
+    configs = scaling_configs(config, widths=(8, 16), batches=(8,))
+    assert [(c.model.d_model, c.model.d_head, c.train.batch_size) for c in configs] == [
+        (8, 2, 16),
+        (16, 4, 16),
+        (16, 4, 8),
+    ]
+    rows = scaling_table(configs, k=1, n_steps=1, repeats=1)
+    assert [r["d_model"] for r in rows] == [8, 16, 16]
+    assert rows[0]["flops"] < rows[1]["flops"] and rows[2]["flops"] < rows[1]["flops"]
+    assert all(r["seconds"] > 0 for r in rows)

@@ -15,6 +15,7 @@ meaningful even on a noisy machine. FLOP counts:
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 
@@ -196,6 +197,61 @@ def model_steps_per_second(
         state = jax.block_until_ready(run(state))
         best = min(best, time.perf_counter() - t)
     return k * n_steps / best
+
+
+def _width_config(config: Config, d_model: int) -> Config:
+    """`config` at another width: d_head and d_mlp scaled with d_model, heads kept."""
+    m = config.model
+    if d_model < 1 or (d_model * m.d_head) % m.d_model or (d_model * m.d_mlp) % m.d_model:
+        raise ValueError(
+            f"scaling width {d_model}: expected a positive multiple of "
+            f"{m.d_model // math.gcd(m.d_model, m.d_head, m.d_mlp)} (d_head {m.d_head} and "
+            f"d_mlp {m.d_mlp} scale with d_model {m.d_model})"
+        )
+    return config.replace(
+        d_model=d_model,
+        d_head=d_model * m.d_head // m.d_model,
+        d_mlp=d_model * m.d_mlp // m.d_model,
+    )
+
+
+def scaling_configs(config: Config, widths=(), batches=()) -> list[Config]:
+    """`config` at each width in `widths` (d_head and d_mlp scaled with d_model, the
+    batch kept), then at each batch size in `batches` (the width kept); a bad width or
+    batch size is an error here, before anything is timed."""
+    return [_width_config(config, w) for w in widths] + [
+        config.replace(batch_size=b) for b in batches
+    ]
+
+
+def scaling_table(configs, k: int = 4, n_steps: int = 10, repeats: int = 3) -> list[dict]:
+    """The training step's speed over `configs` (`scaling_configs`): whether the step
+    is bound by fixed per-op costs (time flat in the batch) or by the speed of its
+    small contractions (time linear in the batch, the share of the matmul rate rising
+    with the width).
+
+    One row per config: {"d_model", "batch_size", "flops" (XLA's count per
+    model-step), "seconds" (median per model-step of k vmapped models on one device;
+    the programs are timed in turns, so drift hits them alike)}.
+    """
+    programs = [_steps_program(c, k, n_steps) for c in configs]
+    for run, state in programs:
+        jax.block_until_ready(run(state))  # compile + warm up
+    times = [[] for _ in programs]
+    for _ in range(repeats):
+        for (run, state), t in zip(programs, times):
+            start = time.perf_counter()
+            jax.block_until_ready(run(state))
+            t.append((time.perf_counter() - start) / (n_steps * k))
+    return [
+        {
+            "d_model": c.model.d_model,
+            "batch_size": c.train.batch_size,
+            "flops": step_flops_xla(c),
+            "seconds": sorted(t)[len(t) // 2],
+        }
+        for c, t in zip(configs, times)
+    ]
 
 
 def sweep_throughput(config: Config, n_models: int, chunk_size: int | None = None) -> dict:
