@@ -125,11 +125,14 @@ def vlm_tables():
 
 def print_scaling(configs, rate: float) -> None:
     """The step's share of the matmul rate as the width or the batch changes."""
-    print("the training step by width and batch (4 vmapped models, one device, medians of 3):")
+    k, repeats = 4, 3
+    print(
+        f"the training step by width and batch ({k} vmapped models, one device, medians of {repeats}):"
+    )
     print(
         f"{'d_model':>8} {'batch':>6} {'GFLOP':>8} {'ms/model-step':>14} {'us/row':>7} {'exec/matmul':>12}"
     )
-    for r in scaling_table(configs):
+    for r in scaling_table(configs, k=k, repeats=repeats):
         flops, sec = r["flops"] or float("nan"), r["seconds"]
         print(
             f"{r['d_model']:>8} {r['batch_size']:>6} {flops / 1e9:>8.3f} {1e3 * sec:>14.2f} "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import statistics
 import time
 
 import jax
@@ -248,7 +249,7 @@ def scaling_table(configs, k: int = 4, n_steps: int = 10, repeats: int = 3) -> l
             "d_model": c.model.d_model,
             "batch_size": c.train.batch_size,
             "flops": step_flops_xla(c),
-            "seconds": sorted(t)[len(t) // 2],
+            "seconds": statistics.median(t),
         }
         for c, t in zip(configs, times)
     ]
