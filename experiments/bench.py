@@ -70,6 +70,15 @@ flags.DEFINE_bool(
     "time seed 003's patching table on a random Qwen2-VL-layout checkpoint, batched "
     "against the one-forward-per-condition loop (jaxmech.reports.patch_speed)",
 )
+flags.DEFINE_bool(
+    "real_size",
+    False,
+    "write a random checkpoint of Qwen2-VL-2B's real size and layout (bf16, 4.4 GB; "
+    "--real_dir) and run experiments.ask and every checkpoint report on it, each in "
+    "its own process: peak resident memory, wall time, the plan (jaxmech.reports.real_size)",
+)
+flags.DEFINE_string("real_dir", "runs/real_size/qwen2-vl-2b", "where --real_size's checkpoint is")
+flags.DEFINE_string("real_dtype", "bfloat16", "the dtype --real_size loads its checkpoint in")
 flags.DEFINE_integer("table_images", 64, "images of the --vlm_tables patching table")
 flags.DEFINE_integer("loop_images", 4, "images the --vlm_tables loop is timed on")
 define_config_flags(sweep=False)
@@ -140,6 +149,30 @@ def print_scaling(configs, rate: float) -> None:
         )
 
 
+def real_size():
+    """The --real_size check: the stand-in written (once), every command run on it."""
+    import csv
+    import os
+
+    from jaxmech.reports.real_size import run_reports, write_stand_in
+
+    print(f"stand-in checkpoint: {FLAGS.real_dir} (random bf16 weights, Qwen2-VL-2B's layout)")
+    folder = write_stand_in(FLAGS.real_dir)
+    out = os.path.join(os.path.dirname(os.path.normpath(folder)), f"reports_{FLAGS.real_dtype}")
+    rows = run_reports(folder, out, FLAGS.real_dtype)
+    print(
+        f"\n{'command':>16} {'exit':>4} {'wall s':>7} {'peak GB':>8} {'plan GB':>8} {'plan/peak':>9}"
+    )
+    for r in rows:
+        print(f"{r['command']:>16} {r['exit']:>4} {r['wall_s']:>7.0f} {r['peak_gb']:>8.2f} "
+              f"{r['plan_gb']:>8.2f} {r['plan_gb'] / r['peak_gb']:>9.2f}")  # fmt: skip
+    with open(os.path.join(out, "real_size.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"results: {os.path.join(out, 'real_size.csv')}")
+
+
 def main(argv):
     del argv
     setup_runtime()
@@ -165,6 +198,8 @@ def main(argv):
         return accelerator(config, accel_ks)
     if FLAGS.vlm_tables:
         return vlm_tables()
+    if FLAGS.real_size:
+        return real_size()
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
     rate = matmul_rate()

@@ -2,11 +2,12 @@
 killed run resumes at the first chunk it had not finished.
 
 A `ChunkStore` is a folder named by a hash of everything its chunks depend on (the
-checkpoint's files, the report, its options, the chunk size; `store_for`): a table with
-other options gets another folder, so a finished chunk is never overwritten by a
-different table's, and a rerun with the same options reads what is there. Each chunk
-is one `.npz` of a nested dict of arrays, written under a temporary name and renamed,
-so a chunk on disk is whole. The code is not part of the key: after changing it,
+checkpoint's files, the report, its options; `store_for`): a table with other options
+gets another folder, so a finished chunk is never overwritten by a different table's,
+and a rerun with the same options reads what is there. Each chunk is one `.npz` of a
+nested dict of arrays named by the rows it holds (not by the rows per call, which the
+memory plan may change between runs or after a chunk that went over its budget),
+written under a temporary name and renamed, so a chunk on disk is whole. The code is not part of the key: after changing it,
 remove the folder (or pass another `--out`) to recompute.
 """
 
@@ -18,6 +19,8 @@ import os
 from typing import Callable, NamedTuple
 
 import numpy as np
+
+from jaxmech import memory
 
 
 def chunk_rows(n: int, batch: int) -> list[np.ndarray]:
@@ -51,22 +54,34 @@ def unflatten(flat: dict[str, np.ndarray]) -> dict:
 
 
 class ChunkStore(NamedTuple):
+    """Finished chunks of one table, each named by the rows it holds (`rows_START-STOP`),
+    so a rerun reads them whatever rows per call it now runs."""
+
     folder: str
 
-    def path(self, c: int) -> str:
-        return os.path.join(self.folder, f"chunk_{c:05d}.npz")
+    def path(self, start: int, stop: int) -> str:
+        return os.path.join(self.folder, f"rows_{start:06d}-{stop:06d}.npz")
 
-    def get(self, c: int) -> dict | None:
-        """Chunk c as written, or None if it was not finished."""
-        if not os.path.exists(self.path(c)):
+    def get(self, start: int) -> dict | None:
+        """The finished chunk whose first row is `start`, or None."""
+        prefix = f"rows_{start:06d}-"
+        names = [n for n in os.listdir(self.folder) if n.startswith(prefix) and n.endswith(".npz")
+                 and ".tmp" not in n]  # fmt: skip
+        if not names:
             return None
-        with np.load(self.path(c)) as f:
+        with np.load(os.path.join(self.folder, max(names))) as f:
             return unflatten({k: f[k] for k in f.files})
 
-    def put(self, c: int, tree: dict) -> None:
-        tmp = self.path(c) + ".tmp.npz"
+    def put(self, start: int, tree: dict) -> None:
+        """Keeps chunk `tree` (its rows on the last axis) as the rows from `start` on."""
+        tmp = self.path(start, start + n_rows(tree)) + ".tmp.npz"
         np.savez(tmp, **flatten(tree))
-        os.replace(tmp, self.path(c))
+        os.replace(tmp, self.path(start, start + n_rows(tree)))
+
+
+def n_rows(tree: dict) -> int:
+    """The rows of a chunk (the last axis of its leaves)."""
+    return int(np.shape(next(iter(flatten(tree).values())))[-1])
 
 
 def file_stamps(folder: str) -> list:
@@ -92,23 +107,64 @@ def store_for(root: str, what: dict) -> ChunkStore:
 
 
 def run_chunks(fn: Callable[[np.ndarray], dict], n: int, batch: int, progress=None,
-               store: ChunkStore | None = None) -> dict:  # fmt: skip
+               store: ChunkStore | None = None, plan=None, log=print) -> dict:  # fmt: skip
     """`fn(rows)` (a nested dict of host arrays whose last axis is the rows) over rows
-    0..n-1, `batch` at a time (the last chunk padded: `chunk_rows`), concatenated on
-    the last axis and cut to n. With a `store`, finished chunks are read from it and
-    each new one written to it. `progress(done, n, resumed)` after each computed chunk
-    (`resumed`: the rows read from the store)."""
-    outs, resumed = [], 0
-    for c, rows in enumerate(chunk_rows(n, batch)):
-        out = store.get(c) if store is not None else None
+    0..n-1, `batch` at a time (the last chunk padded by repeating row 0, so one compiled
+    program serves every chunk; the padding is cut), concatenated on the last axis.
+
+    With a `store`, finished chunks are read from it and each new one written to it.
+    `progress(done, n, resumed)` after each computed chunk (`resumed`: the rows read
+    from the store). With a `plan` (`memory.Plan` of `batch` rows), each computed
+    chunk's peak memory is measured; over the plan's budget, the rows per call shrink
+    for the chunks after it (`Plan.within`), and when not even one row fits the table
+    stops with `memory.MemoryBudgetError` (its finished chunks kept in the store)."""
+    outs, resumed, start, resumed_chunks = [], 0, 0, 0
+    while start < n:
+        out = store.get(start) if store is not None else None
         if out is not None:
-            resumed += len(rows)
+            stop = start + n_rows(out)
+            resumed += stop - start
+            resumed_chunks += 1
         else:
-            out = fn(rows)
+            stop = min(start + batch, n)
+            rows = np.concatenate([np.arange(start, stop), np.zeros(batch - (stop - start), int)])
+            if plan is not None:
+                memory.reset_peak()
+            out = cut_rows(fn(rows), stop - start)
             if store is not None:
-                store.put(c, out)
+                store.put(start, out)
             if progress is not None:
-                progress(min((c + 1) * batch, n), n, min(resumed, n))
+                progress(stop, n, min(resumed, n))
+            if plan is not None:
+                plan = _measured(plan, log, first=len(outs) == resumed_chunks)
+                batch = plan.rows
         outs.append(out)
-    cat = lambda *x: np.concatenate(x, -1)[..., :n]  # noqa: E731
+        start = stop
+    cat = lambda *x: np.concatenate(x, -1)  # noqa: E731
     return unflatten({k: cat(*(flatten(o)[k] for o in outs)) for k in flatten(outs[0])})
+
+
+def cut_rows(tree: dict, rows: int) -> dict:
+    """`tree` (host arrays, rows on the last axis) cut to its first `rows` rows."""
+    return unflatten({k: np.asarray(v)[..., :rows] for k, v in flatten(tree).items()})
+
+
+def _measured(plan, log, first: bool = False):
+    """`plan` after a chunk: the first one's measured peak logged beside the plan; over
+    the budget, re-fitted to what was measured (`Plan.within`)."""
+    peak = memory.peak_bytes()
+    if first:
+        log(f"  memory: the first chunk peaked at {peak / 2**30:.2f} GB resident (plan "
+            f"{plan.bytes() / 2**30:.2f} GB)")  # fmt: skip
+    if peak <= plan.budget.bytes:
+        return plan
+    new = plan.within(peak)
+    if new.rows < 1:
+        raise memory.MemoryBudgetError(
+            f"memory: a chunk of {plan.rows} question(s) peaked at {peak / 2**30:.1f} GB, over the "
+            f"budget of {plan.budget.bytes / 2**30:.1f} GB ({plan.budget.how}), and one question "
+            "would not fit either; raise --memory (finished chunks are kept)"
+        )
+    log(f"  memory: a chunk of {plan.rows} peaked at {peak / 2**30:.1f} GB (plan "
+        f"{plan.bytes() / 2**30:.1f} GB), over the budget: {new.rows} per call from here")  # fmt: skip
+    return new

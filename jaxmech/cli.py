@@ -204,7 +204,10 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     flags.DEFINE_integer("questions", 64, "pair questions asked")
     flags.DEFINE_integer("question_seed", 0, "seed of the questions' scenes")
     flags.DEFINE_integer("batch", None, "questions per compiled call (default: the most "
-                         "that fit in half the memory, by XLA's memory analysis)")  # fmt: skip
+                         "that fit in --memory, by XLA's memory analysis)")  # fmt: skip
+    flags.DEFINE_string("memory", None, "memory budget: GB (8), a fraction (0.3) or percent "
+                        "(30%) of the machine's (default: the smaller of 40% and what is "
+                        "available now less 1 GB)")  # fmt: skip
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
 
 
@@ -232,4 +235,4 @@ def checkpoint_options(FLAGS) -> dict:
     layers = parse_layers(FLAGS.layers) if "layers" in FLAGS else None
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
-                dtype=FLAGS.dtype)  # fmt: skip
+                dtype=FLAGS.dtype, memory=FLAGS.memory)  # fmt: skip

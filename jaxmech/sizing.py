@@ -10,8 +10,12 @@ choice stable against small changes of the analysis between versions; the choice
 depends on the config and the device, never on a sweep's size, so a model's numbers
 do not depend on how many models share its sweep.
 
-The same measurement sizes an analysis table's chunk of rows (`rows_for_memory`): there
-memory, not speed, is the limit, so it applies on CPU too, against the host's memory.
+The same measurement sizes an analysis table's chunk of rows (`plan_rows`): there memory,
+not speed, is the limit, so it applies on CPU too, within a budget the user can set
+(`memory_budget`, `--memory`): what the process already holds (resident memory on CPU,
+the weights among it) plus the program's bytes beyond its resident arguments. XLA's
+analysis is an estimate, so a chunked table measures its first chunk's peak and shrinks
+the rows before the next when it went over (`Plan.within`, `chunks.run_chunks`).
 
 On CPU a training chunk stays CPU_CHUNK_PER_DEVICE per device, and an entry point asks
 for one CPU device per usable core (`cpu_devices`; $JAXMECH_CPU_DEVICES overrides): the
@@ -30,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Config
+from jaxmech.memory import compiled_bytes, device_memory, host_memory  # noqa: F401
 from jaxmech.train import _train_program, build_data, init_program, program_config, stack_settings
 
 CPU_CHUNK_PER_DEVICE = 4  # one chunk of 8 beat four of 2 for 8 VLM seeds on 2 devices
@@ -39,8 +44,6 @@ MEMORY_SHARE = 0.5  # of a device's memory for one chunk's program (the rest: XL
 # workspace, the host-device copies of a checkpoint, fragmentation)
 MAX_CHUNK_PER_DEVICE = 8192
 PROBE_MODELS = (4, 8)
-PROBE_ROWS = (1, 2)  # rows at which an analysis program's footprint is measured
-FALLBACK_ROWS = 16
 
 
 CPU_DEVICES_ENV = "JAXMECH_CPU_DEVICES"
@@ -88,6 +91,13 @@ class Footprint(NamedTuple):
         return self.fixed + self.per_model * k
 
 
+def fit_footprint(bytes_by_models: dict[int, float]) -> Footprint:
+    """The line through the footprints at two model counts {K: bytes}."""
+    (a, ma), (b, mb) = sorted(bytes_by_models.items())
+    per = max((mb - ma) / (b - a), 1.0)
+    return Footprint(per, max(ma - a * per, 0.0))
+
+
 def program_bytes(config: Config, k: int) -> int:
     """Peak bytes XLA's memory analysis gives for the training program of k models
     (one evaluation segment) compiled for one device."""
@@ -100,69 +110,11 @@ def program_bytes(config: Config, k: int) -> int:
     return compiled_bytes(_train_program.lower(state, stacked, budget, data, prog).compile())
 
 
-def compiled_bytes(compiled) -> int:
-    """Peak bytes of a compiled program by XLA's memory analysis: arguments + outputs +
-    temporaries, less what is aliased."""
-    m = compiled.memory_analysis()
-    total = (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-    return int(total)
-
-
-def fit_footprint(bytes_by_models: dict[int, float]) -> Footprint:
-    """The line through the footprints at two model counts {K: bytes}."""
-    (a, ma), (b, mb) = sorted(bytes_by_models.items())
-    per = max((mb - ma) / (b - a), 1.0)
-    return Footprint(per, max(ma - a * per, 0.0))
-
-
 @functools.lru_cache(maxsize=32)
 def footprint(config: Config, probe=PROBE_MODELS) -> Footprint:
     """Bytes per model and fixed bytes, from the program at two model counts (two
     compiles; remembered per config in this process)."""
     return fit_footprint({k: program_bytes(config, k) for k in probe})
-
-
-def device_memory(device=None) -> int | None:
-    """Bytes of memory of `device` (default: the first), None if it does not say."""
-    device = device or jax.devices()[0]
-    try:
-        stats = device.memory_stats()
-    except Exception:  # some backends raise instead of returning None
-        return None
-    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
-
-
-def host_memory() -> int | None:
-    """Bytes of this machine's memory (a CPU backend's device memory), None if unknown."""
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
-def rows_for_memory(compile_at, n: int, share: float = MEMORY_SHARE,
-                    memory: float | None = None) -> tuple[int, str]:  # fmt: skip
-    """(rows per call, how it was chosen) for a program over rows (e.g. an analysis
-    table's questions): `compile_at(b)` compiles it for b rows; XLA's memory analysis
-    at PROBE_ROWS gives bytes per row and fixed bytes (the weights); the rows are the
-    largest power of two whose footprint fits in `share` of the device's memory (the
-    host's on CPU; `memory`: these bytes instead), at most n."""
-    fp = fit_footprint({b: compiled_bytes(compile_at(b)) for b in PROBE_ROWS})
-    cpu = jax.default_backend() == "cpu"
-    if memory is None:
-        memory = host_memory() if cpu else device_memory()
-    if memory is None:
-        return min(FALLBACK_ROWS, n), "fallback (the device reports no memory size)"
-    rows = min(chunk_for_memory(fp, memory, share), n)
-    return rows, (
-        f"{rows} rows: {fp.per_model / 2**20:.1f} MiB per row + {fp.fixed / 2**20:.0f} MiB "
-        f"fixed, {share:.0%} of {memory / 2**30:.1f} GiB ({'host' if cpu else 'device'})"
-    )
 
 
 def chunk_for_memory(fp: Footprint, memory_bytes: float, share: float = MEMORY_SHARE) -> int:

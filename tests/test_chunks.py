@@ -1,5 +1,5 @@
 """Tables computed chunk by chunk (`chunks`) and their rows per call sized from the
-compiled program (`sizing.rows_for_memory`)."""
+compiled program within a memory budget (`memory.plan_rows`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxmech import sizing
+from jaxmech import memory
 from jaxmech.chunks import ChunkStore, flatten, run_chunks, store_for, unflatten
 
 
@@ -50,7 +50,7 @@ def test_a_killed_table_resumes_equal_to_an_uninterrupted_one(tmp_path):
 
     with pytest.raises(RuntimeError, match="killed"):
         run_chunks(killed, 7, 3, store=store)
-    assert store.get(0) is not None and store.get(1) is None
+    assert store.get(0) is not None and store.get(3) is None  # chunks by their first row
     calls.clear(), kill_at.clear()
     seen = []
     resumed = run_chunks(killed, 7, 3, lambda *a: seen.append(a), store)
@@ -74,17 +74,62 @@ def test_other_options_get_another_store(tmp_path):
     assert ChunkStore(a.folder).get(0) is None
 
 
-def test_rows_for_memory_fits_the_compiled_program():
-    """The rows chosen are the largest power of two whose compiled footprint fits the
-    share of memory given (from XLA's memory analysis at two small sizes)."""
+def _compile_at(b):
     f = jax.jit(lambda x: jnp.cumsum(jnp.tanh(x), 1))
+    return f.lower(jax.ShapeDtypeStruct((b, 4096), jnp.float32)).compile()
 
-    def compile_at(b):
-        return f.lower(jax.ShapeDtypeStruct((b, 4096), jnp.float32)).compile()
 
-    memory = 2 * sizing.compiled_bytes(compile_at(20))  # half of it: 20 rows' footprint
-    rows, how = sizing.rows_for_memory(compile_at, 1000, memory=memory)
-    assert rows == 16 and "16 rows" in how
-    assert sizing.compiled_bytes(compile_at(rows)) <= sizing.MEMORY_SHARE * memory
-    assert sizing.compiled_bytes(compile_at(2 * rows)) > sizing.MEMORY_SHARE * memory
-    assert sizing.rows_for_memory(compile_at, 5, memory=memory)[0] == 5  # at most n
+def test_plan_rows_fits_the_compiled_program_beside_what_is_held(monkeypatch):
+    """The rows planned are the largest power of two whose cost (XLA's analysis of the
+    program for one row, beyond its resident arguments, per row) fits the budget
+    beside the bytes held now, counted once; one row that does not fit is refused,
+    naming --memory."""
+    monkeypatch.setattr(memory, "held_bytes", lambda: 1e9)
+    one = memory.compiled_bytes(_compile_at(1))
+    budget = memory.Budget(1e9 + 10 * (one - 100), "test")
+    plan = memory.plan_rows(_compile_at, 1000, budget, resident_args=100, log=lambda *_: None)
+    assert plan.rows == 8 and plan.held == 1e9 and plan.per_row == one - 100
+    assert plan.bytes() <= budget.bytes < plan.bytes(16)
+    safe = memory.plan_rows(_compile_at, 1000, budget, log=lambda *_: None)
+    assert safe.bytes(8) >= 1e9 + memory.compiled_bytes(_compile_at(8))  # errs on the safe side
+    assert "8 question(s) per call" in plan.text() and "budget" in plan.text()
+    assert memory.plan_rows(_compile_at, 5, budget, log=lambda *_: None).rows == 5  # all n
+    with pytest.raises(memory.MemoryBudgetError, match="--memory"):
+        memory.plan_rows(_compile_at, 8, memory.Budget(1e9, "test"), log=lambda *_: None)
+
+
+def test_memory_budget_reads_gb_fractions_and_percents():
+    total = memory.host_memory()
+    assert memory.memory_budget("8").bytes == 8 * 2**30
+    assert memory.memory_budget("2.5GB").bytes == 2.5 * 2**30
+    assert memory.memory_budget("0.25").bytes == pytest.approx(0.25 * total)
+    assert memory.memory_budget("30%").bytes == pytest.approx(0.3 * total)
+    default = memory.memory_budget()
+    assert 0 < default.bytes <= memory.DEFAULT_BUDGET_SHARE * total and default.how
+    for bad in ("lots", "-1", "0", "150%"):
+        with pytest.raises(ValueError, match="--memory"):
+            memory.memory_budget(bad)
+
+
+def test_a_chunk_over_its_budget_shrinks_the_rest(tmp_path, monkeypatch):
+    """A chunk whose measured peak went over the budget makes the next chunks smaller
+    (re-fitted to what was measured); the table equals the unchunked one, and a rerun
+    with another batch reads the chunks stored under their rows."""
+    peaks = iter([9e9] + [1e9] * 10)
+    monkeypatch.setattr(memory, "peak_bytes", lambda: next(peaks))
+    plan = memory.Plan(rows=4, per_row=1e9, fixed=0.0, held=0.0, budget=memory.Budget(5e9, "t"))
+    calls = []
+
+    def fn(rows):
+        calls.append(len(rows))
+        return _table(rows)
+
+    store = store_for(str(tmp_path), {"table": "t"})
+    out = run_chunks(fn, 9, 4, store=store, plan=plan, log=lambda *_: None)
+    assert calls == [4, 2, 2, 2]  # 9 GB for 4 rows: 2.25 GB a row, 2 fit in 5 GB
+    _assert_same(out, run_chunks(_table, 9, 9))
+    again = run_chunks(lambda rows: pytest.fail("recomputed"), 9, 8, store=store)
+    _assert_same(again, out)
+    with pytest.raises(memory.MemoryBudgetError, match="--memory"):
+        peaks = iter([9e9])
+        run_chunks(_table, 9, 4, plan=plan._replace(budget=memory.Budget(1e9, "t")))

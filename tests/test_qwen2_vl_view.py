@@ -232,7 +232,7 @@ def test_reports_on_a_checkpoint(tmp_path, capsys, report):
         }
         assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 3)
         (store,) = glob.glob(str(tmp_path / "patching" / "chunks" / "*"))
-        os.remove(os.path.join(store, "chunk_00001.npz"))
+        os.remove(os.path.join(store, "rows_000002-000003.npz"))  # the second chunk
         capsys.readouterr()
         again = analyse(run, str(tmp_path), log=lambda *_: None)
         assert "3/3 questions (2 resumed)" in capsys.readouterr().out  # the progress line

@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import re
+import warnings
 
 import jax
 import numpy as np
@@ -56,6 +57,10 @@ def test_fmt_ci_is_mean_std_and_a_clipped_t_interval():
     assert common.fmt_ci([0.5, 0.5, 0.5]) == "+0.500 +-0.000 [+0.500,+0.500]"
     # n = 2: t = 12.706, sd 0.5 / sqrt 2: the interval is clipped to [0, 1]
     assert common.fmt_ci([0.0, 1.0], 0.0, 1.0) == "+0.500 +-0.500 [+0.000,+1.000]"
+    # no finite value: said to be empty, without a numpy warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert common.fmt_ci([np.nan, np.nan]) == common.fmt_ci([]) == "empty (n = 0)"
 
 
 def _imports(path: pathlib.Path, module: str) -> set[str]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.spec import SceneSpec, occlude
@@ -73,19 +74,34 @@ def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid, batch=None):
     return (delta, means.mean(2), *si.grid_axes(delta, *grid))
 
 
-def _word_coords(view: VLMView, params, aux, ex: Examples, probe, probe_pos, slot: int,
+def _word_coords(view: VLMView, params, state_YxBxD, ex: Examples, probe, probe_pos, slot: int,
                  batch=None):  # fmt: skip
     """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
-    1 Y) at sites 1.., from one probe's IDs."""
+    1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs."""
     delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid, batch)
-    pos_B = (ex.spans.x_B, ex.spans.y_B)[slot]
-    state = si.states_at(aux, view.n_lm_blocks(params), pos_B)
     label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
     cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
     sites = range(1, delta.shape[0])
-    believed = [believed_coords(state[y], centres[y][label], h[y], v[y]) for y in sites]
+    believed = [believed_coords(state_YxBxD[y], centres[y][label], h[y], v[y]) for y in sites]
     true = [believed_coords(delta[y][cell], 0.0, h[y], v[y]) for y in sites]
     return jnp.stack(believed), jnp.stack(true)
+
+
+def question_states(view: VLMView, params, ex: Examples, batch=None):
+    """([B] answer margins, [2, Y, B, D] X's and Y's word states at every site) of the
+    examples, `batch` at a time (`spatial_ids.map_chunks`: one chunk's intermediates
+    held at once)."""
+    n = view.n_lm_blocks(params)
+    sites = [si.resid_site(y, n) for y in range(n + 1)]
+
+    def chunk(rows):
+        at = lambda x: si.take_rows(x, rows)  # noqa: E731
+        logits, aux = view.forward(params, at(ex.inputs), capture=sites)
+        words = [si.states_at(aux, n, at(w)) for w in (ex.spans.x_B, ex.spans.y_B)]
+        return margin(logits, at(ex.answer_B), at(ex.other_B)), jnp.moveaxis(jnp.stack(words), 2, 0)
+
+    m, words = si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
+    return m, jnp.moveaxis(words, 0, 2)
 
 
 def _per_relation(coords_R, relation_B):
@@ -107,20 +123,20 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
         Y's word follows the relation's words, so its state depends on the template.
       occluded_inputs: the examples under each of `OCCLUSIONS` (`occlusions`), rendered
         and stacked [O, ...].
-      batch: probe scenes per chunk of the IDs' forwards (`spatial_ids.word_states`).
+      batch: scenes per chunk of every forward, the probes' (`spatial_ids.word_states`)
+        and the examples' (`question_states`); None: all at once.
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
-    n = view.n_lm_blocks(params)  # one forward of the examples: every residual site
-    plain, aux = view.forward(params, ex.inputs, capture=["lm/resid_pre", f"lm/resid_post.{n - 1}"])
+    plain, states = question_states(view, params, ex, batch=batch)
     rel = jnp.asarray(ex.spec.relation_B)
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
     for slot in (0, 1):
         per = [
-            _word_coords(view, params, aux, ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch)
+            _word_coords(view, params, states[slot], ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch)
             for pair in probes
         ]  # fmt: skip
         coords.append(tuple(_per_relation([c[i] for c in per], rel) for i in (0, 1)))
@@ -128,12 +144,16 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
     deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, rel)
 
     def occluded(inputs):
-        return margin(view.forward(params, inputs)[0], ex.answer_B, ex.other_B)
+        def chunk(rows):
+            at = lambda x: si.take_rows(x, rows)  # noqa: E731
+            return margin(view.forward(params, at(inputs))[0], at(ex.answer_B), at(ex.other_B))
+
+        return si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
 
     return {
         "deviation": deviation,
         "believed": bx - by,
         "true": tx - ty,
         "occluded": jax.lax.map(occluded, occluded_inputs),
-        "margin": margin(plain, ex.answer_B, ex.other_B),
+        "margin": plain,
     }

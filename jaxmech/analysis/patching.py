@@ -33,6 +33,7 @@ import numpy as np
 from jaxmech.chunks import run_chunks
 from jaxmech.families.vlm_view import Spans, VLMView
 from jaxmech.models.edits import Edits
+from jaxmech.models.order import low_precision, tie
 
 GROUPS = ("image", "question", "objects", "last", "all")
 
@@ -75,6 +76,7 @@ def patch_logp(
     layers=None,
     shared_B=None,
     plan=None,
+    orig=None,
 ) -> dict:
     """Log-probabilities of each example's own answer word, plain and patched.
 
@@ -92,6 +94,8 @@ def patch_logp(
       plan: the rows each group's patch resumes from (`resume_plan`); default: from
         the groups when they are concrete. Given, the groups may be traced (one
         compiled call then serves every chunk of a larger set planned together).
+      orig: the examples' own plain run `(logits, aux)` capturing `table_sites`, when
+        it is shared by several twins' patches (default: run here).
 
     Returns:
       {"orig": [B], "twin": [B], "patched": [Y, G, B]} log p(answer_B) under the full
@@ -109,11 +113,14 @@ def patch_logp(
     answer, other = jnp.asarray(answer_B), jnp.asarray(other_B)
     layers = range(view.n_lm_blocks(params)) if layers is None else layers
     names = [f"lm/resid_pre.{y}" for y in layers]
+    # low-precision weights: the resumed runs one after another (`models.order`), each
+    # converting its blocks' weights as it runs, not every run's conversions at once
+    in_turn, last = low_precision(params), None
     plan = resume_plan(view, groups_GxBxS, shared_B) if plan is None else plan
     groups_GxBxS = jnp.asarray(groups_GxBxS)
-    sites = names + (list(view.cache_sites) if plan is not None else [])
+    sites = table_sites(view, layers, plan)
     twin_logits, twin_aux = view.forward(params, twin_inputs, capture=sites)
-    orig_logits, orig_aux = view.forward(params, inputs, capture=sites)
+    orig_logits, orig_aux = orig or view.forward(params, inputs, capture=sites)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
 
     def mixed(name, mask_BxS, s0=0):
@@ -130,11 +137,13 @@ def patch_logp(
 
             logits = jax.vmap(patched)(jnp.asarray(groups_GxBxS))
         else:
-            logits = jnp.stack([
-                view.forward_from(params, inputs, y, s0, mixed(name, groups_GxBxS[g], s0),
-                                  twin_aux if from_twin else orig_aux)
-                for g, (s0, from_twin) in enumerate(plan)
-            ])  # fmt: skip
+            runs = []
+            for g, (s0, from_twin) in enumerate(plan):
+                x = mixed(name, groups_GxBxS[g], s0)
+                x = tie(x, last) if in_turn and last is not None else x
+                runs.append(last := view.forward_from(params, inputs, y, s0, x,
+                                                      twin_aux if from_twin else orig_aux))  # fmt: skip
+            logits = jnp.stack(runs)
         per_layer.append(_answer_logp(logits, answer))
     return {
         "orig": orig,
@@ -143,6 +152,14 @@ def patch_logp(
         "orig_other": _answer_logp(orig_logits, other),
         "twin_other": _answer_logp(twin_logits, other),
     }
+
+
+def table_sites(view: VLMView, layers, plan) -> list[str]:
+    """The sites a patch reads from the plain runs: the residual entering each patched
+    layer, and the key / value cache where the patches resume (`plan`)."""
+    return [f"lm/resid_pre.{y}" for y in layers] + (
+        list(view.cache_sites) if plan is not None else []
+    )
 
 
 def resume_plan(view: VLMView, groups_GxBxS, shared_B=None):
@@ -182,8 +199,18 @@ def table_call(view: VLMView, plan, layers, twin_names):
         g = jnp.swapaxes(groups_BxGxS, 0, 1)
 
         def one_model(p):
-            return {t: patch_logp(view, p, inputs, twins[t], g, answer_B, other_B, layers,
-                                  plan=plan) for t in twin_names}  # fmt: skip
+            # the example's run once; the twins one after another through one program
+            # (a lax.map: the patched runs compiled once, not once per twin)
+            orig = view.forward(p, inputs, capture=table_sites(view, layers, plan))
+            stacked = jax.tree_util.tree_map(
+                lambda *x: jnp.stack(x), *(twins[t] for t in twin_names)
+            )
+            out = jax.lax.map(lambda tw: patch_logp(view, p, inputs, tw, g, answer_B, other_B,
+                                                    layers, plan=plan, orig=orig), stacked)  # fmt: skip
+            return {
+                t: jax.tree_util.tree_map(lambda x, i=i: x[i], out)
+                for i, t in enumerate(twin_names)
+            }
 
         if jax.tree_util.tree_leaves(params_K)[0].shape[0] == 1:  # one model (a checkpoint):
             # unbatched, as a vmap over a size-1 axis makes XLA's contractions slower
@@ -202,13 +229,14 @@ def chunk_args(inputs, twins: dict, groups_GxBxS, answer_B, other_B, rows) -> tu
 
 def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
                 other_B, layers=None, shared_B=None, batch=None, progress=None,
-                call=None, store=None) -> dict:  # fmt: skip
+                call=None, store=None, plan=None) -> dict:  # fmt: skip
     """{twin: `patch_logp` of K stacked models} over every example, `batch` at a time
     (default all) through one compiled call (`table_call`, with its resumed rows
     planned over every example; `call`: one built before, e.g. to time it without its
     compile). The last chunk is padded and cut. `progress(done, n, resumed)` after each
-    chunk; `store` (`chunks.ChunkStore`): finished chunks kept and resumed. Host NumPy
-    out, the examples' axis last."""
+    chunk; `store` (`chunks.ChunkStore`): finished chunks kept and resumed; `plan`
+    (`memory.Plan`): each chunk's peak measured, the rows shrunk when it went over
+    (`chunks.run_chunks`). Host NumPy out, the examples' axis last."""
     call = call or table_call_for(view, params_K, twins, groups_GxBxS, layers, shared_B)
     n = len(np.asarray(answer_B))
 
@@ -216,7 +244,7 @@ def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answ
         args = chunk_args(inputs, twins, groups_GxBxS, answer_B, other_B, rows)
         return jax.device_get(call(params_K, *args))
 
-    return run_chunks(chunk, n, batch or n, progress, store)
+    return run_chunks(chunk, n, batch or n, progress, store, plan)
 
 
 def table_call_for(view: VLMView, params_K, twins: dict, groups_GxBxS, layers=None,
@@ -229,7 +257,7 @@ def table_call_for(view: VLMView, params_K, twins: dict, groups_GxBxS, layers=No
 
 
 def table_compile_at(call, params_K, inputs, twins: dict, groups_GxBxS, answer_B, other_B):
-    """`b -> call` compiled for chunks of b examples (for `sizing.rows_for_memory`)."""
+    """`b -> call` compiled for chunks of b examples (for `memory.plan_rows`)."""
     n = len(np.asarray(answer_B))
 
     def compile_at(b: int):

@@ -37,7 +37,7 @@ import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.spec import RELATIONS
-from jaxmech.families.vlm_view import VLMView, margin, rows_at
+from jaxmech.families.vlm_view import VLMView, margin, model_outline, over_models, rows_at
 from jaxmech.models.edits import Edits
 
 KINDS = ("id", "noise", "orthogonal")
@@ -107,11 +107,17 @@ def matched_noise(key, like_BxD, projector_DxD=None):
     return z * norm / jnp.maximum(jnp.linalg.norm(z, axis=-1, keepdims=True), 1e-30)
 
 
-def unsteered(view: VLMView, params, ex):
+def unsteered(view: VLMView, params, ex, batch=None):
     """(logits [B, V], intermediates) of the examples' plain forward, which every site's
     steering starts from (`flip_margins`, `authors_margins`: pass it as `clean`): the
-    residual entering every LM block and the view's `cache_sites` (to resume from)."""
-    return view.forward(params, ex.inputs, capture=["lm/resid_pre", *view.cache_sites])
+    residual entering every LM block and the view's `cache_sites` (to resume from);
+    `batch` examples at a time (`spatial_ids.map_chunks`; None: all at once)."""
+
+    def chunk(rows):
+        inputs = si.take_rows(ex.inputs, rows)
+        return view.forward(params, inputs, capture=["lm/resid_pre", *view.cache_sites])
+
+    return si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
 
 
 def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key, clean=None) -> dict:  # fmt: skip
@@ -243,6 +249,7 @@ def steer_models(
     labels=None,
     sites=None,
     probe_batch=None,
+    call=None,
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -252,26 +259,29 @@ def steer_models(
     the examples' relations and the IDs `delta` [K, Y, L, D] of every site, from probe
     scenes of `labels` (`spatial_ids.probe`; default every label: a caller with
     training labels passes those, as the paper's universal ID). `sites`: the LM sites
-    steered (default every y >= 1); `probe_batch`: probe scenes per chunk of the IDs'
-    forward (`spatial_ids.word_states`)."""
+    steered (default every y >= 1); `probe_batch`: scenes per chunk of the IDs' probe
+    forward (`spatial_ids.word_states`) and of the examples' plain one (`unsteered`);
+    `call(fn, args)`: how the one program runs (default jitted, results on the host;
+    a report's logs its compile and compute times)."""
+    call = call or (lambda fn, args: jax.device_get(jax.jit(fn)(*args)))
     pr = si.probe(view, range(1, view.n_labels + 1) if labels is None else labels)
-    n_blocks = view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K))
+    n_blocks = view.n_lm_blocks(model_outline(params_K))
     sites = range(1, n_blocks) if sites is None else sites
     words = np.asarray(view.answer_words)[:2].ravel()  # left, right, above, below
     L = view.grid.cells
 
-    def one_model(args):
-        p, key = args
-        states = si.word_states(view, p, pr.inputs, pr.spans.x_B, probe_batch)
+    def one_model(args, inputs):  # the rendered inputs arguments, not folded constants
+        (p, key), ex_ = args, ex._replace(inputs=inputs[1])
+        states = si.word_states(view, p, inputs[0], pr.spans.x_B, probe_batch)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
-        clean = unsteered(view, p, ex)  # one plain forward serves every site
+        clean = unsteered(view, p, ex_, probe_batch)  # one plain forward serves every site
         out = [
             (
-                flip_margins(view, p, ex, y, delta[y], source_B, target_B, ALPHAS, key, clean),
-                id_curve(view, p, ex, y, delta[y], source_B, CURVE_ALPHA, words, clean),
-                id_curve(view, p, ex, y, delta[y], source_B, PAPER_CURVE_ALPHA, words, clean),
+                flip_margins(view, p, ex_, y, delta[y], source_B, target_B, ALPHAS, key, clean),
+                id_curve(view, p, ex_, y, delta[y], source_B, CURVE_ALPHA, words, clean),
+                id_curve(view, p, ex_, y, delta[y], source_B, PAPER_CURVE_ALPHA, words, clean),
                 authors_margins(
-                    view, p, ex, y, delta[y], source_B, target_B, AUTHORS_SCALE, key, clean
+                    view, p, ex_, y, delta[y], source_B, target_B, AUTHORS_SCALE, key, clean
                 ),  # fmt: skip
             )
             for y in sites
@@ -281,8 +291,9 @@ def steer_models(
 
     k = len(jax.tree_util.tree_leaves(params_K)[0])
     keys = jax.random.split(jax.random.PRNGKey(seed), k)
-    flips, curves, paper_curves, authors, delta = jax.device_get(
-        jax.lax.map(jax.jit(one_model), (params_K, keys))
+    models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
+    flips, curves, paper_curves, authors, delta = call(
+        models, ((params_K, keys), (pr.inputs, ex.inputs))
     )
     return {
         "flips": flips,

@@ -107,6 +107,35 @@ class VLMView(NamedTuple):
     cache_sites: tuple = ()
 
 
+OUTLINE_ELEMENTS = 2**20  # leaves this large stand in as shapes in `model_outline`
+
+
+def model_outline(params_K, k: int = 0):
+    """Model k of stacked params [K, ...] for a view's questions about a model's shape
+    and switches (`n_lm_blocks`, `vit_positions`, `vit_blocks`, `lm_position_ids`, ...,
+    or lowering a program): leaves under OUTLINE_ELEMENTS sliced, larger ones as
+    `jax.ShapeDtypeStruct`s, so a real checkpoint's weights are not copied (an eager
+    slice copies: 4.1 GB more for Qwen2-VL-2B). A toy's params are all small: whole."""
+
+    def one(x):
+        if x.size // x.shape[0] >= OUTLINE_ELEMENTS:
+            return jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+        return x[k]
+
+    return jax.tree_util.tree_map(one, params_K)
+
+
+def over_models(fn, models_K):
+    """`fn(model)` for every model of a stack (a pytree whose leaves lead with K), in a
+    `lax.map` (one at a time), stacked [K, ...]. Under jit. One model (a checkpoint) is
+    not mapped: a scan slices each model's weights into its loop, a copy of them all
+    (4.1 GB more for Qwen2-VL-2B), where a size-1 axis taken off is free."""
+    if jax.tree_util.tree_leaves(models_K)[0].shape[0] == 1:
+        out = fn(jax.tree_util.tree_map(lambda x: x[0], models_K))
+        return jax.tree_util.tree_map(lambda x: x[None], out)
+    return jax.lax.map(fn, models_K)
+
+
 def resid_site(site: int, n_blocks: int) -> str:
     """The LM's residual stream at site `site` in 0..n_blocks: entering block `site`, or
     the last block's output for site = n_blocks."""

@@ -45,7 +45,8 @@ from jaxmech.data.scenes import eval_masks
 from jaxmech.data.spec import PRESENCE, take
 from jaxmech.data.tasks import get_task
 from jaxmech.families import get_family, view_for
-from jaxmech.families.vlm_view import Examples, VLMView, examples
+from jaxmech.families.vlm_view import Examples, VLMView, examples, model_outline
+from jaxmech.memory import memory_budget, peak_bytes, plan_rows, release_freed, tree_bytes
 from jaxmech.results import load_config, load_run, write_csv
 from jaxmech.stats import mean_ci
 
@@ -378,6 +379,9 @@ def report_main(analyse, refusal, on_checkpoint=None, video: bool = False):
                 os.path.normpath(F.checkpoint)))  # fmt: skip
             print(f"\n=== {F.checkpoint} -> {out}")
             on_checkpoint(run, out)
+            budget = run.data.budget
+            print(f"memory: peak {peak_bytes() / 2**30:.2f} GB resident (budget "
+                  f"{budget.bytes / 2**30:.1f} GB)")  # fmt: skip
             return
         try:
             runs = check_runs(F.run, refusal)
@@ -522,10 +526,10 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
 class CheckpointData(NamedTuple):
     """What a checkpoint's `LoadedRun` holds instead of a task's data: its VLM view, its
     question set (`data.spec.pair_questions`), the LM blocks a report studies (None:
-    every one), the scenes per compiled call (None: sized from the compiled program's
-    memory analysis, `rows_per_call`), what the questions depend on (`key`: the
-    checkpoint's files and the options, for `table_store`) and where a report keeps
-    its finished chunks (None: nowhere; `analyse_loaded` sets it)."""
+    every one), the scenes per compiled call (None: planned within `budget` from the
+    compiled program's memory analysis, `rows_per_call`), what the questions depend on
+    (`key`: the checkpoint's files and the options, for `table_store`) and where a
+    report keeps its finished chunks (None: nowhere; `analyse_loaded` sets it)."""
 
     view: VLMView
     specs: dict
@@ -533,6 +537,7 @@ class CheckpointData(NamedTuple):
     batch: int | None
     key: dict
     chunks: str | None = None
+    budget: Any = None  # memory.Budget: the peak the report may hold
 
 
 def checkpoint_data(run: LoadedRun) -> CheckpointData | None:
@@ -543,42 +548,44 @@ def steered_sites(run: LoadedRun) -> list[int]:
     """The LM sites the steering reports steer: every y >= 1 (before it the object word
     has seen no image), a checkpoint's within its `--layers`."""
     ckpt = checkpoint_data(run)
-    n = view_of(run).n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], run.params))
+    n = view_of(run).n_lm_blocks(model_outline(run.params))
     return [y for y in (ckpt.layers if ckpt and ckpt.layers else range(n)) if y >= 1]
 
 
-def rows_per_call(run: LoadedRun, compile_at, n: int, log=print) -> int:
-    """Rows per compiled call of a table over `n` questions: all of a run's; a
-    checkpoint's `--batch`, or where that is None the most whose compiled program
-    (`compile_at(b)`) fits in memory (`sizing.rows_for_memory`, logged)."""
-    from jaxmech.sizing import rows_for_memory
-
+def rows_per_call(run: LoadedRun, compile_at, n: int, log=print):
+    """(rows per compiled call of a table over `n` questions, its `memory.Plan` or
+    None): all of a run's; a checkpoint's `--batch`, or where that is None the most
+    whose compiled program (`compile_at(b)`) fits in the checkpoint's memory budget
+    beside what is held (`memory.plan_rows`, logged; the weights, arguments of the
+    program, are counted once). Raises `memory.MemoryBudgetError` when one does not
+    fit."""
     ckpt = checkpoint_data(run)
     if ckpt is None:
-        return n
+        return n, None
     if ckpt.batch is not None:
-        return min(ckpt.batch, n)
-    rows, how = rows_for_memory(compile_at, n)
-    log(f"  questions per call: {how}")
-    return rows
+        return min(ckpt.batch, n), None
+    plan = plan_rows(compile_at, n, ckpt.budget or memory_budget(), tree_bytes(run.params), log)
+    log(f"  memory: {plan.text()}")
+    return plan.rows, plan
 
 
 def probe_rows(run: LoadedRun, log=print) -> int | None:
-    """Probe scenes per chunk of a checkpoint's probe forwards (`spatial_ids.map_chunks`):
-    its `rows_per_call` of the view's forward capturing every residual site, on probe
-    scenes; None (every scene at once) for a run."""
+    """Probe scenes per chunk of a checkpoint's forwards inside one compiled report
+    (`spatial_ids.map_chunks`: the probes', and the questions' where a report chunks
+    them too): its `rows_per_call` of the view's forward capturing every residual site,
+    on probe scenes; None (every scene at once) for a run."""
     from jaxmech.analysis import spatial_ids as si
 
     if checkpoint_data(run) is None:
         return None
-    view, first = view_of(run), jax.tree_util.tree_map(lambda x: x[0], run.params)
+    view, first = view_of(run), model_outline(run.params)
     n_blocks = view.n_lm_blocks(first)
     sites = [si.resid_site(y, n_blocks) for y in range(n_blocks + 1)]
     inputs = si.probe(view, [1], placements=1).inputs
     n = len(np.asarray(jax.tree_util.tree_leaves(inputs)[0]))
     f = jax.jit(lambda p, x: view.forward(p, x, capture=sites))
     at = lambda b: jax.tree_util.tree_map(lambda v: np.asarray(v)[np.arange(b) % n], inputs)  # noqa: E731
-    return rows_per_call(run, lambda b: f.lower(first, at(b)).compile(), 1 << 30, log)
+    return rows_per_call(run, lambda b: f.lower(first, at(b)).compile(), 1 << 30, log)[0]
 
 
 def table_store(run: LoadedRun, table: str, **what):
@@ -613,14 +620,17 @@ def chunk_progress(log, batch: int):
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
-                    video: bool = False, log=print) -> LoadedRun:  # fmt: skip
+                    video: bool = False, memory: str | None = None,
+                    log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
     reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
     relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
     config, settings or task. `video`: the scenes drawn as videos (the family's video
-    view), asked about time only (relation 1: before / after). Bad options raise
-    ValueError naming them, before the weights are read."""
+    view), asked about time only (relation 1: before / after). `memory`: the budget
+    (`memory.memory_budget`: GB, a fraction or a percent; None: the default) every
+    table's rows per call are planned within. Bad options raise ValueError naming
+    them, before the weights are read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
@@ -629,13 +639,18 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
         if v < 1:
             raise ValueError(f"{name} = {v}: expected at least 1")
+    budget = memory_budget(memory)
     family, config = read_checkpoint_config(folder)
     view = family.vlm_view(folder, config, Grid(*grid), size, video=video)
     n = view.n_lm_blocks(None)
     if layers is not None and (not layers or min(layers) < 0 or max(layers) >= n):
         raise ValueError(f"layers = {list(layers)}: expected LM blocks in [0, {n})")
+    log(f"loading {folder} ({dtype})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
-    log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}")
+    release_freed()  # the tensors' host copies
+    log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}, weights "
+        f"{tree_bytes(params) / 2**30:.2f} GB; memory budget {budget.bytes / 2**30:.1f} GB "
+        f"({budget.how})")  # fmt: skip
     per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
                for rel in ((1,) if video else (0, 1))]  # fmt: skip
     specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
@@ -644,15 +659,25 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     return LoadedRun(
         path=folder,
         config=None,
-        params=jax.tree_util.tree_map(lambda x: x[None], params),
+        params=jax.tree_util.tree_map(_stacked, params),
         settings=None,
-        data=CheckpointData(view, specs, None if layers is None else tuple(layers), batch, key),
+        data=CheckpointData(
+            view, specs, None if layers is None else tuple(layers), batch, key, budget=budget
+        ),  # fmt: skip
         results=[{"model": 0, "diverged_step": -1}],
         models=(0,),
         excluded=(),
         family=family,
         examples=None,
     )
+
+
+def _stacked(x):
+    """x [...] as one model [1, ...], the unstacked copy freed at once (so a loaded
+    checkpoint's weights are never held twice)."""
+    y = x[None]
+    x.delete()
+    return y
 
 
 def _take(tree, index: np.ndarray):
@@ -701,6 +726,24 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
     )
 
 
+def compiled_call(fn, args: tuple, what: str, log=print):
+    """`jax.device_get(jax.jit(fn)(*args))`, compiled first, with compile and compute
+    times logged apart (`what` names the call), so a long call is not a silent one."""
+    import time
+
+    t0 = time.perf_counter()
+    log(f"  {what}: compiling")
+    call = jax.jit(fn).lower(*args).compile()
+    release_freed()  # the compile's scratch
+    t1 = time.perf_counter()
+    m = call.memory_analysis()
+    scratch = f", XLA's scratch {m.temp_size_in_bytes / 2**30:.2f} GB" if m is not None else ""
+    log(f"  {what}: compiled in {t1 - t0:.0f} s{scratch}; computing")
+    out = jax.device_get(call(*args))
+    log(f"  {what}: computed in {time.perf_counter() - t1:.0f} s")
+    return out
+
+
 def write_json(path: str, obj) -> None:
     """A report's summary.json (NumPy scalars written as floats)."""
     with open(path, "w") as f:
@@ -721,10 +764,13 @@ def fmt_spread(values, cell: str = "{mean:6.3f} +-{std:5.3f} [{min:.2f},{max:.2f
 
 
 def fmt_ci(values, lo: float | None = -1.0, hi: float | None = 1.0) -> str:
-    """mean +-std [95% CI] over models (interval clipped to [lo, hi]), one table cell."""
-    m, a, b, _ = mean_ci(values, lo, hi)
-    sd = float(np.nanstd(np.asarray(values, float)))
-    return f"{m:+.3f} +-{sd:.3f} [{a:+.3f},{b:+.3f}]"
+    """mean +-std [95% CI] over models (interval clipped to [lo, hi]), one table cell;
+    "empty (n = 0)" where no value is finite (never a measured-looking zero or NaN)."""
+    m, a, b, n = mean_ci(values, lo, hi)
+    if n == 0:
+        return "empty (n = 0)"
+    v = np.asarray(values, float)
+    return f"{m:+.3f} +-{float(v[np.isfinite(v)].std()):.3f} [{a:+.3f},{b:+.3f}]"
 
 
 def ablation_rows(table: dict, columns: list[dict], metrics, models=None) -> list[dict]:

@@ -28,7 +28,7 @@ import numpy as np
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.chunks import run_chunks
 from jaxmech.data.spec import RELATIONS, swap_named
-from jaxmech.families.vlm_view import examples
+from jaxmech.families.vlm_view import examples, model_outline, over_models
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -74,7 +74,7 @@ def compute(run: LoadedRun, log=print) -> dict:
     chunks kept and resumed: `common.table_store`), its counterfactuals one after
     another (memory); a run's all at once."""
     view, ex = view_of(run), relation_questions(run)
-    first = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    first = model_outline(run.params)
     names = cfa.names_for(view, first)
     cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
     stack = lambda *xs: np.stack(xs)  # noqa: E731
@@ -98,7 +98,7 @@ def compute(run: LoadedRun, log=print) -> dict:
                 "swapped": cfa.margins(view, p, sw, sw_answer, sw_other, plain)[0],
             }
 
-        return jax.lax.map(one_model, params_K)
+        return over_models(one_model, params_K)
 
     def args(rows):
         take_b = lambda tree, axis=0: jax.tree_util.tree_map(  # noqa: E731
@@ -108,10 +108,12 @@ def compute(run: LoadedRun, log=print) -> dict:
         return (run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
                 take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids)  # fmt: skip
 
-    batch = rows_per_call(run, lambda b: chunk.lower(*args(np.arange(b) % n)).compile(), n, log)
-    store = table_store(run, "counterfactuals", names=names, batch=batch)
+    batch, plan = rows_per_call(
+        run, lambda b: chunk.lower(*args(np.arange(b) % n)).compile(), n, log
+    )
+    store = table_store(run, "counterfactuals", names=names)
     out = run_chunks(lambda rows: jax.device_get(chunk(*args(rows))), n, batch,
-                     chunk_progress(log, batch), store)  # fmt: skip
+                     chunk_progress(log, batch), store, plan, log)  # fmt: skip
     return out | {"relation": np.asarray(ex.spec.relation_B), "names": names}
 
 
@@ -221,7 +223,7 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     ids = getattr(getattr(run.config, "model", None), "lm_pos_ids", "the family's")
     words = EXAMPLE_WORDS.get(run.examples, "pair questions")
     log(f"{run.k} models; {words}; lm_pos_ids {ids!r}")
-    note = notes(view_of(run), jax.tree_util.tree_map(lambda x: x[0], run.params), run.config)
+    note = notes(view_of(run), model_outline(run.params), run.config)
     summary = summarise(tables["table"], tables["errors"], res["names"], log, note)
     summary |= {"notes": note} if note else {}
     return summary | {"excluded": list(run.excluded)}

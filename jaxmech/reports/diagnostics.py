@@ -31,6 +31,7 @@ import numpy as np
 
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
+from jaxmech.families.vlm_view import over_models
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -38,6 +39,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    compiled_call,
     declared,
     fmt_ci,
     id_labels,
@@ -80,11 +82,21 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
 
     batch = probe_rows(run)
 
-    def one_model(args):
-        p, o = args
-        return dg.diagnose(view, p, ex, probes, o, batch)
+    # the rendered inputs are arguments, not constants folded into the program
+    inputs = (ex.inputs, [[pr.inputs for pr in pair] for pair in probes])
 
-    out = jax.device_get(jax.lax.map(jax.jit(one_model), (run.params, occ)))
+    def one_model(args, inputs):
+        p, o = args
+        own = [
+            [pr._replace(inputs=x) for pr, x in zip(pair, xs)]
+            for pair, xs in zip(probes, inputs[1])
+        ]
+        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch)
+
+    models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
+    n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)
+    what = f"diagnostics ({n_probes} probe scenes, {len(ex.answer_B)} questions x 4)"
+    out = compiled_call(models, ((run.params, occ), inputs), what)
     return out | {"relation": np.asarray(ex.spec.relation_B)}
 
 

@@ -25,8 +25,6 @@ this process, so each ratio compares them in the same minute; medians of `repeat
 from __future__ import annotations
 
 import functools
-import json
-import os
 import statistics
 import tempfile
 import time
@@ -43,59 +41,15 @@ from jaxmech.analysis.patching import (
     table_call_for,
     token_groups,
 )
-from jaxmech.data import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.families.qwen2_vl import params as qwen_params
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.families.qwen2_vl.processor import chat_prompt
+from jaxmech.families.qwen2_vl.stand_in import word_tokenizer
 from jaxmech.families.qwen2_vl.view import checkpoint_view
 from jaxmech.families.vlm_view import examples
 from jaxmech.models.edits import Edits
 
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
-            "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")  # fmt: skip
 TABLE_GROUPS = ("image", "question", "objects", "last")
-
-
-def prompt_words() -> list[str]:
-    """Every word the pictures' prompts use (`data.pictures`, the chat template)."""
-    text = " ".join(pictures.TEMPLATES + (pictures.MIDDLE, chat_prompt("")))
-    text += " " + " ".join(pictures.SHAPES + tuple(pictures.COLOURS))
-    text += " Left Right Above Below Yes No an a"
-    for s in SPECIALS:
-        text = text.replace(s, " ")
-    words = text.replace("{", " ").replace("}", " ").split()
-    pieces = {p for w in words for p in _split_punct(w)}
-    return sorted(pieces)
-
-
-def _split_punct(word: str) -> list[str]:
-    out, cur = [], ""
-    for ch in word:
-        if ch.isalnum() or ch == "_":
-            cur += ch
-        else:
-            out += [cur] if cur else []
-            out.append(ch)
-            cur = ""
-    return out + ([cur] if cur else [])
-
-
-def word_tokenizer(folder: str) -> dict:
-    """Writes a word-level tokenizer.json (the prompts' words, then `SPECIALS`) and a
-    default preprocessor_config.json into `folder`; returns the special tokens' ids."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"[UNK]": 0} | {w: i + 1 for i, w in enumerate(prompt_words())}
-    first = len(vocab)
-    vocab |= {t: first + i for i, t in enumerate(SPECIALS)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(list(SPECIALS))
-    tok.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "preprocessor_config.json"), "w") as f:
-        json.dump({"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2}, f)
-    return {t: vocab[t] for t in SPECIALS}
 
 
 def bench_config(ids: dict) -> QwenVLConfig:

@@ -91,10 +91,11 @@ def compute(run: LoadedRun, log=print) -> dict:
     call = table_call_for(view, run.params, twins, groups, layers, shared)
     t0 = time.perf_counter()
     at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
-    batch = rows_per_call(run, at, n, log)
-    store = table_store(run, "patching", layers=layers, batch=batch)
+    batch, plan = rows_per_call(run, at, n, log)
+    store = table_store(run, "patching", layers=layers)
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
-                       batch=batch, progress=chunk_progress(log, batch), call=call, store=store)  # fmt: skip
+                       batch=batch, progress=chunk_progress(log, batch), call=call, store=store,
+                       plan=plan)  # fmt: skip
     return {
         "logp": logp,
         "answer": np.asarray(ex.answer_B),

@@ -27,13 +27,14 @@ import jax
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.families.vlm_view import cell_tokens
+from jaxmech.families.vlm_view import cell_tokens, over_models
 from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     analyse_loaded,
+    compiled_call,
     declared,
     fmt_ci,
     id_labels,
@@ -85,8 +86,8 @@ def compute(run: LoadedRun) -> dict:
     batch = probe_rows(run) or len(label)
     zeros = np.zeros(len(label), np.int32)
 
-    def one_model(p):
-        aux = si.chunked_probe(view, p, pr.inputs, pr.spans.x_B, token, batch)
+    def one_model(p, inputs):  # the probes' inputs an argument, not a folded constant
+        aux = si.chunked_probe(view, p, inputs, pr.spans.x_B, token, batch)
         states = si.states_at(aux, view.n_lm_blocks(p), zeros)
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
@@ -104,7 +105,10 @@ def compute(run: LoadedRun) -> dict:
             "analytic": analytic(ana),
         }
 
-    return jax.device_get(jax.lax.map(jax.jit(one_model), run.params))
+    models = lambda ps, x: over_models(lambda p: one_model(p, x), ps)  # noqa: E731
+    return compiled_call(
+        models, (run.params, pr.inputs), f"spatial IDs ({len(label)} probe scenes)"
+    )
 
 
 def _rows(res: dict, models) -> tuple[list[dict], list[dict], list[dict]]:

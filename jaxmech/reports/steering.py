@@ -49,6 +49,7 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    compiled_call,
     declared,
     fmt_ci,
     id_labels,
@@ -73,8 +74,10 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites."""
     ex, source, target = steering_examples(run)
     sites = steered_sites(run)
+    what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
     res = st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run),
-                          sites, probe_rows(run))  # fmt: skip
+                          sites, probe_rows(run),
+                          lambda fn, args: compiled_call(fn, args, what))  # fmt: skip
     return res | {"sites": sites}
 
 

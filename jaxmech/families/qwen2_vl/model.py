@@ -52,6 +52,7 @@ from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.order import low_precision, tie
 
 
 class Inputs(NamedTuple):
@@ -174,12 +175,20 @@ def mlp(block, x, act):
     return y + block["b_out"] if "b_out" in block else y
 
 
+def after(x, weights):
+    """(x, weights), low-precision `weights` computed after `x` (`models.order.tie`):
+    XLA's CPU backend would otherwise convert every block's weights to float32 at the
+    start and hold them all (5.5 GB of scratch at Qwen2-VL-2B's size); tied, each
+    block's copy is made when the block runs. Float32 weights pass untouched."""
+    return (x, tie(weights, x)) if low_precision(weights) else (x, weights)
+
+
 def block_forward(
     block, x, angles, mask, site, part: str, i: int, eps, act, cache=None, q_last=False
 ):
     """One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)); `q_last`: for the
     last row only ([B, 1, D] out; keys and values from every row)."""
-    x = site(f"{part}/resid_pre.{i}", x)
+    x, block = after(site(f"{part}/resid_pre.{i}", x), block)
     attn = attention(block, _norm(block, "ln1", x, eps), angles, mask, site, part, i, cache, q_last)
     x = x[:, -1:] if q_last else x
     x = site(f"{part}/resid_mid.{i}", x + site(f"{part}/attn_out.{i}", attn))
@@ -223,6 +232,7 @@ def vision(params, inputs: Inputs, c: QwenVLConfig, edits: Edits, site) -> jax.A
 
 def merger(m, x, c: QwenVLConfig):
     """norm, each merge block of patches concatenated, Linear, GELU, Linear."""
+    x, m = after(x, m)
     h = _norm(m, "ln", x, 1e-6)
     h = h.reshape(h.shape[0], h.shape[1] // c.merge_size**2, c.merge_width)
     h = ACT["gelu"](h @ m["W1"] + m["b1"])
@@ -289,7 +299,9 @@ def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site, resume=No
 
 
 def unembed(lm, x):
-    """Logits of the rows `x` [..., D]: x W_U, or x E^T for tied embeddings."""
+    """Logits of the rows `x` [..., D]: x W_U, or x E^T for tied embeddings. Not tied to
+    `x` (`after`): a table's runs share one float32 copy of the unembedding, 0.9 GB at
+    Qwen2-VL-2B's size, where tied ones would each make their own."""
     if "W_U" in lm:
         return x @ lm["W_U"]
     return jnp.einsum("...d,vd->...v", x, lm["E"])

@@ -118,37 +118,63 @@ def read_image(image) -> np.ndarray:
     return x
 
 
-def patches(image, s: ImageSettings):
-    """(float32 [P, C T p p] the flattened patches, (1, h, w) the patch grid)."""
+def pixel_table(s: ImageSettings) -> np.ndarray:
+    """float32 [3, 256]: each channel's normalised value of every uint8 level, computed
+    as the reference does (rescale in float64, cast, then (x - mean) / std in float32),
+    so a patch's values are `table[channel, code]` exactly (`decode_pixels`)."""
+    v = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)[:, None]
+    return np.ascontiguousarray(
+        ((v - np.asarray(s.mean, np.float32)) / np.asarray(s.std, np.float32)).T
+    )
+
+
+def decode_pixels(codes_BxPxF, table_3x256, features_per_channel: int):
+    """float32 [B, P, F] the normalised patches of uint8 patch codes (`encode(...,
+    codes=True)`; the layout (C, T, p, p) per patch), in or outside jit."""
+    import jax.numpy as jnp
+
+    F = codes_BxPxF.shape[-1]
+    channel_F = jnp.arange(F) // features_per_channel
+    return jnp.asarray(table_3x256)[channel_F, jnp.asarray(codes_BxPxF).astype(jnp.int32)]
+
+
+def patches(image, s: ImageSettings, codes: bool = False):
+    """(float32 [P, C T p p] the flattened patches, (1, h, w) the patch grid); `codes`:
+    the uint8 levels instead, a quarter of the bytes (`decode_pixels` gives the floats)."""
     x = read_image(image)
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
     h, w = smart_resize(x.shape[0], x.shape[1], p * m, s.min_pixels, s.max_pixels)
-    x = np.asarray(Image.fromarray(x).resize((w, h), Image.BICUBIC))
-    x = (x.astype(np.float64) * (1 / 255)).astype(np.float32)
-    x = ((x - np.asarray(s.mean, np.float32)) / np.asarray(s.std, np.float32)).transpose(2, 0, 1)
+    x = np.asarray(Image.fromarray(x).resize((w, h), Image.BICUBIC)).transpose(2, 0, 1)
     gh, gw = h // p, w // p
     x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     x = np.broadcast_to(x[:, :, :, :, :, None], x.shape[:5] + (T, p, p))
-    return np.ascontiguousarray(x.reshape(gh * gw, 3 * T * p * p)), (1, gh, gw)
+    return _levels(x.reshape(gh * gw, 3 * T * p * p), s, codes), (1, gh, gw)
 
 
-def video_patches(frames, s: ImageSettings):
+def _levels(x_uint8, s: ImageSettings, codes: bool) -> np.ndarray:
+    """Patches [P, C T p p] of uint8 levels as they are (`codes`) or normalised."""
+    x = np.ascontiguousarray(x_uint8)
+    if codes:
+        return x
+    per_channel = x.shape[-1] // 3
+    return pixel_table(s)[np.arange(x.shape[-1]) // per_channel, x]
+
+
+def video_patches(frames, s: ImageSettings, codes: bool = False):
     """(float32 [P, C T p p] the flattened patches, (t, h, w) the patch grid) of a video
     ([F, H, W, 3] uint8 frames, at a size the processor keeps: `check_frame_size`).
     Frames pair up over the temporal patch (the last repeated to an even count), in the
     reference video processor's patch order: temporal patch, merged row, merged column,
-    then (C, T, p, p)."""
+    then (C, T, p, p). `codes`: the uint8 levels instead (`patches`)."""
     x = np.asarray(frames)
     if x.ndim != 4 or x.shape[-1] != 3 or x.dtype != np.uint8:
         raise ValueError(f"video: shape {x.shape} {x.dtype}, expected uint8 [F, H, W, 3]")
     check_frame_size(x.shape[1], x.shape[2], s)
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
-    x = np.concatenate([x, np.repeat(x[-1:], -len(x) % T, 0)])
-    x = (x.astype(np.float64) * (1 / 255)).astype(np.float32)
-    x = ((x - np.asarray(s.mean, np.float32)) / np.asarray(s.std, np.float32)).transpose(0, 3, 1, 2)
+    x = np.concatenate([x, np.repeat(x[-1:], -len(x) % T, 0)]).transpose(0, 3, 1, 2)
     t, gh, gw = len(x) // T, x.shape[2] // p, x.shape[3] // p
     x = x.reshape(t, T, 3, gh // m, m, p, gw // m, m, p).transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return np.ascontiguousarray(x.reshape(t * gh * gw, 3 * T * p * p)), (t, gh, gw)
+    return _levels(x.reshape(t * gh * gw, 3 * T * p * p), s, codes), (t, gh, gw)
 
 
 def check_frame_size(height: int, width: int, s: ImageSettings) -> None:
@@ -227,13 +253,13 @@ def _check_batch(images, questions):
         raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
 
 
-def _pixels(proc: Processor, images):
+def _pixels(proc: Processor, images, codes: bool = False):
     if (
         proc.images.patch_size != proc.config.patch_size
         or proc.images.merge_size != proc.config.merge_size
     ):
         raise ValueError("preprocessor_config.json: patch / merge size differ from config.json's")
-    out = [patches(im, proc.images) for im in images]
+    out = [patches(im, proc.images, codes) for im in images]
     grids = {g for _, g in out}
     if len(grids) > 1:
         raise ValueError(
@@ -243,23 +269,25 @@ def _pixels(proc: Processor, images):
     return np.stack([p for p, _ in out]), out[0][1]
 
 
-def encode(proc: Processor, images, questions) -> Encoded:
-    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch."""
+def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
+    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
+    (`codes`: its pixels as uint8 levels, `decode_pixels` before `model.forward`)."""
     _check_batch(images, questions)
-    pixels, grid = _pixels(proc, images)
+    pixels, grid = _pixels(proc, images, codes)
     return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id)
 
 
-def encode_video(proc: Processor, videos, questions, fps: float = 24.0) -> Encoded:
+def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
+                 codes: bool = False) -> Encoded:  # fmt: skip
     """Videos (uint8 [F, H, W, 3] frames each, one size for all: `video_patches`) and one
     question each -> an `Encoded` batch, each video where the chat template puts it
     (`<|video_pad|>`). `fps`: the frames' rate, which only Qwen2.5-VL's time ids read
     (tokens_per_second x the seconds a temporal patch spans); 24 is what the reference
-    assumes for frames given without their metadata."""
+    assumes for frames given without their metadata. `codes`: as `encode`'s."""
     _check_batch(videos, questions)
     if not fps > 0:
         raise ValueError(f"fps = {fps}: expected a positive frame rate")
-    out = [video_patches(v, proc.videos) for v in videos]
+    out = [video_patches(v, proc.videos, codes) for v in videos]
     if len({g for _, g in out}) > 1:
         raise ValueError(f"videos: different patch grids {sorted({g for _, g in out})}")
     pixels, grid = np.stack([p for p, _ in out]), out[0][1]

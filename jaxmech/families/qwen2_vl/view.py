@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -93,14 +94,16 @@ def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, a
             pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1
         )
         asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
-        enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS)
+        enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
     else:
         enc = processor.encode(
-            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask)
+            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask), codes=True
         )
     words = [(x, y or x) for x, y in names]  # presence questions name X only
     sp = processor.spans(enc, words, cells=(grid.h, grid.w))
-    return enc.inputs, sp._replace(first_B=np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32))
+    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
+    # placed now, so the host's copy is freed: a report holds its rendered inputs once
+    return jax.device_put(enc.inputs), sp._replace(first_B=first)
 
 
 # the last block's sites that hold every row when that block queries the last row only
@@ -125,10 +128,17 @@ def needs_all_rows(capture, n_layers: int) -> bool:
     return False
 
 
-def forward(config: QwenVLConfig, params, inputs, edits=None, capture=False, resume=None):
+def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=False, resume=None):
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row. The last block runs that row only (as the toy's does) unless the capture asks
-    for one of its sites that needs every row (`needs_all_rows`)."""
+    row, the rendered pixels' uint8 levels normalised by `table` first
+    (`processor.decode_pixels`: a quarter of the bytes held until a chunk runs). The
+    last block runs that row only (as the toy's does) unless the capture asks for one
+    of its sites that needs every row (`needs_all_rows`)."""
+    if inputs.pixels_BxPxF.dtype == np.uint8:
+        per_channel = config.patch_features // 3
+        inputs = inputs._replace(
+            pixels_BxPxF=processor.decode_pixels(inputs.pixels_BxPxF, table, per_channel)
+        )
     whole = needs_all_rows(capture, config.lm_layers)
     B, S = inputs.tokens_BxS.shape
     rows = jnp.full(B, S - 1, jnp.int32) if whole else None
@@ -136,10 +146,10 @@ def forward(config: QwenVLConfig, params, inputs, edits=None, capture=False, res
                          resume=resume, last_row=not whole)  # fmt: skip
 
 
-def forward_from(config: QwenVLConfig, params, inputs, layer, start, x_BxTxD, aux):
+def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
     resume = model.Resume(layer, start, x_BxTxD, aux)
-    return forward(config, params, inputs, resume=resume)[0]
+    return forward(config, table, params, inputs, resume=resume)[0]
 
 
 def lm_position_ids(config: QwenVLConfig, spans, interval: float = 1.0) -> np.ndarray:
@@ -188,19 +198,20 @@ def checkpoint_view(
     p = size // config.patch_size
     grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
+    table = processor.pixel_table(proc.videos if video else proc.images)
     return VLMView(
         name=config.variant,
         grid=grid,
         n_labels=len(pictures.SHAPES),
         n_colours=len(pictures.COLOURS),
         render=functools.partial(render, proc, grid, size, video=video),
-        forward=functools.partial(forward, config),
+        forward=functools.partial(forward, config, table),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
         lm_position_ids=lambda params, spans: lm_position_ids(config, spans, interval),
         vit_positions=lambda params: vit_positions(grid_thw, config.merge_size),
         vit_blocks=lambda params: config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
-        forward_from=functools.partial(forward_from, config),
+        forward_from=functools.partial(forward_from, config, table),
         cache_sites=model.RESUME_SITES,
     )

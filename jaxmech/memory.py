@@ -1,0 +1,263 @@
+"""Memory: what a process holds and may hold, and how many rows of a table fit.
+
+* `memory_budget(text)`: the bytes a report may hold at its peak (`--memory`: GB, a
+  fraction or a percent; default the smaller of 40% of the machine's memory and what
+  is available now less 1 GB), with how it was chosen.
+* `held_bytes`, `peak_bytes`, `reset_peak`: what the OS says this process holds now and
+  held at most (VmRSS / VmHWM on CPU; the allocator's figures on an accelerator).
+* `plan_rows`: rows per call of a program over rows (a table's questions) from XLA's
+  memory analysis of the program compiled for one row, counting what is held now
+  once; a `Plan` logs what it expects and re-fits itself to a measured peak
+  (`Plan.within`), because XLA's analysis is an estimate (it does not see host copies).
+* `compiled_bytes`: a compiled program's bytes by XLA's analysis (also the training
+  chunk's sizing's, `sizing`).
+
+Nothing of jaxmech is imported here, so analysis code and the chunk store can use it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+
+def compiled_bytes(compiled) -> int:
+    """Peak bytes of a compiled program by XLA's memory analysis: arguments + outputs +
+    temporaries, less what is aliased."""
+    m = compiled.memory_analysis()
+    total = (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+    return int(total)
+
+
+def device_memory(device=None) -> int | None:
+    """Bytes of memory of `device` (default: the first), None if it does not say."""
+    device = device or jax.devices()[0]
+    try:
+        stats = device.memory_stats()
+    except Exception:  # some backends raise instead of returning None
+        return None
+    return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
+
+def host_memory() -> int | None:
+    """Bytes of this machine's memory (a CPU backend's device memory), None if unknown."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+class MemoryBudgetError(ValueError):
+    """A table whose one row does not fit in the memory budget (the message says what
+    to change)."""
+
+
+class Budget(NamedTuple):
+    """The bytes a report may hold at its peak (resident memory on CPU, the device's on
+    an accelerator), and how they were chosen (for the log)."""
+
+    bytes: float
+    how: str
+
+
+GIB = 2**30
+DEFAULT_BUDGET_SHARE = 0.4  # of the machine's memory: the rest stays usable
+BUDGET_MARGIN = 1 * GIB  # kept free of what is available now
+
+
+def _gb(x: float) -> str:
+    return f"{x / GIB:.1f} GB"
+
+
+def available_memory() -> int | None:
+    """Bytes the OS says are available now (/proc/meminfo MemAvailable), None if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_budget(text: str | None = None) -> Budget:
+    """The budget of `--memory`: "8" or "8GB" (GiB), "0.3" or "30%" (of the machine's
+    memory; the device's on an accelerator); None: the smaller of DEFAULT_BUDGET_SHARE
+    of the memory and what is available now less BUDGET_MARGIN. Raises ValueError
+    naming `--memory` for a bad value."""
+    cpu = jax.default_backend() == "cpu"
+    total = host_memory() if cpu else device_memory()
+    where = "host" if cpu else "device"
+    if text is not None and str(text).strip():
+        t = str(text).strip().lower().removesuffix("gib").removesuffix("gb").strip()
+        pct = t.endswith("%")
+        try:
+            v = float(t.rstrip("%"))
+        except ValueError:
+            v = -1.0
+        if not v > 0 or (pct and v > 100):
+            raise ValueError(
+                f"--memory = {text!r}: expected GB (e.g. 8), a fraction (0.3) or a percent (30%)"
+            )
+        if pct or v <= 1:
+            if total is None:
+                raise ValueError(
+                    f"--memory = {text!r}: this {where} reports no memory size; give GB"
+                )
+            share = v / 100 if pct else v
+            return Budget(share * total, f"--memory={text}: {share:.0%} of {_gb(total)} ({where})")
+        return Budget(v * GIB, f"--memory={text}")
+    if total is None:
+        return Budget(16 * GIB, f"16 GB (the {where} reports no memory size; set --memory)")
+    budget, how = (
+        DEFAULT_BUDGET_SHARE * total,
+        f"{DEFAULT_BUDGET_SHARE:.0%} of {_gb(total)} ({where})",
+    )
+    free = available_memory() if cpu else None
+    if free is not None and free - BUDGET_MARGIN < budget:
+        budget = max(free - BUDGET_MARGIN, 0.0)
+        how = f"{_gb(free)} available now less {_gb(BUDGET_MARGIN)}"
+    return Budget(budget, how)
+
+
+def _status_bytes(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def held_bytes() -> float:
+    """Bytes held now: this process's resident memory on CPU, the device's in use on an
+    accelerator (0 where neither says)."""
+    if jax.default_backend() == "cpu":
+        return float(_status_bytes("VmRSS") or 0)
+    stats = jax.devices()[0].memory_stats() or {}
+    return float(stats.get("bytes_in_use", 0))
+
+
+def peak_bytes() -> float:
+    """The peak of `held_bytes` since the process began or `reset_peak` (the OS's
+    VmHWM on CPU; the allocator's peak on an accelerator; 0 where neither says)."""
+    if jax.default_backend() == "cpu":
+        import resource
+
+        hwm = _status_bytes("VmHWM")
+        return float(
+            hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        )
+    stats = jax.devices()[0].memory_stats() or {}
+    return float(stats.get("peak_bytes_in_use", 0))
+
+
+def reset_peak() -> None:
+    """Restart `peak_bytes` from what is held now (Linux: /proc/self/clear_refs 5; a
+    no-op where the OS has no such switch, so the peak then counts from the start)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def release_freed() -> None:
+    """Hands memory this process freed back to the OS (glibc's `malloc_trim`; a no-op
+    elsewhere). Why: glibc keeps large freed blocks (a loaded tensor's host copies, a
+    compile's scratch) in its heap, so the resident memory a plan counts as held stays
+    gigabytes above what is live (8.7 GB after loading 4.1 GB of weights at
+    Qwen2-VL-2B's size)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree's array leaves."""
+    return int(sum(np.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype")))  # fmt: skip
+
+
+class Plan(NamedTuple):
+    """How many rows (questions) one compiled call holds, and what that should cost:
+    `held` (resident before the table: the runtime, the weights) + `fixed` (the
+    program's own bytes beyond its resident arguments) + `per_row` x rows, within
+    `budget`."""
+
+    rows: int
+    per_row: float
+    fixed: float
+    held: float
+    budget: Budget
+
+    def bytes(self, rows: int | None = None) -> float:
+        return self.held + self.fixed + self.per_row * (self.rows if rows is None else rows)
+
+    def text(self) -> str:
+        return (
+            f"{self.rows} question(s) per call at {self.per_row / 2**20:.1f} MiB each + "
+            f"{self.fixed / 2**20:.0f} MiB fixed, {_gb(self.held)} held: plan "
+            f"{_gb(self.bytes())} of a {_gb(self.budget.bytes)} budget ({self.budget.how})"
+        )
+
+    def within(self, measured_peak: float) -> "Plan":
+        """The plan re-fitted to a chunk whose measured peak was `measured_peak`: the
+        per-row cost scaled so that this plan's rows cost what was measured, and the
+        rows shrunk (a power of two) until it fits the budget."""
+        per = max((measured_peak - self.held - self.fixed) / self.rows, self.per_row)
+        rows = _rows_within(self.budget.bytes - self.held - self.fixed, per, self.rows)
+        return self._replace(rows=rows, per_row=per)
+
+
+CPU_MAX_ROWS = 16  # on CPU more questions per call are not faster (BUILD_NOTES, memory)
+
+
+def _rows_within(room: float, per_row: float, most: int) -> int:
+    """The largest power of two <= most whose rows cost at most `room` (0: none fits)."""
+    fit = room / max(per_row, 1.0)
+    if fit < 1:
+        return 0
+    return int(min(2 ** int(np.floor(np.log2(fit))), most))
+
+
+def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
+              log=print) -> Plan:  # fmt: skip
+    """The rows per call of a program over rows (a table's questions) within `budget`.
+
+    `compile_at(b)` compiles it for b rows. One compile, at one row: XLA's memory
+    analysis of it, less `resident_args` (arguments already held, e.g. the weights),
+    is charged to every row (its fixed part too: a plan that errs on the safe side and
+    costs no second compile of a large program; the persistent compilation cache
+    serves the run's own compile when one row is what fits). What this process holds
+    now (`held_bytes`) is counted once. The rows are the largest power of two that
+    fits, at most n (on CPU at most CPU_MAX_ROWS). Raises MemoryBudgetError when one
+    row does not fit."""
+    log("  memory: sizing the call (compiling it for one question)")
+    per_row = max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
+    release_freed()  # the compile's scratch
+    held = held_bytes()
+    most = min(n, CPU_MAX_ROWS) if jax.default_backend() == "cpu" else n
+    rows = _rows_within(budget.bytes - held, per_row, most)
+    if rows < 1:
+        raise MemoryBudgetError(
+            f"memory: one question needs {_gb(per_row)} beyond the {_gb(held)} held, over "
+            f"the budget of {_gb(budget.bytes)} ({budget.how}); raise --memory, lower "
+            "--size or load with --dtype=bfloat16"
+        )
+    return Plan(rows, per_row, 0.0, held, budget)

@@ -1,0 +1,122 @@
+"""Checkpoint reports keep the memory budget they are given: the peak resident memory
+the OS reports for a whole report process, at the default 448 px."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+BUDGET_GB = 3.0
+
+
+def _fixture_at_448(tmp_path) -> str:
+    """The Qwen2-VL fixture with the real checkpoints' max_pixels, so it keeps 448 px
+    pictures (the stored one caps them at 112 px for the reference comparisons)."""
+    out = tmp_path / "qwen2_vl_448"
+    shutil.copytree(FIXTURE, out)
+    cfg = out / "preprocessor_config.json"
+    cfg.write_text(json.dumps(json.loads(cfg.read_text()) | {"max_pixels": 12845056}))
+    return str(out)
+
+
+def test_diagnostics_at_448_px_stays_within_its_budget(tmp_path):
+    """The report that used to be killed by the kernel (24 GB on this fixture) runs in
+    a subprocess under --memory=3 at 448 px; its peak resident memory, read from the OS
+    for that process, is within the budget, and it logs the plan and the peak. ~25 s:
+    4 probe sets of 80 pictures of 1024 patches each, rendered and run."""
+    folder = _fixture_at_448(tmp_path)
+    cmd = [sys.executable, "-m", "experiments.diagnostics", f"--checkpoint={folder}",
+           f"--out={tmp_path / 'out'}", "--questions=2", "--grid=2x2", f"--memory={BUDGET_GB}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    with open(tmp_path / "log.txt", "w+") as log:
+        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
+        _, status, usage = os.wait4(child.pid, 0)  # this child's own peak, from the OS
+        child.returncode = os.waitstatus_to_exitcode(status)
+        log.seek(0)
+        text = log.read()
+    assert child.returncode == 0, text[-3000:]
+    peak_gb = usage.ru_maxrss * 1024 / 2**30
+    assert peak_gb < BUDGET_GB, f"peak {peak_gb:.2f} GB over the {BUDGET_GB} GB budget"
+    assert "question(s) per call" in text and "plan" in text  # the plan, before compute
+    assert f"budget {BUDGET_GB:.1f} GB" in text and "memory: peak" in text
+
+
+def test_a_bad_budget_is_refused_before_the_weights_are_read(tmp_path):
+    from jaxmech.reports.common import open_checkpoint
+
+    with pytest.raises(ValueError, match="--memory"):
+        open_checkpoint(FIXTURE, size=112, memory="lots")
+
+
+def _scratch_bytes(depth: int, tmp_path) -> tuple[float, float]:
+    """(XLA's scratch bytes of a bfloat16 forward of one 56 px picture, one LM block's
+    weights in float32) on a Qwen2-VL-layout config whose weights dwarf its
+    activations, at `depth` ViT and LM blocks (compiled only; no weights made)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxmech.data.spec import Grid, pair_questions
+    from jaxmech.families.qwen2_vl import params as qp
+    from jaxmech.families.qwen2_vl.config import QwenVLConfig
+    from jaxmech.families.qwen2_vl.stand_in import word_tokenizer
+    from jaxmech.families.qwen2_vl.view import checkpoint_view
+    from jaxmech.families.vlm_view import examples
+
+    tmp_path.mkdir()
+    ids = word_tokenizer(str(tmp_path))
+    c = QwenVLConfig(vit_depth=depth, vit_width=64, vit_heads=2, vit_mlp=128, lm_vocab=128,
+                     lm_width=512, lm_layers=depth, lm_heads=4, lm_kv_heads=2, lm_mlp=2048,
+                     lm_mrope_section=(16, 24, 24), tie_embeddings=True,
+                     image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                     vision_start_token_id=ids["<|vision_start|>"],
+                     vision_end_token_id=ids["<|vision_end|>"])  # fmt: skip
+    view = checkpoint_view(str(tmp_path), c, Grid(2, 2), 56)
+    shapes = qp.param_shapes(c)
+    like = lambda s: jax.ShapeDtypeStruct(tuple(s), jnp.bfloat16)  # noqa: E731
+    p = jax.tree_util.tree_map(like, shapes, is_leaf=qp.is_shape)
+    spec = pair_questions(view.grid, 1, view.n_labels, view.n_colours)["examples"]
+    x = jax.tree_util.tree_map(lambda a: np.asarray(a)[:1], examples(view, spec).inputs)
+    compiled = jax.jit(lambda p, x: view.forward(p, x)[0]).lower(p, x).compile()
+    block = sum(
+        np.prod(s) for s in jax.tree_util.tree_leaves(shapes["lm"]["block_0"], is_leaf=qp.is_shape)
+    )
+    return float(compiled.memory_analysis().temp_size_in_bytes), 4.0 * block
+
+
+def test_low_precision_weights_are_converted_block_by_block(tmp_path):
+    """XLA's CPU backend computes a bfloat16 dot in float32 and converts the weights; tied
+    to each block's input (`model.after`), the conversions are made as the blocks run,
+    so the compiled forward's scratch does not grow by a float32 copy of each block
+    (untied, it grew by exactly that: 5.5 GB at Qwen2-VL-2B's size). Compile only."""
+    small, block = _scratch_bytes(2, tmp_path / "a")
+    large, _ = _scratch_bytes(6, tmp_path / "b")
+    assert large - small < 1.5 * block, (large - small, block)  # untied: about 4 blocks
+
+
+def test_the_tie_changes_no_value():
+    """`models.order.tie` multiplies by an exact one: the same bits, also after a
+    non-finite value, and no gradient flows into the tying input."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxmech.models.order import tie
+
+    w = {"a": jnp.asarray(np.random.default_rng(0).normal(size=(4, 3)), jnp.bfloat16),
+         "i": jnp.arange(3)}  # fmt: skip
+    for x in (jnp.float32(3.5), jnp.float32(np.inf), jnp.float32(np.nan), jnp.bfloat16(-0.0)):
+        out = jax.jit(tie)(w, x)
+        assert out["a"].dtype == jnp.bfloat16 and out["i"].dtype == w["i"].dtype
+        np.testing.assert_array_equal(
+            np.asarray(out["a"], np.float32), np.asarray(w["a"], np.float32)
+        )
+    g = jax.grad(lambda x: tie({"a": jnp.ones(3)}, x)["a"].sum())(jnp.float32(2.0))
+    assert g == 0.0
