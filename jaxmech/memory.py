@@ -175,10 +175,9 @@ def reset_peak() -> None:
 
 def release_freed() -> None:
     """Hands memory this process freed back to the OS (glibc's `malloc_trim`; a no-op
-    elsewhere). Why: glibc keeps large freed blocks (a loaded tensor's host copies, a
-    compile's scratch) in its heap, so the resident memory a plan counts as held stays
-    gigabytes above what is live (8.7 GB after loading 4.1 GB of weights at
-    Qwen2-VL-2B's size)."""
+    elsewhere). Why: glibc may keep freed blocks (a loaded tensor's host copies, a
+    compile's scratch) in its heap, and the resident memory a plan counts as held
+    would then stay above what is live."""
     import ctypes
     import ctypes.util
 

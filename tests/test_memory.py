@@ -102,8 +102,9 @@ def test_low_precision_weights_are_converted_block_by_block(tmp_path):
 
 
 def test_the_tie_changes_no_value():
-    """`models.order.tie` multiplies by an exact one: the same bits, also after a
-    non-finite value, and no gradient flows into the tying input."""
+    """`models.order.tie` adds an exact zero to the bits: the same values, also after a
+    non-finite tying value; no gradient flows into the tying input, and the tied
+    leaves have the identity's."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -120,3 +121,34 @@ def test_the_tie_changes_no_value():
         )
     g = jax.grad(lambda x: tie({"a": jnp.ones(3)}, x)["a"].sum())(jnp.float32(2.0))
     assert g == 0.0
+    # the identity's derivative for the tied leaves (fine-tuning goes through it)
+    dw = jax.grad(lambda w: (tie({"a": w}, jnp.float32(1.0))["a"] * jnp.arange(3.0)).sum())
+    np.testing.assert_array_equal(dw(jnp.ones(3, jnp.bfloat16)).astype(np.float32), [0, 1, 2])
+
+
+def test_the_real_size_stand_in_writes_a_loadable_checkpoint(tmp_path):
+    """`stand_in.write_stand_in` (the real-size check's checkpoint) on a tiny Hub config:
+    the Hub's tensor names in two shards and an index, which jaxmech's loader and the
+    safetensors package both read; norm weights 1, other values random bf16."""
+    import numpy as np
+    from safetensors import safe_open
+
+    from jaxmech.families import load_checkpoint
+    from jaxmech.families.qwen2_vl.stand_in import write_stand_in
+
+    with open(os.path.join(FIXTURE, "config.json")) as f:
+        hub = json.load(f)
+    folder = write_stand_in(str(tmp_path / "stand_in"), hub=hub, log=lambda *_: None)
+    index = json.loads((tmp_path / "stand_in" / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    hub_names = ("model.", "visual.", "lm_head.")
+    assert len(shards) == 2 and all(k.startswith(hub_names) for k in index["weight_map"])
+    names = set()
+    for s in shards:
+        with safe_open(str(tmp_path / "stand_in" / s), "np") as f:
+            names |= set(f.keys())
+    assert names == set(index["weight_map"])
+    _, config, params = load_checkpoint(folder)
+    assert np.all(np.asarray(params["lm"]["block_0"]["ln1_w"]) == 1.0)
+    w = np.asarray(params["lm"]["block_0"]["W_Q"])
+    assert 0.005 < w.std() < 0.05 and config.lm_layers == hub["num_hidden_layers"]

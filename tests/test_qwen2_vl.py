@@ -227,33 +227,11 @@ def test_smart_resize():
 
 
 def test_qwen2_vl_2b_parameters():
-    """The Hub's Qwen2-VL-2B-Instruct config.json: 2,208,985,600 parameters, 4,417,971,200
-    bytes in bfloat16 (its model.safetensors files), no lm_head (tied)."""
-    hub = {
-        "model_type": "qwen2_vl",
-        "hidden_size": 1536,
-        "intermediate_size": 8960,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 12,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 1e6,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-        "torch_dtype": "bfloat16",
-        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
-        "vision_config": {
-            "depth": 32,
-            "embed_dim": 1280,
-            "mlp_ratio": 4,
-            "num_heads": 16,
-            "in_chans": 3,
-            "hidden_size": 1536,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-        },
-    }
+    """The Hub's Qwen2-VL-2B-Instruct config.json (as the real-size stand-in writes it,
+    `families.qwen2_vl.stand_in`): 2,208,985,600 parameters, 4,417,971,200 bytes in
+    bfloat16 (its model.safetensors files), no lm_head (tied)."""
+    from jaxmech.families.qwen2_vl.stand_in import QWEN2_VL_2B as hub
+
     c = from_hf(hub)
     assert params.n_params(c) == 2_208_985_600
     assert params.n_params(c) * 2 == 4_417_971_200

@@ -28,21 +28,27 @@ def zero_after(x) -> jax.Array:
     return jax.lax.bitcast_convert_type(one, jnp.uint32) - jnp.uint32(0x3F800000)
 
 
+@jax.custom_jvp
+def _tied(w, zero):
+    """w with `zero` added to its bits (the same value)."""
+    u = _UINT[jnp.dtype(w.dtype).itemsize]
+    bits = jax.lax.bitcast_convert_type(w, u) + zero.astype(u)
+    return jax.lax.bitcast_convert_type(bits, w.dtype)
+
+
+@_tied.defjvp
+def _tied_jvp(primals, tangents):
+    return _tied(*primals), tangents[0]  # the identity: its derivative passes through
+
+
 def tie(tree, x):
     """`tree` with every inexact leaf's bits plus `zero_after(x)`: the same values, bit
-    for bit, computed after `x`. Bits, not a product with a one: XLA rewrites a
-    conversion of `w * one` as a product of conversions and hoists the conversion of
-    `w` out of a loop again."""
+    for bit, computed after `x`, with the identity's derivative. Bits, not a product
+    with a one: XLA rewrites a conversion of `w * one` as a product of conversions and
+    hoists the conversion of `w` out of a loop again."""
     zero = zero_after(x)
-
-    def one(w):
-        if not jnp.issubdtype(w.dtype, jnp.inexact):
-            return w
-        u = _UINT[jnp.dtype(w.dtype).itemsize]
-        bits = jax.lax.bitcast_convert_type(w, u) + zero.astype(u)
-        return jax.lax.bitcast_convert_type(bits, w.dtype)
-
-    return jax.tree_util.tree_map(one, tree)
+    inexact = lambda w: jnp.issubdtype(w.dtype, jnp.inexact)  # noqa: E731
+    return jax.tree_util.tree_map(lambda w: _tied(w, zero) if inexact(w) else w, tree)
 
 
 def low_precision(tree) -> bool:
