@@ -100,7 +100,7 @@ def question_states(view: VLMView, params, ex: Examples, batch=None):
         words = [si.states_at(aux, n, at(w)) for w in (ex.spans.x_B, ex.spans.y_B)]
         return margin(logits, at(ex.answer_B), at(ex.other_B)), jnp.moveaxis(jnp.stack(words), 2, 0)
 
-    m, words = si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
+    m, words = si.map_chunks(chunk, np.shape(ex.answer_B)[0], batch)
     return m, jnp.moveaxis(words, 0, 2)
 
 
@@ -148,7 +148,7 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
             at = lambda x: si.take_rows(x, rows)  # noqa: E731
             return margin(view.forward(params, at(inputs))[0], at(ex.answer_B), at(ex.other_B))
 
-        return si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
+        return si.map_chunks(chunk, np.shape(ex.answer_B)[0], batch)
 
     return {
         "deviation": deviation,

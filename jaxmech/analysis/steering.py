@@ -117,7 +117,7 @@ def unsteered(view: VLMView, params, ex, batch=None):
         inputs = si.take_rows(ex.inputs, rows)
         return view.forward(params, inputs, capture=["lm/resid_pre", *view.cache_sites])
 
-    return si.map_chunks(chunk, len(np.asarray(ex.answer_B)), batch)
+    return si.map_chunks(chunk, np.shape(ex.answer_B)[0], batch)
 
 
 def flip_margins(view, params, ex, site, delta_LxD, source_B, target_B, alphas, key, clean=None) -> dict:  # fmt: skip
