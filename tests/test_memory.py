@@ -36,8 +36,9 @@ def _fixture_at_448(tmp_path) -> str:
 def test_diagnostics_at_448_px_stays_within_its_budget(tmp_path):
     """The report that used to be killed by the kernel (24 GB on this fixture) runs in
     a subprocess under --memory=3 at 448 px; its peak resident memory, read from the OS
-    for that process, is within the budget, and it logs the plan and the peak. ~25 s:
-    4 probe sets of 80 pictures of 1024 patches each, rendered and run."""
+    for that process, is within the budget, and it logs the plan and the peak. ~45 s
+    under the suite: 4 probe sets of 80 pictures of 1024 patches each, rendered and run
+    (the 448 px size is what the budget is about)."""
     folder = _fixture_at_448(tmp_path)
     cmd = [sys.executable, "-m", "experiments.diagnostics", f"--checkpoint={folder}",
            f"--out={tmp_path / 'out'}", "--questions=2", "--grid=2x2", f"--memory={BUDGET_GB}"]  # fmt: skip
