@@ -112,10 +112,6 @@ def patch_logp(
     """
     answer, other = jnp.asarray(answer_B), jnp.asarray(other_B)
     layers = range(view.n_lm_blocks(params)) if layers is None else layers
-    names = [f"lm/resid_pre.{y}" for y in layers]
-    # low-precision weights: the resumed runs one after another (`models.order`), each
-    # converting its blocks' weights as it runs, not every run's conversions at once
-    in_turn, last = low_precision(params), None
     plan = resume_plan(view, groups_GxBxS, shared_B) if plan is None else plan
     groups_GxBxS = jnp.asarray(groups_GxBxS)
     sites = table_sites(view, layers, plan)
@@ -123,28 +119,9 @@ def patch_logp(
     orig_logits, orig_aux = orig or view.forward(params, inputs, capture=sites)
     orig, twin_lp = _answer_logp(orig_logits, answer), _answer_logp(twin_logits, answer)
 
-    def mixed(name, mask_BxS, s0=0):
-        x = jnp.where(mask_BxS[:, :, None], twin_aux[name], orig_aux[name])
-        return x[:, s0:]
-
-    per_layer = []
-    for y, name in zip(layers, names):
-        if plan is None:
-
-            def patched(mask_BxS, name=name):
-                edits = Edits(replace={name: (True, mixed(name, mask_BxS))})
-                return view.forward(params, inputs, edits)[0]
-
-            logits = jax.vmap(patched)(jnp.asarray(groups_GxBxS))
-        else:
-            runs = []
-            for g, (s0, from_twin) in enumerate(plan):
-                x = mixed(name, groups_GxBxS[g], s0)
-                x = tie(x, last) if in_turn and last is not None else x
-                runs.append(last := view.forward_from(params, inputs, y, s0, x,
-                                                      twin_aux if from_twin else orig_aux))  # fmt: skip
-            logits = jnp.stack(runs)
-        per_layer.append(_answer_logp(logits, answer))
+    per_layer = _patched_logits(view, params, inputs, layers, groups_GxBxS, plan,
+                                orig_aux, twin_aux, in_turn=low_precision(params))  # fmt: skip
+    per_layer = [_answer_logp(logits, answer) for logits in per_layer]
     return {
         "orig": orig,
         "twin": twin_lp,
@@ -152,6 +129,40 @@ def patch_logp(
         "orig_other": _answer_logp(orig_logits, other),
         "twin_other": _answer_logp(twin_logits, other),
     }
+
+
+def _patched_logits(view: VLMView, params, inputs, layers, groups_GxBxS, plan, orig_aux,
+                    twin_aux, in_turn: bool) -> list:  # fmt: skip
+    """Per layer y, [G, B, V] the logits with `lm/resid_pre.{y}` at each group's positions
+    taken from the twin's run (`twin_aux`), the example's elsewhere (`orig_aux`):
+    whole forwards vmapped over the groups, or resumed ones per group (`plan`).
+    `in_turn` (low-precision weights): the resumed runs one after another
+    (`models.order.tie`), each converting its blocks' weights as it runs, not every
+    run's conversions at once."""
+
+    def mixed(name, mask_BxS, s0=0):
+        x = jnp.where(mask_BxS[:, :, None], twin_aux[name], orig_aux[name])
+        return x[:, s0:]
+
+    out, last = [], None
+    for y in layers:
+        name = f"lm/resid_pre.{y}"
+        if plan is None:
+
+            def patched(mask_BxS, name=name):
+                edits = Edits(replace={name: (True, mixed(name, mask_BxS))})
+                return view.forward(params, inputs, edits)[0]
+
+            out.append(jax.vmap(patched)(jnp.asarray(groups_GxBxS)))
+            continue
+        runs = []
+        for g, (s0, from_twin) in enumerate(plan):
+            x = mixed(name, groups_GxBxS[g], s0)
+            x = tie(x, last) if in_turn and last is not None else x
+            runs.append(last := view.forward_from(params, inputs, y, s0, x,
+                                                  twin_aux if from_twin else orig_aux))  # fmt: skip
+        out.append(jnp.stack(runs))
+    return out
 
 
 def table_sites(view: VLMView, layers, plan) -> list[str]:
