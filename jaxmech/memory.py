@@ -187,6 +187,35 @@ def release_freed() -> None:
         pass
 
 
+# runs argv[1:] and prints its peak resident memory as the OS counts it (wait4); a
+# command forked straight from a large process would count that process's pages in
+# its own peak until it execs, so `peak_run` starts it from this small one
+_PEAK_RUNNER = (
+    "import os, subprocess, sys\n"
+    "child = subprocess.Popen(sys.argv[1:])\n"
+    "_, status, usage = os.wait4(child.pid, 0)\n"
+    "print('PEAK_KB', usage.ru_maxrss, flush=True)\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def peak_run(cmd: list, log_path: str, env=None, cwd=None, timeout=None):
+    """(exit code, wall s, peak resident GB the OS measured, log text) of one command,
+    its output in `log_path`."""
+    import subprocess
+    import sys
+    import time
+
+    t0 = time.perf_counter()
+    with open(log_path, "w+") as log:
+        done = subprocess.run([sys.executable, "-c", _PEAK_RUNNER, *cmd], stdout=log,
+                              stderr=subprocess.STDOUT, env=env, cwd=cwd, timeout=timeout)  # fmt: skip
+        log.seek(0)
+        text = log.read()
+    kb = text.rsplit("PEAK_KB ", 1)[1].split()[0] if "PEAK_KB " in text else "nan"
+    return done.returncode, time.perf_counter() - t0, float(kb) / 2**20, text
+
+
 def tree_bytes(tree) -> int:
     """Bytes of a pytree's array leaves."""
     return int(sum(np.prod(np.shape(x)) * np.dtype(x.dtype).itemsize
@@ -195,23 +224,22 @@ def tree_bytes(tree) -> int:
 
 class Plan(NamedTuple):
     """How many rows (questions) one compiled call holds, and what that should cost:
-    `held` (resident before the table: the runtime, the weights) + `fixed` (the
-    program's own bytes beyond its resident arguments) + `per_row` x rows, within
-    `budget`."""
+    `held` (resident before the table: the runtime, the weights) + `per_row` x rows
+    (the program's bytes beyond its resident arguments, all charged to the rows),
+    within `budget`."""
 
     rows: int
     per_row: float
-    fixed: float
     held: float
     budget: Budget
 
     def bytes(self, rows: int | None = None) -> float:
-        return self.held + self.fixed + self.per_row * (self.rows if rows is None else rows)
+        return self.held + self.per_row * (self.rows if rows is None else rows)
 
     def text(self) -> str:
         return (
-            f"{self.rows} question(s) per call at {self.per_row / 2**20:.1f} MiB each + "
-            f"{self.fixed / 2**20:.0f} MiB fixed, {_gb(self.held)} held: plan "
+            f"{self.rows} question(s) per call at {self.per_row / 2**20:.1f} MiB each, "
+            f"{_gb(self.held)} held: plan "
             f"{_gb(self.bytes())} of a {_gb(self.budget.bytes)} budget ({self.budget.how})"
         )
 
@@ -219,8 +247,8 @@ class Plan(NamedTuple):
         """The plan re-fitted to a chunk whose measured peak was `measured_peak`: the
         per-row cost scaled so that this plan's rows cost what was measured, and the
         rows shrunk (a power of two) until it fits the budget."""
-        per = max((measured_peak - self.held - self.fixed) / self.rows, self.per_row)
-        rows = _rows_within(self.budget.bytes - self.held - self.fixed, per, self.rows)
+        per = max((measured_peak - self.held) / self.rows, self.per_row)
+        rows = _rows_within(self.budget.bytes - self.held, per, self.rows)
         return self._replace(rows=rows, per_row=per)
 
 
@@ -259,4 +287,4 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
             f"the budget of {_gb(budget.bytes)} ({budget.how}); raise --memory, lower "
             "--size or load with --dtype=bfloat16"
         )
-    return Plan(rows, per_row, 0.0, held, budget)
+    return Plan(rows, per_row, held, budget)

@@ -117,7 +117,7 @@ def test_a_chunk_over_its_budget_shrinks_the_rest(tmp_path, monkeypatch):
     with another batch reads the chunks stored under their rows."""
     peaks = iter([9e9] + [1e9] * 10)
     monkeypatch.setattr(memory, "peak_bytes", lambda: next(peaks))
-    plan = memory.Plan(rows=4, per_row=1e9, fixed=0.0, held=0.0, budget=memory.Budget(5e9, "t"))
+    plan = memory.Plan(rows=4, per_row=1e9, held=0.0, budget=memory.Budget(5e9, "t"))
     calls = []
 
     def fn(rows):

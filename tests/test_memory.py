@@ -6,21 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import pytest
 
+from jaxmech.memory import peak_run
+
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
 BUDGET_GB = 3.0
-# runs argv[1:], then prints its peak resident memory as the OS counts it (wait4)
-PEAK_RUNNER = (
-    "import os, subprocess, sys\n"
-    "child = subprocess.Popen(sys.argv[1:])\n"
-    "_, status, usage = os.wait4(child.pid, 0)\n"
-    "print('PEAK_KB', usage.ru_maxrss, flush=True)\n"
-    "sys.exit(os.waitstatus_to_exitcode(status))\n"
-)
 
 
 def _fixture_at_448(tmp_path) -> str:
@@ -43,16 +36,9 @@ def test_diagnostics_at_448_px_stays_within_its_budget(tmp_path):
     cmd = [sys.executable, "-m", "experiments.diagnostics", f"--checkpoint={folder}",
            f"--out={tmp_path / 'out'}", "--questions=2", "--grid=2x2", f"--memory={BUDGET_GB}"]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    with open(tmp_path / "log.txt", "w+") as log:
-        # through a small runner: a child forked from this large process would count
-        # this process's pages in its own peak until it execs
-        done = subprocess.run([sys.executable, "-c", PEAK_RUNNER, *cmd], stdout=log,
-                              stderr=subprocess.STDOUT, env=env, timeout=600,
-                              cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
-        log.seek(0)
-        text = log.read()
-    assert done.returncode == 0, text[-3000:]
-    peak_gb = float(text.rsplit("PEAK_KB ", 1)[1].split()[0]) / 2**20
+    code, _, peak_gb, text = peak_run(cmd, str(tmp_path / "log.txt"), env=env, timeout=600,
+                                      cwd=os.path.dirname(os.path.dirname(__file__)))  # fmt: skip
+    assert code == 0, text[-3000:]
     assert peak_gb < BUDGET_GB, f"peak {peak_gb:.2f} GB over the {BUDGET_GB} GB budget"
     assert "question(s) per call" in text and "plan" in text  # the plan, before compute
     assert f"budget {BUDGET_GB:.1f} GB" in text and "memory: peak" in text

@@ -5,7 +5,7 @@ the OS), wall time and the plan the sizing logged.
 
 * `run_reports(folder, out)`: `experiments.ask` and each paper 003 / 004 report on it
   (`REPORTS`, with `--questions=2`, two LM layers, bfloat16), one subprocess each; one
-  row per command: wall seconds, peak resident GB (`os.wait4`), the plan's GB and the
+  row per command: wall seconds, peak resident GB (`memory.peak_run`), the plan's GB and the
   first chunk's measured GB where the log states them.
 
 No real weights: the values are random, so the answers mean nothing; memory and time
@@ -17,12 +17,11 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 
 from jaxmech.families.qwen2_vl.stand_in import write_stand_in  # noqa: F401  (the bench's)
+from jaxmech.memory import peak_run
 
 # (entry point, extra flags): each paper 003 / 004 report, small. Patching at the
 # default 448 px 4 x 4 scenes; the probe reports (hundreds of probe pictures each) and
@@ -35,22 +34,6 @@ REPORTS = (
     ("diagnostics", ["--layers=6:8", *SMALL]),
     ("counterfactuals", SMALL),
 )
-
-
-def _peak_run(cmd: list, log_path: str, env=None) -> tuple[int, float, float, str]:
-    """(exit code, wall s, peak resident GB from the OS, log text) of one command."""
-    t0 = time.perf_counter()
-    with open(log_path, "w+") as log:
-        child = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-        _, status, usage = os.wait4(child.pid, 0)
-        log.seek(0)
-        text = log.read()
-    return (
-        os.waitstatus_to_exitcode(status),
-        time.perf_counter() - t0,
-        usage.ru_maxrss / 2**20,
-        text,
-    )
 
 
 def _gb_after(pattern: str, text: str) -> float:
@@ -84,7 +67,7 @@ def run_reports(folder: str, out: str, dtype: str = "bfloat16", questions: int =
         log(f"  running {' '.join(cmd[2:])}")
         cache = tempfile.mkdtemp(prefix="jaxmech_cache_")
         env = os.environ | {"JAXMECH_CACHE_DIR": cache}
-        code, wall, peak, text = _peak_run(cmd, os.path.join(out, f"{name}.log"), env)
+        code, wall, peak, text = peak_run(cmd, os.path.join(out, f"{name}.log"), env)
         shutil.rmtree(cache, ignore_errors=True)
         row = {
             "command": name,
