@@ -87,6 +87,8 @@ def setup_runtime() -> None:
     enable_compilation_cache()
 
 
+PROTOCOLS = ("jaxmech", "authors")  # `--protocol`: whose a checkpoint's tables follow
+
 # Errors a user can cause (bad input, a damaged or busy folder, a full disk): they are
 # reported as one message, not a traceback. Anything else is a bug and keeps its traceback.
 USER_ERRORS = (ValueError, OSError)
@@ -197,8 +199,9 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     if own_out:
         flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
                             "runs/checkpoints/NAME)")  # fmt: skip
-        flags.DEFINE_string("layers", None, "LM blocks studied, e.g. 6:16 (end exclusive) "
-                            "or 3,5 (default: every one)")  # fmt: skip
+        flags.DEFINE_string("layers", None, "LM layers studied, as the authors index them "
+                            "(layer L: the residual after L blocks, hidden_states[L]), e.g. "
+                            "6:16 (both ends included) or 3,5 (default: every one)")  # fmt: skip
     flags.DEFINE_string("grid", "4x4", "the scenes' grid, ROWSxCOLS")
     flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
     flags.DEFINE_integer("questions", 64, "pair questions asked")
@@ -209,16 +212,20 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
                         "(30%) of the machine's (default: the smaller of 40% and what is "
                         "available now less 1 GB)")  # fmt: skip
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
+    flags.DEFINE_enum("protocol", "jaxmech", list(PROTOCOLS), "whose protocol a checkpoint's "
+                      "tables follow: the seed authors' scripts or jaxmech's (BUILD_NOTES: "
+                      "the difference table)")  # fmt: skip
 
 
 def parse_layers(text: str | None):
-    """`--layers` as a tuple of ints ("6:16" is 6..15, "3,5" is 3 and 5), or None."""
+    """`--layers` as a tuple of ints ("6:16" is 6..16, both ends included as in the
+    authors' `seq 6 16`; "3,5" is 3 and 5), or None."""
     if not text:
         return None
     try:
         if ":" in text:
             lo, hi = (int(x) for x in text.split(":"))
-            return tuple(range(lo, hi))
+            return tuple(range(lo, hi + 1))
         return tuple(int(x) for x in text.split(","))
     except ValueError:
         raise ValueError(f"--layers = {text!r}: expected START:END or a comma list") from None
@@ -235,4 +242,4 @@ def checkpoint_options(FLAGS) -> dict:
     layers = parse_layers(FLAGS.layers) if "layers" in FLAGS else None
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
-                dtype=FLAGS.dtype, memory=FLAGS.memory)  # fmt: skip
+                dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol)  # fmt: skip

@@ -1,4 +1,5 @@
-"""Small statistics over seeds: means with t-based 95% confidence intervals (no SciPy)."""
+"""Small statistics over seeds: means with t-based 95% confidence intervals (no SciPy),
+and per-question bootstrap intervals for one checkpoint (one model: no seeds to vary)."""
 
 from __future__ import annotations
 
@@ -69,6 +70,31 @@ def mean_ci(
         a = max(a, lo)
     if hi is not None:
         b = min(b, hi)
+    return m, a, b, n
+
+
+BOOTSTRAP_DRAWS = 2000  # resamples of a bootstrap interval
+
+
+def bootstrap_ci(values, lo: float | None = None, hi: float | None = None, seed: int = 0,
+                 draws: int = BOOTSTRAP_DRAWS) -> tuple[float, float, float, int]:  # fmt: skip
+    """(mean, ci_low, ci_high, n) over the finite values, the 95% percentile interval of
+    the mean over `draws` resamples of the values with replacement (seeded: the same
+    values give the same interval). For one checkpoint's per-question numbers, where
+    `mean_ci` over models has n = 1. n < 2 gives NaN bounds; clipped to [lo, hi]."""
+    v = np.asarray(values, float).ravel()
+    v = v[np.isfinite(v)]
+    n = len(v)
+    if n == 0:
+        return float("nan"), float("nan"), float("nan"), 0
+    m = float(v.mean())
+    if n < 2:
+        return m, float("nan"), float("nan"), n
+    rng = np.random.default_rng([seed, 95])
+    means = v[rng.integers(0, n, (draws, n))].mean(1)
+    a, b = (float(x) for x in np.quantile(means, [0.025, 0.975]))
+    a = a if lo is None else max(a, lo)
+    b = b if hi is None else min(b, hi)
     return m, a, b, n
 
 

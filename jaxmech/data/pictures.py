@@ -18,9 +18,11 @@ the top): a height mirror moves objects without turning them over, as in the wor
 and `VIDEO_TEMPLATES` ask about time ("Does the red circle appear before or after the
 blue square?").
 
-`questions(spec)` words each scene's question as the papers do ("Is the red circle to
-the left or the right of the blue square? Answer with one word."), and `object_names`
-gives the two names it mentions, whose last sub-tokens a family's spans point at.
+`questions(spec)` words each scene's question as the papers do ("Is the circle to the
+left or the right of the square? Answer with one word."; `AUTHORS_TEMPLATES`: the seed
+authors' Qwen wording), and `object_names` gives the two names it mentions (the shape
+alone where it names one object, else colour and shape), whose last sub-tokens a
+family's spans point at.
 
 NumPy only; axis names (`jaxmech.shapes`): B scenes, K object slots.
 """
@@ -50,6 +52,13 @@ TEMPLATES = (
     "Is the {x} to the left or the right of the {y}? Answer with one word.",
     "Is the {x} above or below the {y}? Answer with one word.",
     "Is there {a} {x} in the image? Answer with one word.",
+)
+# the seed authors' Qwen scripts' wording (adversarial_steering.py, spatial_finetuning/
+# train.py): "left or right" and a quoted answer list; answers read lower-case
+AUTHORS_TEMPLATES = (
+    'Is the {x} to the left or right of the {y}? Answer "left" or "right" only.',
+    'Is the {x} above or below the {y}? Answer "above" or "below" only.',
+    'Is there {a} {x} in the image? Answer "yes" or "no" only.',
 )
 # a video's (`draw_video`): relation 1 is time, as the toy's video task has it
 VIDEO_TEMPLATES = (
@@ -144,18 +153,25 @@ def draw(grid: Grid, spec: SceneSpec, size: int = 448) -> np.ndarray:
 
 
 def object_names(spec: SceneSpec) -> list[tuple[str, str]]:
-    """[B] (X's name, Y's name): "colour shape" of the first two slots ("centre of the
-    image" for a Y of label 0, "" for a presence question's unused Y)."""
+    """[B] (X's name, Y's name) of the first two slots: the shape alone ("circle") when
+    no other object of the scene has that shape, else "colour shape"; "centre of the
+    image" for a Y of label 0, "" for a presence question's unused Y. Shape alone where
+    it names one object, so a recoloured twin (`spec.recolour`) keeps a question that is
+    true of its picture: the control changes the picture, not the question's truth."""
     check_spec(spec)
     colour = list(COLOURS)
     out = []
     for labels, colours, rel in zip(
         np.asarray(spec.labels_BxK), np.asarray(spec.colours_BxK), np.asarray(spec.relation_B)
     ):
-        names = [
-            f"{colour[c - 1]} {SHAPES[lab - 1]}" if lab > 0 else MIDDLE
-            for lab, c in zip(labels[:2], colours[:2])
-        ]
+        shown = list(labels[labels > 0])
+
+        def name(lab, c):
+            if lab <= 0:
+                return MIDDLE
+            return SHAPES[lab - 1] if shown.count(lab) == 1 else f"{colour[c - 1]} {SHAPES[lab - 1]}"
+
+        names = [name(lab, c) for lab, c in zip(labels[:2], colours[:2])]
         out.append((names[0], "" if rel == 2 else names[1]))
     return out
 

@@ -187,6 +187,19 @@ def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: i
 # question sets (checkpoints: no eval sets of their own)
 
 
+def check_pair_grid(grid: Grid, relation: int) -> None:
+    """Refuses (ValueError naming the grid) a grid on which no two cells differ along
+    `relation` (one column for left / right, one row for above / below): no pair
+    question of that relation has an answer there."""
+    along = grid.w if relation == 0 else grid.h
+    if along < 2:
+        name, axis = RELATIONS[relation], "column" if relation == 0 else "row"
+        raise ValueError(
+            f"grid = {grid.h}x{grid.w}: {name} questions need two cells that differ along "
+            f"the relation, and this grid has one {axis}; use a grid with 2+ {axis}s"
+        )
+
+
 def pair_questions(grid: Grid, n: int, n_labels: int, n_colours: int, seed: int = 0,
                    relation: int = 0) -> dict:  # fmt: skip
     """{"examples": spec [n], "mirror": spec, "recolour": spec}: n two-object questions of
@@ -199,6 +212,7 @@ def pair_questions(grid: Grid, n: int, n_labels: int, n_colours: int, seed: int 
         raise ValueError(f"n = {n}: expected at least one question")
     if n_labels < 2 or n_colours < 2:
         raise ValueError(f"n_labels = {n_labels}, n_colours = {n_colours}: expected 2+ each")
+    check_pair_grid(grid, relation)
     rng = np.random.default_rng([seed, 27, relation])
     L = grid.cells
     cells = np.stack([rng.permutation(L)[:2] for _ in range(n)])

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis.steering import adversarial_targets
+from jaxmech.cli import PROTOCOLS
 from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.data.scenes import eval_masks
 from jaxmech.data.spec import PRESENCE, take
@@ -48,7 +49,7 @@ from jaxmech.families import get_family, view_for
 from jaxmech.families.vlm_view import Examples, VLMView, examples, model_outline
 from jaxmech.memory import memory_budget, peak_bytes, plan_rows, release_freed, tree_bytes
 from jaxmech.results import load_config, load_run, write_csv
-from jaxmech.stats import mean_ci
+from jaxmech.stats import bootstrap_ci, mean_ci
 
 __all__ = [
     "COMPACT",
@@ -538,6 +539,15 @@ class CheckpointData(NamedTuple):
     key: dict
     chunks: str | None = None
     budget: Any = None  # memory.Budget: the peak the report may hold
+    protocol: str = "jaxmech"  # whose protocol the tables follow (`protocol_of`)
+
+
+def protocol_of(run: LoadedRun) -> str:
+    """Whose protocol a report follows on `run`: a checkpoint's `--protocol` ("authors":
+    the seed authors' scripts, BUILD_NOTES' difference table; "jaxmech"); a results
+    folder's is jaxmech's."""
+    ckpt = checkpoint_data(run)
+    return ckpt.protocol if ckpt else "jaxmech"
 
 
 def checkpoint_data(run: LoadedRun) -> CheckpointData | None:
@@ -621,7 +631,7 @@ def chunk_progress(log, batch: int):
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
                     video: bool = False, memory: str | None = None,
-                    log=print) -> LoadedRun:  # fmt: skip
+                    protocol: str = "jaxmech", log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the seed 003 / 004
     reports: params stacked [1, ...], `data` a `CheckpointData` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
@@ -629,8 +639,11 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     config, settings or task. `video`: the scenes drawn as videos (the family's video
     view), asked about time only (relation 1: before / after). `memory`: the budget
     (`memory.memory_budget`: GB, a fraction or a percent; None: the default) every
-    table's rows per call are planned within. Bad options raise ValueError naming
-    them, before the weights are read."""
+    table's rows per call are planned within. `layers`: as the authors index them
+    (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n). `protocol`: "authors"
+    (their scripts' wording, answer words and table protocols) or "jaxmech"
+    (`protocol_of`). Bad options raise ValueError naming them, before the weights are
+    read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
@@ -639,30 +652,39 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
         if v < 1:
             raise ValueError(f"{name} = {v}: expected at least 1")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol = {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
     budget = memory_budget(memory)
     family, config = read_checkpoint_config(folder)
-    view = family.vlm_view(folder, config, Grid(*grid), size, video=video)
+    view = family.vlm_view(folder, config, Grid(*grid), size, video=video, wording=protocol)
     n = view.n_lm_blocks(None)
-    if layers is not None and (not layers or min(layers) < 0 or max(layers) >= n):
-        raise ValueError(f"layers = {list(layers)}: expected LM blocks in [0, {n})")
+    if layers is not None and (not layers or min(layers) < 0 or max(layers) > n):
+        raise ValueError(
+            f"layers = {list(layers)}: expected LM layers in [0, {n}] (layer L: the "
+            f"residual after L of the {n} blocks)"
+        )
+    # drawn before the weights are read, so a grid with no question of a relation is
+    # refused at once (`spec.check_pair_grid`)
+    per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
+               for rel in ((1,) if video else (0, 1))]  # fmt: skip
+    specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
     log(f"loading {folder} ({dtype})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
     release_freed()  # the tensors' host copies
     log(f"checkpoint {folder}: {config.variant}, {n} LM blocks, {dtype}, weights "
         f"{tree_bytes(params) / 2**30:.2f} GB; memory budget {budget.bytes / 2**30:.1f} GB "
         f"({budget.how})")  # fmt: skip
-    per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
-               for rel in ((1,) if video else (0, 1))]  # fmt: skip
-    specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
     key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
-           "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video}  # fmt: skip
+           "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video,
+           "protocol": protocol}  # fmt: skip
     return LoadedRun(
         path=folder,
         config=None,
         params=jax.tree_util.tree_map(_stacked, params),
         settings=None,
         data=CheckpointData(
-            view, specs, None if layers is None else tuple(layers), batch, key, budget=budget
+            view, specs, None if layers is None else tuple(layers), batch, key, budget=budget,
+            protocol=protocol,
         ),  # fmt: skip
         results=[{"model": 0, "diverged_step": -1}],
         models=(0,),
@@ -771,6 +793,23 @@ def fmt_ci(values, lo: float | None = -1.0, hi: float | None = 1.0) -> str:
         return "empty (n = 0)"
     v = np.asarray(values, float)
     return f"{m:+.3f} +-{float(v[np.isfinite(v)].std()):.3f} [{a:+.3f},{b:+.3f}]"
+
+
+def question_ci(values, lo: float | None = None, hi: float | None = None):
+    """(mean, ci_low, ci_high, n) of one checkpoint's per-question numbers (NaN: a
+    question the number is not defined on, left out): the seeded per-question
+    bootstrap 95% interval (`stats.bootstrap_ci`), clipped to [lo, hi]. A checkpoint is
+    one model, so `mean_ci` over models has none."""
+    return bootstrap_ci(values, lo, hi)
+
+
+def fmt_question_ci(values, lo: float | None = None, hi: float | None = None) -> str:
+    """`question_ci` as one table cell, "mean [lo, hi] (n = N questions)"; "empty (n =
+    0)" where no question has a finite value."""
+    m, a, b, n = question_ci(values, lo, hi)
+    if n == 0:
+        return "empty (n = 0)"
+    return f"{m:+.3f} [{a:+.3f},{b:+.3f}] (n = {n})"
 
 
 def ablation_rows(table: dict, columns: list[dict], metrics, models=None) -> list[dict]:

@@ -10,7 +10,9 @@ merged tokens); the view refuses others by name.
 Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "Below",
 "Yes" / "No" in the checkpoint's tokenizer, capitalised and without a leading space:
 the answer starts the assistant's turn on a new line, where a chat model writes a
-capitalised word. The first token only (not a sum over spellings).
+capitalised word. The first token only (not a sum over spellings). The seed authors'
+wording (`checkpoint_view(wording="authors")`) asks 'Answer "left" or "right" only.'
+and reads "left" / "right" (`AUTHORS_ANSWERS`), as their Qwen scripts do.
 
 The LM's position ids (`lm_position_ids`) are the M-RoPE ids the processor made: text
 ids count from each row's first real token, the image tokens' (row, col) ids are offset
@@ -40,6 +42,9 @@ from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.vlm_view import VLMView
 
 ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
+# the seed authors' Qwen scripts read the lower-case words their prompt quotes
+AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
+WORDINGS = ("jaxmech", "authors")  # `checkpoint_view(wording=)`
 VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))  # relation 1: time
 VIDEO_FPS = 2.0  # a rendered video's frame rate: each scene frame shown for one second
 GRID = Grid(4, 4)  # the default scene grid: 448 px = 4 cells of 4 x 4 merged tokens
@@ -81,12 +86,13 @@ def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = F
 
 
 def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
-           video: bool = False):  # fmt: skip
+           video: bool = False, templates=pictures.TEMPLATES):  # fmt: skip
     """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
     asked (default `specs`'): a twin (e.g. recoloured) keeps its example's question, so
     both runs have the same tokens. `video`: drawn as videos (`pictures.draw_video`),
     each frame repeated over the temporal patch so that each scene frame is one
-    temporal patch, at `VIDEO_FPS`."""
+    temporal patch, at `VIDEO_FPS`. `templates`: the pictures' questions' wording
+    (`pictures.TEMPLATES` or `AUTHORS_TEMPLATES`)."""
     ask = specs if ask is None else ask
     names = pictures.object_names(ask)
     if video:
@@ -97,7 +103,8 @@ def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, a
         enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
     else:
         enc = processor.encode(
-            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask), codes=True
+            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask, templates),
+            codes=True,
         )
     words = [(x, y or x) for x, y in names]  # presence questions name X only
     sp = processor.spans(enc, words, cells=(grid.h, grid.w))
@@ -185,16 +192,22 @@ def position_basis(config: QwenVLConfig, grid_thw) -> jnp.ndarray:
     return feats.reshape(feats.shape[0] // config.merge_size**2, -1)
 
 
-def checkpoint_view(
-    folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448, video: bool = False
-) -> VLMView:
+def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448,
+                    video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
     scenes on `grid` drawn `size` pixels square; `video`: as videos of grid.h frames
-    (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). Raises ValueError
-    naming `size` or the tokenizer before any compute."""
+    (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). `wording` "authors":
+    pictures asked in the seed authors' words (`pictures.AUTHORS_TEMPLATES`), the
+    lower-case answer words read (`AUTHORS_ANSWERS`); videos keep jaxmech's. Raises
+    ValueError naming `size`, `wording` or the tokenizer before any compute."""
+    if wording not in WORDINGS:
+        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
     proc = processor.load_processor(folder, config)
     check_size(proc, grid, size, video)
-    words = answer_words(proc, VIDEO_ANSWERS if video else ANSWERS)
+    authors = wording == "authors" and not video
+    answers = VIDEO_ANSWERS if video else AUTHORS_ANSWERS if authors else ANSWERS
+    words = answer_words(proc, answers)
+    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
     p = size // config.patch_size
     grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
@@ -204,7 +217,7 @@ def checkpoint_view(
         grid=grid,
         n_labels=len(pictures.SHAPES),
         n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, proc, grid, size, video=video),
+        render=functools.partial(render, proc, grid, size, video=video, templates=templates),
         forward=functools.partial(forward, config, table),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
