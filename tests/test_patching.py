@@ -35,6 +35,8 @@ def test_token_groups():
     assert group["question"][9:].all() and not group["question"][:9].any() and group["all"].all()
     assert np.flatnonzero(group["objects"]).tolist() == [10, 15]  # the X and Y words
     assert np.flatnonzero(group["last"]).tolist() == [16]  # the answer position
+    # the authors' "text" group: every token after the image
+    assert np.flatnonzero(group["text"]).tolist() == list(range(9, 17))
 
 
 @pytest.fixture(scope="module")

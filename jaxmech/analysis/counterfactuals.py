@@ -24,12 +24,19 @@ The names (`COUNTERFACTUALS`; _w: width, _h: height):
   vit_half_roll      ... rolled by half the width, wrapping around ((col + W / 2) mod W)
                      (seed 004's "half-cell shift" is ambiguous: these are its
                      candidates; under rotary positions a uniform shift of every
-                     column cancels in q . k, so only the last two can act there)
-  lm_ids_w, lm_ids_h the image tokens' LM position ids mirrored
-  order_w, order_h   the image tokens enter the LM in mirrored order
-  facing_order_w     facings flipped and the token order mirrored (content and order,
-                     not the position codes)
-  facing_order_ids_w ... and the LM ids mirrored too
+                     column cancels in q . k, so there vit_half is the plain run and
+                     vit_half_mirror is vit_w exactly; only vit_half_roll differs)
+  lm_ids_w, lm_ids_h the image tokens' LM position ids mirrored (content in place)
+  order_w, order_h   the image content moved to the mirrored slots, each slot keeping
+                     its own position ids: slot (r, c) holds the content of (r, W-1-c)
+                     with the ids of (r, c); relative to the content, both the order
+                     the causal LM reads it in and its M-RoPE ids are mirrored
+  order_ids_w, _h    the content moved together with its ids: slot (r, c) holds the
+                     content and the ids of (r, W-1-c), so every content token keeps
+                     its own position ids and only the reading order is mirrored
+  facing_order_w     facings flipped and order_w (content and order, not the ViT's
+                     position codes)
+  facing_order_ids_w facings flipped and order_ids_w
 
 A model's answer under a counterfactual is read as the margin of the example's own
 answer word over the other word of its relation (`families.vlm_view.margin`): the sign
@@ -56,7 +63,8 @@ from jaxmech.models.edits import Edits
 # What each counterfactual changes: cells ("w" / "h" mirror), flip (facings), vit
 # ("w" / "h" mirror of the column / row positions, "half": columns + 0.5, "half_mirror":
 # W - 1 - col + 0.5, "half_roll": (col + W / 2) mod W), ids (the
-# image tokens' LM position ids mirrored), order (the image tokens' order into the LM).
+# image tokens' LM position ids mirrored), order (the image tokens' order into the LM;
+# position ids stay with the slots, so "order" with "ids" moves the ids with the content).
 CHANGES = {
     "plain": {},
     "image_w": {"cells": "w", "flip": True},
@@ -72,6 +80,8 @@ CHANGES = {
     "lm_ids_h": {"ids": "h"},
     "order_w": {"order": "w"},
     "order_h": {"order": "h"},
+    "order_ids_w": {"order": "w", "ids": "w"},
+    "order_ids_h": {"order": "h", "ids": "h"},
     "facing_order_w": {"flip": True, "order": "w"},
     "facing_order_ids_w": {"flip": True, "order": "w", "ids": "w"},
 }
@@ -174,6 +184,12 @@ def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counter
     return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *(one(n) for n in names))
 
 
+def edits_of(cf: Counterfactual) -> Edits:
+    """The forward's edits of one counterfactual (its scene is chosen by the caller)."""
+    return Edits(vit_rows=cf.vit_rows, vit_cols=cf.vit_cols, lm_pos_ids=cf.lm_ids,
+                 image_order=cf.order)  # fmt: skip
+
+
 def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfactual,
             batch_size: int | None = None):  # fmt: skip
     """[C, B] the answer margin of every example under every counterfactual; `versions`:
@@ -182,10 +198,7 @@ def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfact
 
     def one(cf):
         inputs = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[cf.scene], versions)
-        edits = Edits(
-            vit_rows=cf.vit_rows, vit_cols=cf.vit_cols, lm_pos_ids=cf.lm_ids, image_order=cf.order
-        )
-        return margin(view.forward(params, inputs, edits)[0], answer_B, other_B)
+        return margin(view.forward(params, inputs, edits_of(cf))[0], answer_B, other_B)
 
     if batch_size is None:
         return jax.vmap(one)(cfs)

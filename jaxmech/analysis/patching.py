@@ -18,7 +18,8 @@ A family enters only through its VLM view (`families.vlm_view`): its forward, it
 spans and its LM's blocks. Sites: `lm/resid_pre.{layer}` for every LM block (the
 residual entering it). Token groups (`GROUPS`, from the spans): the image tokens, the
 question tokens, the two object words (the last sub-token of each), the answer
-position, and every token.
+position, every token after the image (the question, the chat template and the answer
+position: the authors' "text" group, `mirror_swapping.py`), and every token.
 
 Axis names (`jaxmech.shapes`): B examples, S LM tokens, G token groups, Y patch
 layers, V vocabulary.
@@ -35,7 +36,7 @@ from jaxmech.families.vlm_view import Spans, VLMView
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
 
-GROUPS = ("image", "question", "objects", "last", "all")
+GROUPS = ("image", "question", "objects", "last", "text", "all")
 
 
 def token_groups(spans: Spans) -> np.ndarray:
@@ -45,8 +46,11 @@ def token_groups(spans: Spans) -> np.ndarray:
     at = lambda p_B: pos == np.asarray(p_B)[:, None]  # noqa: E731
     image = (pos[..., None] == np.asarray(spans.image_BxI)[:, None, :]).any(-1)
     objects = at(spans.x_B) | at(spans.y_B)
+    text = pos > np.asarray(spans.image_BxI).max(1)[:, None]  # the authors' "text" group
     every = np.ones((B, S), bool)
-    return np.stack([image, np.asarray(spans.question_BxS), objects, at(spans.answer_B), every])
+    return np.stack(
+        [image, np.asarray(spans.question_BxS), objects, at(spans.answer_B), text, every]
+    )
 
 
 def belief_shift(orig, patched, twin, eps: float = 1e-6):
@@ -100,8 +104,9 @@ def patch_logp(
     Returns:
       {"orig": [B], "twin": [B], "patched": [Y, G, B]} log p(answer_B) under the full
       softmax: the example, the twin, and the example with `lm/resid_pre.{y}` at group
-      g's positions taken from the twin's run; "orig_other", "twin_other" [B]: the log
-      p of the other word, to tell which examples each run answers right.
+      g's positions taken from the twin's run; "orig_other", "twin_other" [B],
+      "patched_other" [Y, G, B]: the log p of the other word (to tell which examples
+      each run answers right, and the authors' change of both words).
 
     The clean and twin runs are run once and serve every patch. A patched run is handed
     the whole residual stream at its layer (the twin's at the group's positions, the
@@ -121,11 +126,11 @@ def patch_logp(
 
     per_layer = _patched_logits(view, params, inputs, layers, groups_GxBxS, plan,
                                 orig_aux, twin_aux, in_turn=low_precision(params))  # fmt: skip
-    per_layer = [_answer_logp(logits, answer) for logits in per_layer]
     return {
         "orig": orig,
         "twin": twin_lp,
-        "patched": jnp.stack(per_layer),
+        "patched": jnp.stack([_answer_logp(logits, answer) for logits in per_layer]),
+        "patched_other": jnp.stack([_answer_logp(logits, other) for logits in per_layer]),
         "orig_other": _answer_logp(orig_logits, other),
         "twin_other": _answer_logp(twin_logits, other),
     }

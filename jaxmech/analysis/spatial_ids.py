@@ -1,19 +1,22 @@
 """Spatial IDs (seed 003, issue 13, part 2), for any VLM family.
 
-Put an object X at every cell (another object Y elsewhere, several placements:
-`data.spec.probe_specs`), ask `is X left or right of Y?`, and read the LM's residual
-stream at X's word (its last sub-token). Centred per object over the cells and
+Put an object X at every cell (another object Y elsewhere, several placements or every
+other cell: `data.spec.probe_specs`), ask `is X left or right of Y?`, and read the LM's
+residual stream at X's word (its last sub-token). Centred per object over the cells and
 averaged over objects, this gives the spatial ID `Delta_y(cell)` at each site y
-(`lm/resid_pre.{y}` for every LM block, then the last block's output): the part of
-the object word's state that depends only on where its object is. Grid differences
+(`lm/resid_pre.{y}` for every LM block, then the last block's output; or the layers
+asked for, `id_sites`): the part of the object word's state that depends only on where
+its object is. Grid differences
 give a horizontal and a vertical axis; a rank-k linear map from the ViT's position
 basis (`VLMView.position_basis`) to `Delta_y` says how much of the ID is a low-rank
-function of the position codes (R^2 per site and rank).
+function of the position codes (R^2 per site and rank), beside the same fit from
+one-hot row + column indicators (`additive_basis`: what an additive code alone gives).
 
 A family enters only through its VLM view (`families.vlm_view`).
 
 Axis names (`jaxmech.shapes`): N probe examples, L cells, D d_model, F basis features,
-Y sites (`n_sites`), K ranks.
+Y sites (`id_sites`: every one, or a checkpoint's `--layers`), K ranks, T image tokens
+per cell.
 """
 
 from __future__ import annotations
@@ -41,13 +44,13 @@ class Probe(NamedTuple):
 
 
 def probe(view: VLMView, labels, placements: int = 4, seed: int = 0, named_first: bool = True,
-          relation: int = 0):  # fmt: skip
+          relation: int = 0, factorial: bool = False):  # fmt: skip
     """Every label in `labels` at every cell (`data.spec.probe_specs`), rendered by the
     family: the probed label named first (X) or second (Y), in the question template of
-    `relation` (0 horizontal, 1 vertical)."""
-    spec, label, cell = probe_specs(
-        view.grid, labels, view.n_labels, view.n_colours, placements, seed, named_first, relation
-    )
+    `relation` (0 horizontal, 1 vertical); the other object at `placements` random
+    cells, or with `factorial` at every other cell once (the seed authors' scenes)."""
+    spec, label, cell = probe_specs(view.grid, labels, view.n_labels, view.n_colours,
+                                    placements, seed, named_first, relation, factorial)  # fmt: skip
     inputs, spans = view.render(spec)
     return Probe(inputs, spans, label, cell)
 
@@ -57,10 +60,25 @@ def n_sites(view: VLMView, params) -> int:
     return view.n_lm_blocks(params) + 1
 
 
-def states_at(aux, n_blocks: int, pos_N) -> jax.Array:
-    """[Y, N, D] the residual stream at each example's token position pos_N[n] at every
-    site, from a capture run's intermediates."""
-    return jnp.stack([rows_at(aux[resid_site(y, n_blocks)], pos_N) for y in range(n_blocks + 1)])
+def id_sites(n_blocks: int, sites=None) -> list[int]:
+    """The LM sites studied, sorted: `sites` (as the authors index layers: site y the
+    residual after y blocks, `resid_site`; a checkpoint's `--layers`), or every one
+    0..n_blocks."""
+    return list(range(n_blocks + 1)) if sites is None else sorted({int(y) for y in sites})
+
+
+def id_blocks(n_blocks: int, sites=None) -> list[int]:
+    """The LM blocks `analytic_ids` reads at `sites`: block y reads site y and writes
+    site y + 1, so every studied site but the last block's output."""
+    return [y for y in id_sites(n_blocks, sites) if y < n_blocks]
+
+
+def states_at(aux, n_blocks: int, pos_N, sites=None) -> jax.Array:
+    """[Y, N, D] the residual stream at each example's token position pos_N[n] at each
+    site of `id_sites(n_blocks, sites)`, from a capture run's intermediates."""
+    return jnp.stack(
+        [rows_at(aux[resid_site(y, n_blocks)], pos_N) for y in id_sites(n_blocks, sites)]
+    )
 
 
 def map_chunks(fn, n: int, batch: int | None):
@@ -93,40 +111,65 @@ def word_states(view: VLMView, params, inputs, pos_N, batch: int | None = None) 
     return jnp.moveaxis(map_chunks(chunk, len(np.asarray(pos_N)), batch), 0, 1)
 
 
-def probe_sites(n_blocks: int) -> list[str]:
-    """The intermediates `analytic_ids` and `states_at` read from a probe run."""
-    resid = [resid_site(y, n_blocks) for y in range(n_blocks + 1)]
-    return resid + ["lm/v", "lm/pattern", "lm/attn_out"]
+def probe_sites(n_blocks: int, sites=None) -> list[str]:
+    """The intermediates `states_at` and `analytic_ids` read from a probe run at
+    `sites` (`id_sites`): those residuals, and each block of `id_blocks` with the
+    residual it writes."""
+    blocks = id_blocks(n_blocks, sites)
+    resid = sorted(set(id_sites(n_blocks, sites)) | {y + 1 for y in blocks})
+    per_block = [f"lm/{k}.{y}" for y in blocks for k in ("v", "pattern", "attn_out")]
+    return [resid_site(y, n_blocks) for y in resid] + per_block
 
 
-def at_two_positions(aux, x_N, token_N, n_blocks: int) -> dict:
-    """A probe run's intermediates (`probe_sites`) reduced to the two positions the IDs
-    read, renumbered 0 (X's word) and 1 (X's cell token): residuals and attention
-    outputs [N, 2, D], values [N, 2, H, Dh], patterns [N, H, 2, 2]. `states_at` and
-    `analytic_ids` give the same on it with x_N = 0 and token_N = 1."""
-    rows, pos = jnp.arange(len(x_N)), jnp.stack([jnp.asarray(x_N), jnp.asarray(token_N)], 1)
+def token_sets(token_N) -> jax.Array:
+    """[N, T] the LM positions of each example's cell tokens (`cell_tokens`); one
+    token per example [N] as T = 1."""
+    token_N = jnp.asarray(token_N)
+    return token_N[:, None] if token_N.ndim == 1 else token_N
+
+
+def merged_pattern(pattern_BxHxSxS, x_N, tokens_NxT) -> jax.Array:
+    """[N, H, 2, 2] the attention among X's word (0) and X's cell (1), the cell's tokens
+    merged into one: as queries averaged, as keys summed (the mass on the cell), so a
+    row still sums to at most 1."""
+    q = jnp.concatenate([jnp.asarray(x_N)[:, None], tokens_NxT], 1)  # [N, 1 + T]
+    rows = jnp.arange(len(q))[:, None, None, None]
+    heads = jnp.arange(pattern_BxHxSxS.shape[1])[None, :, None, None]
+    sub = pattern_BxHxSxS[rows, heads, q[:, None, :, None], q[:, None, None, :]]
+    group = jnp.zeros((q.shape[1], 2)).at[0, 0].set(1.0).at[1:, 1].set(1.0)
+    return jnp.einsum("qa,nhqk,kb->nhab", group / group.sum(0), sub, group)
+
+
+def at_two_positions(aux, x_N, token_N, n_blocks: int, sites=None) -> dict:
+    """A probe run's intermediates (`probe_sites(n_blocks, sites)`) reduced to the two
+    positions the IDs read, renumbered 0 (X's word) and 1 (X's cell: its image tokens
+    `cell_tokens` [N, T], or one token [N]): residuals and attention outputs [N, 2, D],
+    values [N, 2, H, Dh], the cell's averaged over its tokens (at 448 px a Qwen cell is
+    16 tokens, its first mostly background); patterns [N, H, 2, 2] (`merged_pattern`).
+    `states_at` and `analytic_ids` give the same on it with x_N = 0 and token_N = 1."""
+    x_N, tokens = jnp.asarray(x_N), token_sets(token_N)
+    rows = jnp.arange(len(x_N))
     out = {}
-    for name in probe_sites(n_blocks):
-        keys = [name] if "." in name else [f"{name}.{y}" for y in range(n_blocks)]
-        for k in keys:
-            x = aux[k]
-            if k.startswith("lm/pattern"):
-                x = x[rows[:, None, None, None], jnp.arange(x.shape[1])[None, :, None, None],
-                      pos[:, None, :, None], pos[:, None, None, :]]  # fmt: skip
-            else:
-                x = x[rows[:, None], pos]
-            out[k] = x
+    for k in probe_sites(n_blocks, sites):
+        x = aux[k]
+        if k.startswith("lm/pattern"):
+            out[k] = merged_pattern(x, x_N, tokens)
+        else:
+            out[k] = jnp.stack([x[rows, x_N], x[rows[:, None], tokens].mean(1)], 1)
     return out
 
 
-def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int | None) -> dict:
-    """`at_two_positions` of the probe scenes' run, `batch` scenes at a time
-    (`map_chunks`)."""
+def chunked_probe(view: VLMView, params, inputs, x_N, token_N, batch: int | None,
+                  sites=None) -> dict:  # fmt: skip
+    """`at_two_positions` of the probe scenes' run at `sites` (`id_sites`; None: every
+    one), `batch` scenes at a time (`map_chunks`)."""
     n_blocks = view.n_lm_blocks(params)
+    capture = probe_sites(n_blocks, sites)
 
     def chunk(rows):
-        _, aux = view.forward(params, take_rows(inputs, rows), capture=probe_sites(n_blocks))
-        return at_two_positions(aux, take_rows(x_N, rows), take_rows(token_N, rows), n_blocks)
+        _, aux = view.forward(params, take_rows(inputs, rows), capture=capture)
+        x, tok = take_rows(x_N, rows), take_rows(token_N, rows)
+        return at_two_positions(aux, x, tok, n_blocks, sites)
 
     return map_chunks(chunk, len(np.asarray(x_N)), batch)
 
@@ -166,6 +209,17 @@ def cell_basis(view: VLMView, params, spans: Spans) -> jax.Array:
     cell_I = np.asarray(spans.cell_I)
     onehot = (cell_I[None, :] == np.arange(view.grid.cells)[:, None]).astype(np.float32)
     return (onehot / onehot.sum(1, keepdims=True)) @ view.position_basis(params)
+
+
+def additive_basis(grid_h: int, grid_w: int) -> np.ndarray:
+    """[L, h + w] one-hot row and one-hot column indicators of each cell: a basis of
+    every additive function f(row) + g(col), the baseline beside `rank_k_r2` of the
+    ViT's basis. Qwen's 2D rotary gives rows and columns their own frequencies, so each
+    of its cell-averaged features (`cell_basis`) is a function of the row or of the
+    column alone: its R^2 is at most this basis's (equal where it spans every additive
+    function), and a high one says the ID is additive, not how rotary codes it."""
+    row, col = np.divmod(np.arange(grid_h * grid_w), grid_w)
+    return np.concatenate([np.eye(grid_h)[row], np.eye(grid_w)[col]], 1).astype(np.float32)
 
 
 def rank_k_r2(features_LxF, delta_YxLxD, ranks) -> jax.Array:
@@ -209,46 +263,54 @@ def split_half_ceiling(states_YxNxD, label_N, cell_N, n_cells: int) -> jax.Array
     return (a * b).sum((1, 2)) / jnp.maximum((mean**2).sum((1, 2)), 1e-30)
 
 
-def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int) -> dict:
+def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int,
+                 sites=None) -> dict:  # fmt: skip
     """The IDs each LM block's attention would write if the object word attended to its
-    own object's image token alone (the paper's sketch `Delta ~ W_O W_V P psi`), against
+    own object's cell alone (the paper's sketch `Delta ~ W_O W_V P psi`), against
     what it writes.
 
-    For block y: the values of the image token at X's cell, reduced like `spatial_ids`
-    (mean per label and cell, centred per label over the cells, averaged over labels)
-    to their position part `Gamma_y(cell)` [L, H, Dh], mapped through each head's W_O:
+    For block y (`id_blocks(n, sites)`, Y of them): the values of X's cell (averaged
+    over its image tokens), reduced like `spatial_ids` (mean per label and cell, centred
+    per label over the cells, averaged over labels) to their position part
+    `Gamma_y(cell)` [L, H, Dh], mapped through each head's W_O:
 
       pred [Y, L, D]      sum_h Gamma_y(cell)[h] W_O[h]
-      weighted [Y, L, D]  the same with head h scaled by its mean attention weight from
-                          X's word to X's cell token (the peak's height)
+      weighted [Y, L, D]  the same with head h scaled by its mean attention mass from
+                          X's word on X's cell's tokens (the peak's height)
       attn [Y, L, D]      the ID of the block's attention output at X's word
       total [Y, L, D]     the ID the whole block adds (site y + 1 minus site y)
-      peak [Y, H]         that mean attention weight per head
+      peak [Y, H]         that mean attention mass per head
+      peak_N [Y, N]       each probe's attention mass, mean over heads
 
     `aux`: the intermediates of a capture run on probe scenes (`data.spec.probe_specs`,
     whose `label_N`, `cell_N` come with them; or `at_two_positions` of one, with x_N = 0
-    and token_N = 1); x_N: X's word position (`Spans.x_B`),
-    token_N: the LM position of an image token in X's cell. Y: LM blocks; params in the
-    TransformerLens layout (`lm/block_{y}/W_O [H, Dh, D]`).
+    and token_N = 1); x_N: X's word position (`Spans.x_B`), token_N: the LM positions
+    of X's cell's image tokens [N, T] (`cell_tokens`) or of one token [N]. Params in
+    the TransformerLens layout (`lm/block_{y}/W_O [H, Dh, D]`).
     """
-    rows, x_N, token_N = jnp.arange(len(cell_N)), jnp.asarray(x_N), jnp.asarray(token_N)
+    rows, x_N, tokens = jnp.arange(len(cell_N)), jnp.asarray(x_N), token_sets(token_N)
     n_blocks = count_blocks(params["lm"])
-    ids = spatial_ids(states_at(aux, n_blocks, x_N), label_N, cell_N, n_cells)
-    out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": []}
-    for y in range(n_blocks):
+    blocks = id_blocks(n_blocks, sites)
+    resid = sorted(set(blocks) | {y + 1 for y in blocks})
+    ids = dict(zip(resid, spatial_ids(states_at(aux, n_blocks, x_N, resid), label_N, cell_N,
+                                      n_cells)))  # fmt: skip
+    out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": [], "peak_N": []}
+    for y in blocks:
         w_o = params["lm"][f"block_{y}"]["W_O"]
-        v = aux[f"lm/v.{y}"][rows, token_N]  # [N, Hkv, Dh]
+        v = aux[f"lm/v.{y}"][rows[:, None], tokens].mean(1)  # [N, Hkv, Dh] the cell's value
         v = jnp.repeat(v, w_o.shape[0] // v.shape[1], axis=1)  # grouped-query: per query head
         H, Dh = v.shape[1:]
         gamma = spatial_ids(v.reshape(1, len(cell_N), H * Dh), label_N, cell_N, n_cells)
         gamma = gamma[0].reshape(n_cells, H, Dh)
-        peak = aux[f"lm/pattern.{y}"][rows, :, x_N, token_N].mean(0)  # [H]
+        mass = aux[f"lm/pattern.{y}"][rows[:, None], :, x_N[:, None], tokens].sum(1)  # [N, H]
+        peak = mass.mean(0)
         out["pred"].append(jnp.einsum("lhe,hed->ld", gamma, w_o))
         out["weighted"].append(jnp.einsum("lhe,h,hed->ld", gamma, peak, w_o))
         attn = rows_at(aux[f"lm/attn_out.{y}"], x_N)[None]
         out["attn"].append(spatial_ids(attn, label_N, cell_N, n_cells)[0])
         out["total"].append(ids[y + 1] - ids[y])
         out["peak"].append(peak)
+        out["peak_N"].append(mass.mean(1))
     return {k: jnp.stack(v) for k, v in out.items()}
 
 

@@ -201,6 +201,22 @@ def authors_margins(view, params, ex, site, delta_LxD, source_B, target_B, scale
     }
 
 
+def answer_corners(plain_BxV, words_Rx2, relation_B, grid_h: int, grid_w: int):
+    """([B] source cell, [B] target cell, [B] bool counted): the authors' steering
+    against the model's own answer with fixed corner IDs (`adversarial_steering.py`,
+    the response tests at lines 77-121). The answer is the top token over the whole
+    vocabulary; the relation's first word (left / above): X steered from cell (0, 0)
+    towards the far corner along the relation ((0, W - 1) for left / right, (H - 1, 0)
+    for above / below: their `ID(3, 0) - ID(0, 0)`, `ID(0, 3) - ID(0, 0)`), Y the other
+    way (`authors_margins`); the second word: from that corner to (0, 0); any other
+    top token is ambiguous: not counted (their `return None`)."""
+    top = jnp.argmax(plain_BxV, axis=-1)
+    w = jnp.asarray(words_Rx2)[jnp.asarray(relation_B)]
+    first, second = top == w[:, 0], top == w[:, 1]
+    far = jnp.where(jnp.asarray(relation_B) == 0, grid_w - 1, (grid_h - 1) * grid_w)
+    return jnp.where(first, 0, far), jnp.where(first, far, 0), first | second
+
+
 def sign_flips(plain_B, steered_B) -> jax.Array:
     """[B] bool: the margin changed sign (the authors' flip: right or wrong before)."""
     return (jnp.asarray(plain_B) > 0) != (jnp.asarray(steered_B) > 0)
@@ -250,6 +266,7 @@ def steer_models(
     sites=None,
     probe_batch=None,
     call=None,
+    against: str = "truth",
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -262,7 +279,13 @@ def steer_models(
     steered (default every y >= 1); `probe_batch`: scenes per chunk of the IDs' probe
     forward (`spatial_ids.word_states`) and of the examples' plain one (`unsteered`);
     `call(fn, args)`: how the one program runs (default jitted, results on the host;
-    a report's logs its compile and compute times)."""
+    a report's logs its compile and compute times). `against`: the direction of the
+    authors' protocol's steering, "truth" (X from its cell to beyond Y: `source_B`,
+    `target_B`) or "answer" (against the model's own answer with fixed corner IDs,
+    ambiguous answers not counted: `answer_corners`, the authors' script); its margins
+    carry "counted" [K, Y', B]."""
+    if against not in ("truth", "answer"):
+        raise ValueError(f"against = {against!r}: expected 'truth' or 'answer'")
     call = call or (lambda fn, args: jax.device_get(jax.jit(fn)(*args)))
     pr = si.probe(view, range(1, view.n_labels + 1) if labels is None else labels)
     n_blocks = view.n_lm_blocks(model_outline(params_K))
@@ -275,14 +298,18 @@ def steer_models(
         states = si.word_states(view, p, inputs[0], pr.spans.x_B, probe_batch)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
         clean = unsteered(view, p, ex_, probe_batch)  # one plain forward serves every site
+        a_src, a_tgt, counted = (
+            answer_corners(clean[0], view.answer_words[:2], ex.spec.relation_B, *view.grid)
+            if against == "answer"
+            else (source_B, target_B, jnp.ones(len(source_B), bool))
+        )
         out = [
             (
                 flip_margins(view, p, ex_, y, delta[y], source_B, target_B, ALPHAS, key, clean),
                 id_curve(view, p, ex_, y, delta[y], source_B, CURVE_ALPHA, words, clean),
                 id_curve(view, p, ex_, y, delta[y], source_B, PAPER_CURVE_ALPHA, words, clean),
-                authors_margins(
-                    view, p, ex_, y, delta[y], source_B, target_B, AUTHORS_SCALE, key, clean
-                ),  # fmt: skip
+                authors_margins(view, p, ex_, y, delta[y], a_src, a_tgt, AUTHORS_SCALE, key, clean)
+                | {"counted": counted},
             )
             for y in sites
         ]
@@ -306,8 +333,10 @@ def steer_models(
 
 
 def flip_rates(res: dict) -> dict:
-    """{(kind, relation): [K, Y', A] flip rates}, {("n", relation): [K, Y']} answers
-    right before steering, {("rel_norm", relation): [K, Y', A]} mean relative norms."""
+    """{(kind, relation): [K, Y', A] flip rates}, {("flips", kind, relation): [K, Y', A,
+    B]} each example's flip (NaN: not counted, i.e. not right before steering), {("n",
+    relation): [K, Y']} answers right before steering, {("rel_norm", relation): [K,
+    Y', A]} mean relative norms."""
     f = res["flips"]
     right = f["plain"] > 0  # [K, Y', B]
     out = {}
@@ -318,20 +347,30 @@ def flip_rates(res: dict) -> dict:
         den = np.maximum(n, 1)[..., None]
         for kind in KINDS:
             flipped = w[:, :, None] & (f[kind] < 0)
-            out[(kind, name)] = flipped.sum(-1) / den
+            # no example right before steering: the rate is empty (NaN), not a zero
+            out[(kind, name)] = np.where(n[..., None] > 0, flipped.sum(-1) / den, np.nan)
+            out[("flips", kind, name)] = np.where(w[:, :, None], flipped, np.nan)
         out[("rel_norm", name)] = (f["rel_norm"] * w[:, :, None]).sum(-1) / den
     return out
 
 
 def authors_flip_rates(res: dict) -> dict:
-    """{(kind, relation): [K, Y']} the authors' flip rates (any sign change, over all of
-    the relation's examples), and {("top", relation): `top_sites_mean`}."""
+    """{(kind, relation): [K, Y']} the authors' flip rates (any sign change, over the
+    relation's counted examples: all, or those with an unambiguous answer when steered
+    against it), {("flips", kind, relation): [K, Y', B]} each example's flip (NaN: not
+    counted), {("n", relation): [K, Y']} the counts and {("top", relation):
+    `top_sites_mean`}."""
     a = res["authors"]
+    counted = np.asarray(a.get("counted", np.ones_like(a["plain"], bool)), bool)
     out = {}
     for r, name in enumerate(RELATIONS):
-        w = res["relation"] == r
+        w = counted & (res["relation"] == r)
+        out[("n", name)] = w.sum(-1)
         for kind in KINDS:
-            out[(kind, name)] = np.asarray(sign_flips(a["plain"], a[kind]))[..., w].mean(-1)
+            f = np.where(w, np.asarray(sign_flips(a["plain"], a[kind])), np.nan)
+            out[("flips", kind, name)] = f
+            n = np.maximum(w.sum(-1), 1)
+            out[(kind, name)] = np.where(w.any(-1), np.nansum(f, -1) / n, np.nan)
         controls = {k: out[(k, name)] for k in KINDS if k != "id"}
         out[("top", name)] = top_sites_mean(out[("id", name)], controls)
     return out

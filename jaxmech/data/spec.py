@@ -149,23 +149,35 @@ def occlude(spec: SceneSpec, cell_B) -> SceneSpec:
 
 
 def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: int = 4,
-                seed: int = 0, named_first: bool = True, relation: int = 0):  # fmt: skip
+                seed: int = 0, named_first: bool = True, relation: int = 0,
+                factorial: bool = False):  # fmt: skip
     """Every label in `labels` at every cell, each with `placements` draws of another
     label (1..n_labels) at another cell (host NumPy), asked as a question of `relation`
     (0 horizontal, the default; 1 vertical: the second word then follows that relation's
     words); the probe label is named first (X; `named_first`) or second (Y). Returns
     (spec [N], label_N, cell_N), N = len(labels) L placements: the spatial IDs average
-    states over these (the answers are not used)."""
+    states over these (the answers are not used).
+
+    `factorial`: instead of random draws, the other object at every other cell once
+    (placements = L - 1, ignored), as the seed authors' extraction scenes are
+    (`tile_two_objects.py`: every pair of distinct cells); its label cycles through the
+    other labels (not every pair of labels: that would be n_labels - 1 times more
+    scenes). Colours and facings are drawn from `seed` either way."""
     rng = np.random.default_rng([seed, 13])
     L = grid.cells
+    reps = L - 1 if factorial else placements
     lab, cell = np.meshgrid(np.asarray(labels), np.arange(L), indexing="ij")
-    lab = np.repeat(lab.ravel(), placements)
-    cell = np.repeat(cell.ravel(), placements)
+    lab = np.repeat(lab.ravel(), reps)
+    cell = np.repeat(cell.ravel(), reps)
     N = len(lab)
-    other = rng.integers(1, n_labels, N)
+    if factorial:
+        j = np.arange(N) % reps  # the other cell's index among the L - 1 cells not `cell`
+        other = (np.arange(N) % (L * reps)) % (n_labels - 1) + 1
+    else:  # drawn first, as before the factorial option: the same seed, the same probes
+        other = rng.integers(1, n_labels, N)
+        j = rng.integers(0, L - 1, N)
     other = other + (other >= lab)
-    other_cell = rng.integers(0, L - 1, N)
-    other_cell = other_cell + (other_cell >= cell)
+    other_cell = j + (j >= cell)
     colours_NxL = rng.integers(1, n_colours + 1, (N, L))  # drawn per cell, read at two
     facings_NxL = rng.integers(1, 3, (N, L))
     slots = [(lab, cell), (other, other_cell)]

@@ -57,6 +57,7 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxmech.data.spec import Grid, SceneSpec, first_word
 
@@ -157,9 +158,23 @@ def rows_at(x_BxSx, pos_B) -> jax.Array:
 
 
 def cell_tokens(spans: Spans, cell_N) -> jax.Array:
-    """[N] the LM position of the first image token in each example's cell cell_N[n]."""
-    first = jnp.argmax(jnp.asarray(spans.cell_I)[None, :] == jnp.asarray(cell_N)[:, None], 1)
-    return rows_at(jnp.asarray(spans.image_BxI), first)
+    """[N, T] the LM positions of every image token in each example's cell cell_N[n]
+    (row n of `spans`; T the tokens per cell, in the image's order). Every one, not the
+    first: at 448 px a Qwen cell is 4 x 4 merged tokens and its first (top-left) is
+    mostly background, so a reader averages over them (`spatial_ids.at_two_positions`).
+    Raises ValueError where the cells hold different numbers of tokens."""
+    index = cell_token_index(spans.cell_I)[jnp.asarray(cell_N)]  # [N, T]
+    return jnp.take_along_axis(jnp.asarray(spans.image_BxI), index, 1)
+
+
+def cell_token_index(cell_I) -> np.ndarray:
+    """[L, T] the indices into the image tokens of each cell's T tokens (host NumPy)."""
+    cell_I = np.asarray(cell_I)
+    counts = np.bincount(cell_I)
+    if (counts != counts[0]).any():
+        raise ValueError(f"cells hold {sorted(set(counts.tolist()))} image tokens: expected "
+                         "the same number in every cell")  # fmt: skip
+    return np.argsort(cell_I, kind="stable").reshape(len(counts), counts[0])
 
 
 class Examples(NamedTuple):

@@ -17,7 +17,9 @@ model, relation and counterfactual:
 Writes into `RUN/counterfactuals/` (every row also names its `examples` and `model_group`):
   table.csv     model, counterfactual, relation, agree_mirror, changed, n
   errors.csv    model, relation, errors, binding_failures, share
-  summary.json  means over models with 95% intervals; figure counterfactuals.png
+  summary.json  means with 95% intervals (mean, ci_low, ci_high, n): over models for a
+                results folder, a checkpoint's (one model) bootstrapped over its
+                questions (n: the questions); figure counterfactuals.png
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from jaxmech.reports.common import (
     chunk_progress,
     declared,
     fmt_ci,
+    fmt_question_ci,
     plots_dir,
+    protocol_of,
+    question_ci,
     relation_questions,
     rows_per_call,
     table_store,
@@ -57,11 +62,14 @@ MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h"}
 def notes(view, params, config=None) -> dict[str, str]:
     """{counterfactual: why it is an exact no-op for this model (one model's params;
     `config` a run's, None for a checkpoint)}, printed beside its row: under rotary ViT
-    positions (set per block) a uniform column shift cancels in q . k; a ViT that sees
+    positions (set per block) a uniform column shift cancels in q . k (so the offset
+    mirror is the plain mirror); a ViT that sees
     each frame alone has one row per frame, so mirroring rows changes nothing."""
     out = {}
     if view.vit_blocks(params):
         out["vit_half"] = "exact no-op: a uniform shift cancels in rotary q.k"
+        # W - 1 - col + 0.5 is vit_w's W - 1 - col shifted uniformly: not a candidate there
+        out["vit_half_mirror"] = "identical to vit_w: a uniform shift cancels in rotary q.k"
     if config is not None and getattr(config.model, "vit_frames", False):
         out["vit_h"] = "exact no-op: the ViT sees one row (a frame) at a time"
     return out
@@ -161,30 +169,65 @@ def error_rows(res: dict, models) -> list[dict]:
     return rows
 
 
-def summarise(rows: list[dict], errors: list[dict], names, log, note=None) -> dict:
+def question_values(res: dict) -> dict:
+    """One model's (a checkpoint's) per-question numbers, keyed as `model_values`: 1.0 /
+    0.0 per question of the relation (agree with the mirrored image's answer, changed
+    from the plain run's), and per plain-run error whether it is a binding failure."""
+    says = res["margins"][0] > 0  # [C, B]
+    names, plain = res["names"], res["margins"][0, 0]
+    bind = np.asarray(cfa.binding_failures(plain, res["swapped"][0]))
     out = {}
-    log(
-        "share of answers equal to the mirrored image's (agree) and different from the "
-        "plain run's (changed), 95% CI over models:"
-    )
-    log(f"{'counterfactual':>20} " + " ".join(f"{r + ' agree':>28} {r + ' changed':>28}" for r in RELATIONS))  # fmt: skip
+    for r, rel in enumerate(RELATIONS):
+        w = res["relation"] == r
+        ref = says[names.index(MIRROR_OF[rel])][w]
+        for c, name in enumerate(names):
+            x = says[c][w]
+            out[name, rel] = {"agree_mirror": (x == ref) * 1.0, "changed": (x != says[0][w]) * 1.0}
+        err = (plain <= 0) & w
+        out["binding", rel] = {"share": bind[err] * 1.0, "errors": int(err.sum())}
+    return out
+
+
+def model_values(rows: list[dict], errors: list[dict]) -> dict:
+    """The table's per-model numbers: {(counterfactual, relation): {"agree_mirror",
+    "changed": [K]}, ("binding", relation): {"share": [K], "errors": over the models}}."""
+    out = {}
+    for x in rows:
+        cell = out.setdefault((x["counterfactual"], x["relation"]), {})
+        for k in ("agree_mirror", "changed"):
+            cell.setdefault(k, []).append(x[k])
+    for rel in RELATIONS:
+        sel = [e for e in errors if e["relation"] == rel]
+        share, n = [e["share"] for e in sel], sum(e["errors"] for e in sel)
+        out["binding", rel] = {"share": share, "errors": n}
+    return out
+
+
+def summarise(values: dict, names, log, note=None, per_question: bool = False) -> dict:
+    """summary.json's cells (mean, ci_low, ci_high, n) and the printed table of `values`
+    (`model_values`: the 95% interval over models; `question_values` with `per_question`:
+    one checkpoint's seeded bootstrap interval over questions, n the questions)."""
+    ci, cell, width = (question_ci, fmt_question_ci, 34) if per_question else (mean_ci, fmt_ci, 31)
+    over = "bootstrap over questions" if per_question else "over models"
+    log("share of answers equal to the mirrored image's (agree) and different from the "
+        f"plain run's (changed), 95% CI {over}:")  # fmt: skip
+    log(f"{'counterfactual':>20} " + " ".join(f"{r + ' agree':>{width}} {r + ' changed':>{width}}" for r in RELATIONS))  # fmt: skip
+    out = {}
     for name in names:
         cells = []
         for rel in RELATIONS:
-            sel = [x for x in rows if (x["counterfactual"], x["relation"]) == (name, rel)]
-            agree, changed = [x["agree_mirror"] for x in sel], [x["changed"] for x in sel]
-            out[f"{name}/{rel}"] = {"agree_mirror": mean_ci(agree), "changed": mean_ci(changed)}
-            cells += [fmt_ci(agree, 0.0, 1.0), fmt_ci(changed, 0.0, 1.0)]
+            v = values[name, rel]
+            out[f"{name}/{rel}"] = {k: ci(v[k], 0.0, 1.0) for k in ("agree_mirror", "changed")}
+            cells += [cell(v[k], 0.0, 1.0) for k in ("agree_mirror", "changed")]
         beside = f"  ({note[name.split('@')[0]]})" if name.split("@")[0] in (note or {}) else ""
-        log(f"{name:>20} " + " ".join(f"{c:>28}" for c in cells) + beside)
+        log(f"{name:>20} " + " ".join(f"{c:>{width}}" for c in cells) + beside)
     log("\nbinding failures among the plain run's errors (same word for X-Y and Y-X):")
     for rel in RELATIONS:
-        sel = [e for e in errors if e["relation"] == rel]
-        share = [e["share"] for e in sel]
-        n = sum(e["errors"] for e in sel)
-        out[f"binding/{rel}"] = {"share": mean_ci(share), "errors": n}
-        log(f"  {rel:>10}: {fmt_ci(share, 0.0, 1.0)} ({n} errors over the models)")
-    return out
+        v = values["binding", rel]
+        out[f"binding/{rel}"] = {"share": ci(v["share"], 0.0, 1.0), "errors": v["errors"]}
+        where = "" if per_question else " over the models"
+        log(f"  {rel:>10}: {cell(v['share'], 0.0, 1.0)} ({v['errors']} errors{where})")
+    return out | {"intervals": f"95% {over}"}
 
 
 def plot(rows: list[dict], names, path: str, k: int) -> str:
@@ -224,8 +267,15 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     words = EXAMPLE_WORDS.get(run.examples, "pair questions")
     log(f"{run.k} models; {words}; lm_pos_ids {ids!r}")
     note = notes(view_of(run), model_outline(run.params), run.config)
-    summary = summarise(tables["table"], tables["errors"], res["names"], log, note)
+    # a checkpoint is one model: an interval over models has n = 1 (NaN), so its cells
+    # carry the bootstrap over its questions instead
+    one = checkpoint_data(run) is not None
+    if one:
+        log(f"protocol: {protocol_of(run)}")
+    values = question_values(res) if one else model_values(tables["table"], tables["errors"])
+    summary = summarise(values, res["names"], log, note, per_question=one)
     summary |= {"notes": note} if note else {}
+    summary |= {"protocol": protocol_of(run)} if one else {}
     return summary | {"excluded": list(run.excluded)}
 
 

@@ -45,8 +45,9 @@ from jaxmech.reports.common import (
     checkpoint_data,
     chunk_progress,
     declared,
-    fmt_ci,
     plots_dir,
+    protocol_of,
+    question_ci,
     question_specs,
     rows_per_call,
     table_store,
@@ -86,7 +87,13 @@ def compute(run: LoadedRun, log=print) -> dict:
     ex = examples(view, take(specs["examples"], asked))
     twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
     ckpt, n = checkpoint_data(run), len(ex.answer_B)
-    layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(view.n_lm_blocks(run.params)))
+    n_blocks = view.n_lm_blocks(run.params)
+    layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(n_blocks))
+    if max(layers) >= n_blocks:
+        raise ValueError(
+            f"layers = {list(layers)}: layer {n_blocks} (the last block's output) is not "
+            f"patched, as only the final norm reads it; expected layers in [0, {n_blocks - 1}]"
+        )
     groups, shared = token_groups(ex.spans), np.asarray(ex.spans.image_BxI).min(1)
     call = table_call_for(view, run.params, twins, groups, layers, shared)
     t0 = time.perf_counter()
@@ -97,6 +104,7 @@ def compute(run: LoadedRun, log=print) -> dict:
                        batch=batch, progress=chunk_progress(log, batch), call=call, store=store,
                        plan=plan)  # fmt: skip
     return {
+        "protocol": protocol_of(run),
         "logp": logp,
         "answer": np.asarray(ex.answer_B),
         "words": words,
@@ -105,34 +113,94 @@ def compute(run: LoadedRun, log=print) -> dict:
     }
 
 
-def shifts(res: dict) -> dict:
-    """{(twin, word, kind): [K, Y, G]} mean shifts (kind "logp" / "p") over the kept
-    examples, and {(word,): [K]} their counts. Kept: right on the example and its mirror
-    (the mirror's answer is the other word: its log p is `twin_other`)."""
-    m = res["logp"]["mirror"]
-    kept_KxB = (m["orig"] > m["orig_other"]) & (m["twin_other"] > m["twin"])
+def shifts(res: dict, protocol: str = "jaxmech") -> dict:
+    """{(twin, word, kind): [K, Y, G, B]} each example's belief shift (kind "logp" / "p";
+    NaN where the example is not counted), {(twin, word, kind, "mean"): [K, Y, G]} the
+    means over the counted examples (NaN: none counted) and {("n", word): [K]} their
+    counts.
+
+    jaxmech: the shift of the answer word's belief; counted: right on the example and
+    its mirror (the mirror's answer is the other word: its log p is `twin_other`);
+    words: the examples whose answer is left / right / both; the denominator is the
+    mirror's for both twins (a recolour leaves the answer, so its own is ~0).
+    authors (`mirror_swapping.py`, `attribute_swapping.py`, `fig4.ipynb`): the change of
+    each read word "left" / "right" ("both": their mean) over every example, each twin
+    over its own denominator, NaN and inf counted as 0."""
     out = {}
-    for word, token in res["words"].items():
-        w_KxB = kept_KxB & (True if token is None else res["answer"][None] == token)
-        n_K = w_KxB.sum(1)
-        out[("n", word)] = n_K
+    if protocol == "authors":
+        lp, names = _word_logps(res), list(res["words"])[:2] + ["both"]
         for twin in TWINS:
-            d = res["logp"][twin]
             for kind, f in (("logp", lambda x: x), ("p", np.exp)):
-                # the denominator is the mirror's for both twins (module docstring)
-                s = np.asarray(
-                    belief_shift(
-                        f(m["orig"])[:, None, None], f(d["patched"]), f(m["twin"])[:, None, None]
-                    )
-                )
-                w = w_KxB[:, None, None, :]
-                total = np.where(w, np.nan_to_num(s), 0.0).sum(-1)
-                out[(twin, word, kind)] = total / np.maximum(n_K, 1)[:, None, None]
+                per_word = [_authors_shift(lp, twin, w, f) for w in (0, 1)]
+                for word, v in zip(names, per_word + [sum(per_word) / 2]):
+                    out[(twin, word, kind)] = v
+        k, b = lp[("mirror", "orig")][0].shape  # every example counts
+        out |= {("n", w): np.full(k, b) for w in names}
+    else:
+        m = res["logp"]["mirror"]
+        kept_KxB = (m["orig"] > m["orig_other"]) & (m["twin_other"] > m["twin"])
+        for word, token in res["words"].items():
+            w_KxB = kept_KxB & (True if token is None else res["answer"][None] == token)
+            out[("n", word)] = w_KxB.sum(1)
+            for twin in TWINS:
+                d = res["logp"][twin]
+                for kind, f in (("logp", lambda x: x), ("p", np.exp)):
+                    s = np.asarray(belief_shift(f(m["orig"])[:, None, None], f(d["patched"]),
+                                                f(m["twin"])[:, None, None]))  # fmt: skip
+                    w = w_KxB[:, None, None, :]
+                    out[(twin, word, kind)] = np.where(w, np.nan_to_num(s), np.nan)
+    for key in [k for k in out if k[0] != "n"]:
+        v = out[key]
+        n = np.isfinite(v).sum(-1)
+        out[key + ("mean",)] = np.where(n > 0, np.nansum(v, -1) / np.maximum(n, 1), np.nan)
     return out
 
 
+def _word_logps(res: dict) -> dict:
+    """{(twin, run): ([K, ..., B] log p of the relation's first word, of its second)}
+    for the runs "orig", "twin" and "patched" of each twin, from the answer / other
+    word's."""
+    first = res["answer"] == next(iter(res["words"].values()))  # the answer is "left"
+    out = {}
+    for twin in TWINS:
+        d = res["logp"][twin]
+        for run, own, other in (("orig", "orig", "orig_other"), ("twin", "twin", "twin_other"),
+                                ("patched", "patched", "patched_other")):  # fmt: skip
+            out[(twin, run)] = (np.where(first, d[own], d[other]), np.where(first, d[other], d[own]))
+    return out
+
+
+def _authors_shift(lp: dict, twin: str, w: int, f) -> np.ndarray:
+    """[K, Y, G, B] the authors' shift of read word w (0 left, 1 right) under `twin`:
+    (orig - patched) / (orig - twin) over the twin's own run, NaN / inf set to 0."""
+    o, t = f(lp[(twin, "orig")][w]), f(lp[(twin, "twin")][w])
+    patched = f(lp[(twin, "patched")][w])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = (o[:, None, None] - patched) / (o - t)[:, None, None]
+    return np.where(np.isfinite(s), s, 0.0)
+
+
+def cell_ci(per_example_KxB, lo=None, hi=None):
+    """(mean, ci_low, ci_high, n) of one table cell: over models (`mean_ci` of the
+    per-model means) for a run of several, over questions (`question_ci`, the
+    per-question bootstrap) for one model (a checkpoint); n counts what it rests on."""
+    v = np.asarray(per_example_KxB)
+    if v.shape[0] == 1:
+        return question_ci(v[0], lo, hi)
+    n = np.isfinite(v).sum(-1)
+    means = np.where(n > 0, np.nansum(v, -1) / np.maximum(n, 1), np.nan)
+    return mean_ci(means, lo, hi)
+
+
+def fmt_cell(ci) -> str:
+    m, a, b, n = ci
+    if n == 0:
+        return "empty (n = 0)"
+    return f"{m:+.3f} [{a:+.3f},{b:+.3f}] n={n}"
+
+
 def shift_rows(sh: dict, models, layers) -> list[dict]:
-    k, n_layers, n_groups = sh[("mirror", "both", "logp")].shape
+    k, n_layers, n_groups = sh[("mirror", "both", "logp", "mean")].shape
     words = [key[1] for key in sh if key[0] == "n"]
     return [
         {
@@ -141,8 +209,8 @@ def shift_rows(sh: dict, models, layers) -> list[dict]:
             "layer": layers[y],
             "group": GROUPS[g],
             "word": word,
-            "shift_logp": float(sh[(twin, word, "logp")][i, y, g]),
-            "shift_p": float(sh[(twin, word, "p")][i, y, g]),
+            "shift_logp": float(sh[(twin, word, "logp", "mean")][i, y, g]),
+            "shift_p": float(sh[(twin, word, "p", "mean")][i, y, g]),
             "n": int(sh[("n", word)][i]),
         }
         for i in range(k)
@@ -153,24 +221,29 @@ def shift_rows(sh: dict, models, layers) -> list[dict]:
     ]
 
 
-def summarise(sh: dict, log, layers) -> dict:
+def summarise(sh: dict, log, layers, protocol: str = "jaxmech") -> dict:
     out = {}
-    n_layers = sh[("mirror", "both", "logp")].shape[1]
+    n_layers = sh[("mirror", "both", "logp", "mean")].shape[1]
+    one = sh[("mirror", "both", "logp")].shape[0] == 1
+    over = "questions (bootstrap)" if one else "models"
+    words = [k[1] for k in sh if k[0] == "n"] if protocol == "authors" else ["both"]
+    what = ("change of each word's belief (log-prob), every question, each twin's own "
+            "denominator" if protocol == "authors" else "belief shift of the answer word "
+            "(log-prob), questions right on the example and its mirror")  # fmt: skip
     for twin in TWINS:
-        log(
-            f"\n{twin} patch, belief shift of the answer word (log-prob; prob), 95% CI over models:"
-        )
-        log(f"{'layer':>5} " + " ".join(f"{g:>52}" for g in GROUPS))
+        log(f"\n{twin} patch, {what}; mean [95% CI over {over}] n:")
+        groups = GROUPS[: sh[(twin, "both", "logp")].shape[2]]
+        log(f"{'layer':>5} {'word':>5} " + " ".join(f"{g:>34}" for g in groups))
         for y in range(n_layers):
-            cells = []
-            for g, group in enumerate(GROUPS):
-                lp, p = sh[(twin, "both", "logp")][:, y, g], sh[(twin, "both", "p")][:, y, g]
-                out[f"{twin}/{layers[y]}/{group}"] = {
-                    "shift_logp": mean_ci(lp, None, None),
-                    "shift_p": mean_ci(p, None, None),
-                }
-                cells.append(f"{fmt_ci(lp, None, None)}; {np.mean(p):+.2f}")
-            log(f"{layers[y]:>5} " + " ".join(f"{c:>52}" for c in cells))
+            for word in words:
+                cells = []
+                for g, group in enumerate(groups):
+                    lp = cell_ci(sh[(twin, word, "logp")][:, y, g])
+                    p = cell_ci(sh[(twin, word, "p")][:, y, g])
+                    key = f"{twin}/{layers[y]}/{group}" + ("" if word == "both" else f"/{word}")
+                    out[key] = {"shift_logp": lp, "shift_p": p}
+                    cells.append(fmt_cell(lp))
+                log(f"{layers[y]:>5} {word:>5} " + " ".join(f"{c:>34}" for c in cells))
     return out
 
 
@@ -179,32 +252,28 @@ def plot_shifts(sh: dict, path: str, k: int, layers) -> str:
 
     from jaxmech import plots
 
-    fig, axes = plt.subplots(1, len(TWINS), figsize=(4.2 * len(TWINS), 2.8), squeeze=False)
+    fig, axes = plt.subplots(1, len(TWINS), figsize=(4.6 * len(TWINS), 2.8), squeeze=False)
     for ax, twin in zip(axes[0], TWINS):
         s = sh[(twin, "both", "logp")]
-        mean = np.nanmean(s, 0)
+        cells = [[cell_ci(s[:, y, g]) for g in range(s.shape[2])] for y in range(s.shape[1])]
+        mean = np.asarray([[c[0] for c in row] for row in cells])
         ax.imshow(mean, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
-        for y in range(mean.shape[0]):
-            for g in range(mean.shape[1]):
-                lo, hi = mean_ci(s[:, y, g], None, None)[1:3]
-                ax.text(
-                    g,
-                    y,
-                    f"{mean[y, g]:.2f}\n[{lo:.2f},{hi:.2f}]",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if abs(mean[y, g]) > 0.6 else "black",
-                )
+        for y, row in enumerate(cells):
+            for g, (m, lo, hi, n) in enumerate(row):
+                text = "n = 0" if n == 0 else f"{m:.2f}\n[{lo:.2f},{hi:.2f}]"
+                ax.text(g, y, text, ha="center", va="center", fontsize=7,
+                        color="white" if abs(np.nan_to_num(m)) > 0.6 else "black")  # fmt: skip
         ax.set_xticks(range(len(GROUPS)), GROUPS)
-        ax.set_yticks(range(mean.shape[0]), [f"resid_pre.{y}" for y in layers])
-        ax.set_title(f"{twin} patch ({k} models)", fontsize=9)
-    fig.suptitle("belief shift of the answer word (log-prob), mean [95% CI]", fontsize=9)
+        ax.set_yticks(range(mean.shape[0]), [f"layer {y}" for y in layers])
+        over = "questions" if k == 1 else f"{k} models"
+        ax.set_title(f"{twin} patch (95% CI over {over})", fontsize=9)
+    fig.suptitle("belief shift (log-prob), mean [95% CI]; layer L: the residual after L "
+                 "blocks", fontsize=9)  # fmt: skip
     return plots.save(fig, path)
 
 
 def with_shifts(res: dict) -> dict:
-    return res | {"shifts": shifts(res)}
+    return res | {"shifts": shifts(res, res["protocol"])}
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
@@ -213,13 +282,17 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     n = res["shifts"][("n", "both")]
-    log(
-        f"{run.k} models; {EXAMPLE_WORDS.get(run.examples, 'pair questions')}, {'/'.join(list(res['words'])[:2])} ones kept (right on the example and "
-        f"its mirror): {int(n.min())}-{int(n.max())} per model; one compiled call "
-        f"{res['wall_s']:.1f} s"
-    )
+    sets = EXAMPLE_WORDS.get(run.examples, "pair questions")
+    if res["protocol"] == "authors":
+        log(f"{run.k} model(s); {sets}: every question counts (the authors' protocol), "
+            f"{int(n.min())} per model; {res['wall_s']:.1f} s")  # fmt: skip
+    else:
+        log(f"{run.k} model(s); {sets}, {'/'.join(list(res['words'])[:2])} ones kept (right on "
+            f"the example and its mirror): {int(n.min())}-{int(n.max())} per model; "
+            f"{res['wall_s']:.1f} s")  # fmt: skip
     return {
-        "patches": summarise(res["shifts"], log, res["layers"]),
+        "protocol": res["protocol"],
+        "patches": summarise(res["shifts"], log, res["layers"], res["protocol"]),
         "kept": n.tolist(),
         "excluded": list(run.excluded),
     }

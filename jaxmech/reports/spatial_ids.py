@@ -1,23 +1,29 @@
 """Seed 003's spatial IDs on a results folder of VLMs (issue 13, part 2).
 
-For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`) from
-probe scenes of the training-pair labels at every cell (the main set; beside it the
-validation labels' IDs), their horizontal and vertical axes, the R^2 of a rank-k map
-from the ViT's position basis, k = 1..RANKS, beside its split-half noise ceiling (how
-much of the ID two halves of the labels agree on), and the cosine between the two label
-sets' IDs (is the ID the same for labels never seen in a pair?). Each set is summarised
-over the generalising models, then the others (`common.analyse`).
+For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`; a
+checkpoint's `--layers` only) from probe scenes of the training-pair labels at every
+cell (the main set; beside it the validation labels' IDs; the other object at
+PLACEMENTS random cells, or under `--protocol=authors` at every other cell once, as
+the authors' `tile_two_objects.py`; one object size, where the authors draw 4), their
+horizontal and vertical axes, the R^2 of a rank-k map from the ViT's position basis,
+k = 1..RANKS, beside the same fit from one-hot row + column indicators (BASELINE) and
+its split-half noise ceiling (how much of the ID two halves of the labels agree on),
+and the cosine between the two label sets' IDs (is the ID the same for labels never
+seen in a pair?). Each set is summarised over the generalising models, then the
+others (`common.analyse`); one model (a checkpoint) has no interval over models, so
+its fits are printed alone (ONE_FIT) and its analytic peak, a mean over probes, with
+the per-probe bootstrap interval (`common.question_ci`).
 
 Writes into `RUN/spatial_ids/` (every row also names its `examples`: seen for the
 training-pair labels' IDs, unseen for the validation labels'; and its `model_group`):
-  r2.csv        model, site, rank, r2, ceiling
+  r2.csv        model, site, rank, r2, baseline_r2, ceiling
   axes.csv      model, site, h_norm, v_norm, cos_hv, cos_train_val (IDs of the two
                 label sets, flattened over cells)
-  analytic.csv  model, block, peak (the object word's mean attention to its own
-                object's token, mean over heads), cos_pred_attn, cos_weighted_attn,
-                cos_weighted_total, cos_attn_total (`spatial_ids.analytic_ids`: the ID
-                predicted from the weights against the block's attention output's ID
-                and against the whole block's)
+  analytic.csv  model, block, peak (the object word's attention mass on its own
+                object's cell, mean over probes and heads), cos_pred_attn,
+                cos_weighted_attn, cos_weighted_total, cos_attn_total
+                (`spatial_ids.analytic_ids`: the ID predicted from the weights against
+                the block's attention output's ID and against the whole block's)
   summary.json  means over models with 95% intervals; figure spatial_ids.png
 """
 
@@ -27,19 +33,23 @@ import jax
 import numpy as np
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.families.vlm_view import cell_tokens, over_models
+from jaxmech.families.vlm_view import cell_tokens, model_outline, over_models
 from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
     analyse,
     analyse_loaded,
+    checkpoint_data,
     compiled_call,
     declared,
     fmt_ci,
+    fmt_question_ci,
     id_labels,
     plots_dir,
     probe_rows,
+    protocol_of,
+    question_ci,
     view_of,
 )
 from jaxmech.stats import mean_ci
@@ -50,11 +60,28 @@ LABEL_WORDS = {
 }
 
 RANKS = (1, 2, 3, 4, 6)
+PLACEMENTS = 4  # random cells of the other object per (label, cell), jaxmech's protocol
+ONE_FIT = "no interval: one fit of one model (a checkpoint), not a mean over questions"
+BASELINE = (
+    "baseline: the same rank-k fit from one-hot row + one-hot column indicators "
+    "(`additive_basis`). Qwen's 2D rotary gives rows and columns separate frequencies, "
+    "so the cell-averaged position basis spans additive row + column functions only: "
+    "an R^2 at the baseline's says the ID is additive, not how rotary codes position"
+)
 
 
 spatial_ids_refusal = declared(
     "spatial_ids"
 )  # why the report does not apply to a run (None: it does)
+
+
+def sites_of(run: LoadedRun) -> tuple[list[int], list[int]]:
+    """(the LM sites the report studies: a checkpoint's `--layers` as the authors index
+    them, else every one; the blocks of its analytic IDs, `spatial_ids.id_blocks`)."""
+    ckpt = checkpoint_data(run)
+    n = view_of(run).n_lm_blocks(model_outline(run.params))
+    layers = ckpt.layers if ckpt else None
+    return si.id_sites(n, layers), si.id_blocks(n, layers)
 
 
 def analytic(a: dict) -> dict:
@@ -71,38 +98,48 @@ def analytic(a: dict) -> dict:
 def compute(run: LoadedRun) -> dict:
     """Per model, from the probe scenes of the labels of `run.examples` ("seen": the
     training-pair labels, `common.id_labels`; "unseen": the others; a checkpoint's:
-    every label): r2 [K, Y, len(RANKS)] with its split-half noise ceiling [K, Y], h, v
-    [K, Y, D], delta [K, Y, L, D], analytic {name: [K, blocks]} (`analytic`); and
+    every label; factorial under `--protocol=authors`, `spatial_ids.probe`) at the
+    sites `sites_of(run)` (Y) and the blocks (B): r2 [K, Y, len(RANKS)] with its
+    baseline from one-hot rows + columns (`additive_basis`) and its split-half noise
+    ceiling [K, Y], h, v [K, Y, D], delta [K, Y, L, D], analytic {name: [K, B]}
+    (`analytic`) and peak_probes [K, B, N] (each probe's attention mass); and
     cos_train_val [K, Y], the cosine of the two label sets' IDs (a checkpoint's: of
-    its two halves of the labels). The probe runs `batch` scenes at a time (a
-    checkpoint's `common.probe_rows`; a run's all at once)."""
+    its two halves of the labels). X's cell is read over all its image tokens
+    (`cell_tokens`). The probe runs `batch` scenes at a time (a checkpoint's
+    `common.probe_rows`; a run's all at once)."""
     view = view_of(run)
-    pr = si.probe(view, range(1, view.n_labels + 1))
+    factorial = protocol_of(run) == "authors"
+    pr = si.probe(view, range(1, view.n_labels + 1), PLACEMENTS, factorial=factorial)
     label, cell, L = pr.label_N, pr.cell_N, view.grid.cells
     train = np.isin(label, id_labels(run))
     use = np.arange(len(label)) if run.examples is None else (
         np.flatnonzero(train if run.examples == "seen" else ~train))  # fmt: skip
-    token = cell_tokens(pr.spans, cell)
+    token = cell_tokens(pr.spans, cell)  # [N, T]: every token of X's cell
     batch = probe_rows(run) or len(label)
     zeros = np.zeros(len(label), np.int32)
+    sites = sites_of(run)[0]
+    additive = si.additive_basis(*view.grid)
 
     def one_model(p, inputs):  # the probes' inputs an argument, not a folded constant
-        aux = si.chunked_probe(view, p, inputs, pr.spans.x_B, token, batch)
-        states = si.states_at(aux, view.n_lm_blocks(p), zeros)
+        aux = si.chunked_probe(view, p, inputs, pr.spans.x_B, token, batch, sites)
+        states = si.states_at(aux, view.n_lm_blocks(p), zeros, sites)
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
         delta = si.spatial_ids(states[:, use], label[use], cell[use], L)
         h, v = si.grid_axes(delta, *view.grid)
         own = jax.tree_util.tree_map(lambda x: x[use], aux)  # the set's probe rows
-        ana = si.analytic_ids(p, own, zeros[use], zeros[use] + 1, label[use], cell[use], L)
+        ana = si.analytic_ids(p, own, zeros[use], zeros[use] + 1, label[use], cell[use], L,
+                              sites)  # fmt: skip
         return {
             "delta": delta,
             "r2": si.rank_k_r2(si.cell_basis(view, p, pr.spans), delta, RANKS),
+            "baseline": si.rank_k_r2(additive, delta, RANKS),
             "ceiling": si.split_half_ceiling(states[:, use], label[use], cell[use], L),
             "h": h,
             "v": v,
             "cos_train_val": si.id_cosine(d_train, d_val),
             "analytic": analytic(ana),
+            "peak_probes": ana["peak_N"],
         }
 
     models = lambda ps, x: over_models(lambda p: one_model(p, x), ps)  # noqa: E731
@@ -111,19 +148,20 @@ def compute(run: LoadedRun) -> dict:
     )
 
 
-def _rows(res: dict, models) -> tuple[list[dict], list[dict], list[dict]]:
-    k, n_sites, _ = res["r2"].shape
+def _rows(res: dict, models, sites, blocks) -> tuple[list[dict], list[dict], list[dict]]:
+    k = res["r2"].shape[0]
     r2 = [
         {
             "model": models[i],
             "site": y,
             "rank": r,
-            "r2": float(res["r2"][i, y, j]),
-            "ceiling": float(res["ceiling"][i, y]),
+            "r2": float(res["r2"][i, j, m]),
+            "baseline_r2": float(res["baseline"][i, j, m]),
+            "ceiling": float(res["ceiling"][i, j]),
         }
         for i in range(k)
-        for y in range(n_sites)
-        for j, r in enumerate(RANKS)
+        for j, y in enumerate(sites)
+        for m, r in enumerate(RANKS)
     ]
     h, v = res["h"], res["v"]
     cos_hv = (h * v).sum(-1) / (np.linalg.norm(h, axis=-1) * np.linalg.norm(v, axis=-1) + 1e-12)
@@ -131,102 +169,133 @@ def _rows(res: dict, models) -> tuple[list[dict], list[dict], list[dict]]:
         {
             "model": models[i],
             "site": y,
-            "h_norm": float(np.linalg.norm(h[i, y])),
-            "v_norm": float(np.linalg.norm(v[i, y])),
-            "cos_hv": float(cos_hv[i, y]),
-            "cos_train_val": float(res["cos_train_val"][i, y]),
+            "h_norm": float(np.linalg.norm(h[i, j])),
+            "v_norm": float(np.linalg.norm(v[i, j])),
+            "cos_hv": float(cos_hv[i, j]),
+            "cos_train_val": float(res["cos_train_val"][i, j]),
         }
         for i in range(k)
-        for y in range(n_sites)
+        for j, y in enumerate(sites)
     ]
     a = res["analytic"]
     ana = [
-        {"model": models[i], "block": b} | {key: float(val[i, b]) for key, val in a.items()}
+        {"model": models[i], "block": b} | {key: float(val[i, j]) for key, val in a.items()}
         for i in range(k)
-        for b in range(a["peak"].shape[1])
+        for j, b in enumerate(blocks)
     ]
     return r2, axes, ana
 
 
-def summarise_analytic(res: dict, log) -> dict:
+def _cell(values, one: bool) -> str:
+    """A printed cell: over models (`fmt_ci`), or a checkpoint's one value alone."""
+    return f"{float(np.ravel(values)[0]):+.3f}" if one else fmt_ci(values, None, None)
+
+
+def _stat(values, one: bool):
+    """summary.json's entry: `mean_ci` over models, or a checkpoint's one value."""
+    return float(np.ravel(values)[0]) if one else mean_ci(values, None, None)
+
+
+def summarise_analytic(res: dict, blocks, one: bool, log) -> dict:
     a = res["analytic"]
     out = {}
     log(
         "\nthe analytic ID (W_O applied to the position part of the values of X's own "
-        "object token) per LM block, 95% CI over models:"
-    )
-    for b in range(a["peak"].shape[1]):
-        out[f"analytic/{b}"] = {key: mean_ci(val[:, b], None, None) for key, val in a.items()}
-        log(
-            f"{b:>5} "
-            + "  ".join(f"{key} {fmt_ci(val[:, b], None, None)}" for key, val in a.items())
-        )
+        "object's cell) per LM block, "
+        + ("peak: 95% per-probe bootstrap interval; the cosines: one value each (" + ONE_FIT
+           + "):" if one else "95% CI over models:")
+    )  # fmt: skip
+    for j, b in enumerate(blocks):
+        row = {key: _stat(val[:, j], one) for key, val in a.items()}
+        cells = {key: _cell(val[:, j], one) for key, val in a.items()}
+        if one:  # the peak is a mean over the probes: its interval is theirs
+            row["peak"] = question_ci(res["peak_probes"][0, j], 0.0, 1.0)
+            cells["peak"] = fmt_question_ci(res["peak_probes"][0, j], 0.0, 1.0)
+        out[f"analytic/{b}"] = row
+        log(f"{b:>5} " + "  ".join(f"{key} {c}" for key, c in cells.items()))
     return out
 
 
-def summarise(res: dict, axes: list[dict], log) -> dict:
-    n_sites = res["r2"].shape[1]
+def summarise(res: dict, axes: list[dict], sites, one: bool, log) -> dict:
     out = {}
     log(
-        "R^2 of a rank-k map from the ViT position basis to the spatial ID, and its "
-        "split-half noise ceiling (95% CI over models):"
+        "R^2 of a rank-k map from the ViT position basis to the spatial ID, its "
+        "baseline and its split-half noise ceiling ("
+        + (ONE_FIT if one else "95% CI over models") + "); " + BASELINE + ":"
     )
-    log(f"{'site':>5} " + " ".join(f"{t:>30}" for t in [f"rank {r}" for r in RANKS] + ["ceiling"]))
-    for y in range(n_sites):
-        cells = [res["r2"][:, y, j] for j in range(len(RANKS))] + [res["ceiling"][:, y]]
-        out[f"r2/{y}"] = {str(r): mean_ci(c, None, None) for r, c in zip(RANKS, cells)}
-        out[f"r2/{y}"]["ceiling"] = mean_ci(cells[-1], None, None)
-        log(f"{y:>5} " + " ".join(f"{fmt_ci(c, None, None):>30}" for c in cells))
+    w = 8 if one else 30
+    log(f"{'site':>5} {'':>8} " + " ".join(f"{t:>{w}}" for t in [f"rank {r}" for r in RANKS]))
+    for j, y in enumerate(sites):
+        fits = {"r2": res["r2"][:, j], "baseline": res["baseline"][:, j]}
+        out[f"r2/{y}"] = {str(r): _stat(fits["r2"][:, m], one) for m, r in enumerate(RANKS)}
+        out[f"r2/{y}"]["ceiling"] = _stat(res["ceiling"][:, j], one)
+        out[f"baseline_r2/{y}"] = {
+            str(r): _stat(fits["baseline"][:, m], one) for m, r in enumerate(RANKS)
+        }
+        for name, f in fits.items():
+            cells = " ".join(f"{_cell(f[:, m], one):>{w}}" for m in range(len(RANKS)))
+            log(f"{y if name == 'r2' else '':>5} {name:>8} {cells}")
+        log(f"{'':>5} {'ceiling':>8} {_cell(res['ceiling'][:, j], one):>{w}}")
     log(
-        "\naxes: |h|, |v| (ID change per column / row), cos(h, v), cos(ID of training-pair labels, ID of validation labels):"
+        "\naxes: |h|, |v| (ID change per column / row), cos(h, v), cos(ID of training-pair "
+        "labels, ID of validation labels)" + (f" ({ONE_FIT})" if one else "") + ":"
     )
-    for y in range(n_sites):
+    for y in sites:
         col = {
             key: [a[key] for a in axes if a["site"] == y]
             for key in ("h_norm", "v_norm", "cos_hv", "cos_train_val")
         }
-        out[f"axes/{y}"] = {key: mean_ci(v, None, None) for key, v in col.items()}
-        log(f"{y:>5} " + "  ".join(f"{key} {fmt_ci(v, None, None)}" for key, v in col.items()))
+        out[f"axes/{y}"] = {key: _stat(v, one) for key, v in col.items()}
+        log(f"{y:>5} " + "  ".join(f"{key} {_cell(v, one)}" for key, v in col.items()))
     return out
 
 
-def plot(res: dict, path: str, grid_h: int, grid_w: int) -> str:
+def plot(res: dict, path: str, grid_h: int, grid_w: int, sites) -> str:
     import matplotlib.pyplot as plt
 
     from jaxmech import plots
 
-    r2 = res["r2"]
-    n_sites = r2.shape[1]
-    fig, axes = plt.subplots(1, 1 + n_sites, figsize=(3.4 * (1 + n_sites), 3))
-    for y in range(n_sites):
-        m = r2[:, y].mean(0)
-        axes[0].plot(RANKS, m, "o-", label=f"site {y}")
+    r2, n = res["r2"], len(sites)
+    fig, axes = plt.subplots(1, 1 + n, figsize=(3.4 * (1 + n), 3))
+    for j, y in enumerate(sites):
+        line = axes[0].plot(RANKS, r2[:, j].mean(0), "o-", label=f"site {y}")[0]
+        axes[0].plot(RANKS, res["baseline"][:, j].mean(0), ":", color=line.get_color())
     axes[0].set_xlabel("rank k")
     axes[0].set_ylabel("R^2 (mean over models)")
     axes[0].set_ylim(0, 1.02)
     axes[0].legend(fontsize=7)
-    axes[0].set_title("ID from the ViT position basis", fontsize=9)
-    for y in range(n_sites):
-        h = res["h"][:, y]
+    axes[0].set_title("ID from the ViT position basis\n(dotted: one-hot row + column)",
+                      fontsize=9)  # fmt: skip
+    for j, y in enumerate(sites):
+        h = res["h"][:, j]
         unit = h / (np.linalg.norm(h, axis=-1, keepdims=True) + 1e-12)
-        coord = np.einsum("kld,kd->kl", res["delta"][:, y], unit).mean(0).reshape(grid_h, grid_w)
-        im = axes[1 + y].imshow(coord, cmap="RdBu_r")
-        axes[1 + y].set_title(f"site {y}: ID along its h axis", fontsize=9)
-        fig.colorbar(im, ax=axes[1 + y], shrink=0.8)
+        coord = np.einsum("kld,kd->kl", res["delta"][:, j], unit).mean(0).reshape(grid_h, grid_w)
+        im = axes[1 + j].imshow(coord, cmap="RdBu_r")
+        axes[1 + j].set_title(f"site {y}: ID along its h axis", fontsize=9)
+        fig.colorbar(im, ax=axes[1 + j], shrink=0.8)
     return plots.save(fig, path)
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
-    r2_rows, axes_rows, analytic_rows = _rows(res, run.models)
+    r2_rows, axes_rows, analytic_rows = _rows(res, run.models, *sites_of(run))
     return {"r2": r2_rows, "axes": axes_rows, "analytic": analytic_rows}
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    log(f"{run.k} models; sites: resid_pre of each LM block, then the last block's output")
+    sites, blocks = sites_of(run)
+    one = run.k == 1  # one model (a checkpoint): no interval over models
+    factorial = protocol_of(run) == "authors"
+    probes = ("factorial: the other object at every other cell once (the authors' "
+              "tile_two_objects.py), one object size (their 4 sizes are not reproduced)"
+              if factorial else f"the other object at {PLACEMENTS} random cells")  # fmt: skip
+    log(f"{run.k} models; sites {sites} (site y: the residual after y LM blocks); X's cell "
+        f"read over all its image tokens; probes {probes}")  # fmt: skip
     return (
-        summarise(res, tables["axes"], log)
-        | summarise_analytic(res, log)
-        | {"excluded": list(run.excluded), "ranks": list(RANKS)}
+        summarise(res, tables["axes"], sites, one, log)
+        | summarise_analytic(res, blocks, one, log)
+        | {"excluded": list(run.excluded), "ranks": list(RANKS), "sites": sites,
+           "probes": probes, "baseline": BASELINE}  # fmt: skip
+        | ({"intervals": ONE_FIT + "; analytic peak: per-probe bootstrap"} if one else {})
     )
 
 
@@ -236,10 +305,11 @@ REPORT = Report(
     compute=compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(res, path, *view_of(run).grid),
+    plot=lambda res, tables, run, path: plot(res, path, *view_of(run).grid, sites_of(run)[0]),
     figure="spatial_ids.png",
     examples=EXAMPLES,
-    per_model=("delta", "r2", "ceiling", "h", "v", "cos_train_val", "analytic"),
+    per_model=("delta", "r2", "baseline", "ceiling", "h", "v", "cos_train_val", "analytic",
+               "peak_probes"),  # fmt: skip
     example_words=LABEL_WORDS,
 )
 

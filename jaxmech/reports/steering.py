@@ -56,6 +56,8 @@ from jaxmech.reports.common import (
     needs_depth,
     plots_dir,
     probe_rows,
+    protocol_of,
+    question_ci,
     steered_sites,
     steering_examples,
     view_of,
@@ -75,10 +77,27 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     ex, source, target = steering_examples(run)
     sites = steered_sites(run)
     what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
+    protocol = protocol_of(run)
     res = st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run),
                           sites, probe_rows(run),
-                          lambda fn, args: compiled_call(fn, args, what))  # fmt: skip
-    return res | {"sites": sites}
+                          lambda fn, args: compiled_call(fn, args, what),
+                          against="answer" if protocol == "authors" else "truth")  # fmt: skip
+    return res | {"sites": sites, "protocol": protocol}
+
+
+def rate_ci(flips_KxB, rates_K):
+    """(mean, ci_low, ci_high, n) of a flip rate: over models for a run of several;
+    for one model (a checkpoint) over its counted questions (`question_ci`, the
+    per-question bootstrap), n the questions it rests on."""
+    f = np.asarray(flips_KxB)
+    if f.shape[0] == 1:
+        return question_ci(f[0], 0.0, 1.0)
+    return mean_ci(rates_K)
+
+
+def fmt_rate(ci) -> str:
+    m, a, b, n = ci
+    return "empty (n = 0)" if n == 0 else f"{m:.3f} [{a:.3f},{b:.3f}] n={n}"
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -156,7 +175,7 @@ def authors_rows(ar: dict, models, sites) -> list[dict]:
     k, n_sites = ar[("id", "horizontal")].shape
     return [
         {"model": models[i], "site": sites[y], "relation": rel, "kind": kind,
-         "flip_rate": float(ar[(kind, rel)][i, y])}
+         "flip_rate": float(ar[(kind, rel)][i, y]), "n": int(ar[("n", rel)][i, y])}
         for i in range(k)
         for y in range(n_sites)
         for rel in RELATIONS
@@ -180,18 +199,25 @@ def summarise_paper_curves(cb: dict, log, sites) -> dict:
     return out
 
 
-def summarise_authors(ar: dict, log) -> dict:
-    """The authors' protocol: the top-site mean per relation, 95% CI over models."""
-    log(
-        f"\nthe authors' protocol: {st.AUTHORS_SCALE:g} x |h| at both object words, each "
-        f"site alone, flips over all examples; mean of the {st.TOP_LAYERS} best sites per "
-        "model (controls at the same sites), 95% CI over models"
-    )
+def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
+    """The authors' steering: per site the flip rates with their intervals (over
+    questions for a checkpoint) and the top-site mean per relation, 95% CI over
+    models."""
+    how = ("against the model's own answer, corner IDs, unambiguous answers counted"
+           if against == "answer" else "X towards the far edge beyond Y, every example")  # fmt: skip
+    log(f"\nthe authors' steering: {st.AUTHORS_SCALE:g} x |h| at both object words, each "
+        f"site alone, {how}; a flip: the answer changed")  # fmt: skip
     out = {}
+    for y, site in enumerate(sites):
+        for rel in RELATIONS:
+            cells = {k: rate_ci(ar[("flips", k, rel)][:, y], ar[(k, rel)][:, y]) for k in st.KINDS}
+            out[f"authors/layer {site}/{rel}"] = cells
+            log(f"layer {site:>3} {rel:>10} " + " ".join(f"{k} {fmt_rate(c)}" for k, c in cells.items()))
     for rel in RELATIONS:
         top = ar[("top", rel)]
         out[f"authors/{rel}"] = {k: mean_ci(v) for k, v in top.items()}
-        log(f"{rel:>10} " + " ".join(f"{k} {fmt_ci(v, 0.0, 1.0)}" for k, v in top.items()))
+        log(f"mean of the {st.TOP_LAYERS} best layers per model, 95% CI over models: {rel:>10} "
+            + " ".join(f"{k} {fmt_ci(v, 0.0, 1.0)}" for k, v in top.items()))  # fmt: skip
     return out
 
 
@@ -202,21 +228,21 @@ def summarise(fr: dict, cb: dict, acc: np.ndarray, log, sites) -> dict:
     gap = _edge_gap(cb)
     for y in range(n_sites):
         site = f"resid_pre.{sites[y]}"
-        log(f"\nsteering X's word at {site}: flip rate (answers right before), 95% CI over models")
+        log(f"\nsteering X's word at {site}: flip rate (answers right before), 95% CI over "
+            "models (one checkpoint: over its questions, bootstrap) and n")  # fmt: skip
         log(
             f"{'relation':>10} {'alpha':>5} {'|added|/|x|':>11} "
             + " ".join(f"{k:>22}" for k in st.KINDS)
         )
         for rel in RELATIONS:
             for a, alpha in enumerate(ALPHAS):
-                cells = {k: fr[(k, rel)][:, y, a] for k in st.KINDS}
+                cells = {k: rate_ci(fr[("flips", k, rel)][:, y, a], fr[(k, rel)][:, y, a])
+                         for k in st.KINDS}  # fmt: skip
                 norm = float(np.mean(fr[("rel_norm", rel)][:, y, a]))
-                out[f"{site}/{rel}/{alpha}"] = {k: mean_ci(v) for k, v in cells.items()} | {
-                    "rel_norm": norm
-                }
+                out[f"{site}/{rel}/{alpha}"] = cells | {"rel_norm": norm}
                 log(
                     f"{rel:>10} {alpha:>5} {norm:>11.2f} "
-                    + " ".join(f"{fmt_ci(v, 0.0, 1.0):>22}" for v in cells.values())
+                    + " ".join(f"{fmt_rate(c):>30}" for c in cells.values())
                 )
         for rel in RELATIONS:
             g = gap[rel][:, y]
@@ -299,9 +325,11 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     )
     sites = res["sites"]
     summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log, sites)
-    summary |= summarise_authors(res["authors_rates"], log)
+    against = "answer" if res["protocol"] == "authors" else "truth"
+    summary |= summarise_authors(res["authors_rates"], log, sites, against)
     summary |= summarise_paper_curves(res["beliefs_paper"], log, sites)
-    return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded)}
+    return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded),
+                      "protocol": res["protocol"]}  # fmt: skip
 
 
 REPORT = Report(
