@@ -2,8 +2,8 @@
 (issue 27): no download needed. Prints the table's time and memory, and the loop's rate
 on a few images for the ratio.
 
-    python -m experiments.gpu_tables                      # 64 images, layers 6-15, bf16
-    python -m experiments.gpu_tables --images=128 --batch=32 --layers=0:28
+    python -m experiments.gpu_tables                      # 64 images, layers 6-16, bf16
+    python -m experiments.gpu_tables --images=128 --batch=32 --layers=0:27
 
 The table: the given LM layers x 4 token groups (image, question, objects, last) x the
 images, 448 x 448 pictures (256 image tokens) of a 4 x 4 grid, mirror twin; `batch`
@@ -17,7 +17,8 @@ from jaxmech.cli import parse_layers, run_main, setup_runtime
 
 flags.DEFINE_integer("images", 64, "images in the table")
 flags.DEFINE_integer("batch", 16, "images per compiled call")
-flags.DEFINE_string("layers", "6:16", "LM layers patched (the authors' range for the 2B)")
+flags.DEFINE_string("layers", "6:16", "LM layers patched, both ends included (the authors' "
+                    "range for the 2B; layer L: the residual after L blocks)")
 flags.DEFINE_integer("loop_images", 1, "images the one-forward-per-cell loop is timed on")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "the params' dtype")
 FLAGS = flags.FLAGS

@@ -195,7 +195,8 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     """The flags of a seed 003 / 004 report run on a real checkpoint (`--checkpoint`
     beside `--run`; `checkpoint_options` reads them). `own_out` False: the entry point
     defines `--out` itself, and takes no `--layers`."""
-    flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run)")
+    flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run); "
+                        "several, comma-separated: each report, then the median over them")  # fmt: skip
     if own_out:
         flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
                             "runs/checkpoints/NAME)")  # fmt: skip

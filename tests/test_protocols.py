@@ -210,3 +210,32 @@ def test_steering_under_the_authors_protocol_end_to_end(tmp_path):
         assert np.isfinite(cell[:3]).all()
     else:
         assert np.isnan(cell[1])
+
+
+def test_the_median_over_checkpoints():
+    """Several checkpoints: every interval becomes the median of the means with its
+    spread and the count of checkpoints that had one; an empty one is left out."""
+    from jaxmech.reports.common import across_checkpoints
+
+    nan = float("nan")
+    summaries = {"a": {"x": {"y": (0.2, 0.1, 0.3, 5)}, "kept": [3], "e": (nan, nan, nan, 0)},
+                 "b": {"x": {"y": (0.6, 0.5, 0.7, 4)}, "kept": [4], "e": (nan, nan, nan, 0)},
+                 "c": {"x": {"y": (0.3, 0.0, 0.9, 2)}, "kept": [2], "e": (1.0, nan, nan, 1)}}
+    out = across_checkpoints(summaries)
+    assert out["checkpoints"] == ["a", "b", "c"]
+    assert out["x"]["y"] == {"median": 0.3, "min": 0.2, "max": 0.6, "models": 3}
+    assert out["e"] == {"median": 1.0, "min": 1.0, "max": 1.0, "models": 1}
+    assert out["kept"] == [[3], [4], [2]]
+
+
+def test_a_bad_second_checkpoint_is_refused_before_the_first_runs(tmp_path):
+    """--checkpoint=A,B checks every folder before any weight is read."""
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "experiments.patching", f"--checkpoint={FOLDER},{tmp_path}",
+           f"--out={tmp_path / 'out'}", "--size=112", "--grid=2x2"]  # fmt: skip
+    root = os.path.dirname(os.path.dirname(__file__))
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=root, timeout=120)
+    assert r.returncode != 0 and str(tmp_path) in r.stderr
+    assert "loading" not in r.stdout and not (tmp_path / "out").exists()

@@ -371,19 +371,7 @@ def report_main(analyse, refusal, on_checkpoint=None, video: bool = False):
         if on_checkpoint is not None and F.checkpoint:
             if F.run:
                 raise app.UsageError("give --run or --checkpoint, not both")
-            try:
-                opts = checkpoint_options(F)
-                run = open_checkpoint(F.checkpoint, **opts, video=video)
-            except ValueError as e:
-                raise app.UsageError(str(e)) from None
-            out = F.out or os.path.join("runs", "checkpoints", os.path.basename(
-                os.path.normpath(F.checkpoint)))  # fmt: skip
-            print(f"\n=== {F.checkpoint} -> {out}")
-            on_checkpoint(run, out)
-            budget = run.data.budget
-            print(f"memory: peak {peak_bytes() / 2**30:.2f} GB resident (budget "
-                  f"{budget.bytes / 2**30:.1f} GB)")  # fmt: skip
-            return
+            return checkpoints_main(F, on_checkpoint, video)
         try:
             runs = check_runs(F.run, refusal)
         except ValueError as e:
@@ -393,6 +381,71 @@ def report_main(analyse, refusal, on_checkpoint=None, video: bool = False):
             analyse(r)
 
     return main
+
+
+def checkpoints_main(F, on_checkpoint, video: bool) -> None:
+    """`--checkpoint=A[,B,...]`: each checkpoint's report into `--out` (several: into
+    OUT/NAME/ each, then `across_checkpoints.json`, the paper's median over models).
+    Every folder and option is checked before any weight is read."""
+    from absl import app
+
+    from jaxmech.cli import checkpoint_options
+    from jaxmech.families.registry import read_checkpoint_config
+
+    folders = [f for f in F.checkpoint.split(",") if f]
+    name = lambda f: os.path.basename(os.path.normpath(f))  # noqa: E731
+    try:
+        opts = checkpoint_options(F)
+        for f in folders:
+            read_checkpoint_config(f)
+        if len({name(f) for f in folders}) < len(folders):
+            raise ValueError(f"--checkpoint = {F.checkpoint!r}: two folders share a name")
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    many = len(folders) > 1
+    out = F.out or os.path.join("runs", "checkpoints", "across" if many else name(folders[0]))
+    summaries = {}
+    for f in folders:
+        sub = os.path.join(out, name(f)) if many else out
+        try:
+            run = open_checkpoint(f, **opts, video=video)
+        except ValueError as e:
+            raise app.UsageError(str(e)) from None
+        print(f"\n=== {f} -> {sub}")
+        summaries[name(f)] = on_checkpoint(run, sub)["summary"]
+        budget = run.data.budget
+        del run
+        print(f"memory: peak {peak_bytes() / 2**30:.2f} GB resident (budget "
+              f"{budget.bytes / 2**30:.1f} GB)")  # fmt: skip
+    if many:
+        path = os.path.join(out, "across_checkpoints.json")
+        write_json(path, across_checkpoints(summaries))
+        print(f"\nmedian over {len(folders)} checkpoints of every number, with its spread: {path}")
+
+
+def across_checkpoints(summaries: dict) -> dict:
+    """{"checkpoints": names, key: ...}: the summaries of several checkpoints (same
+    report) merged key by key; where each holds an interval (mean, low, high, n), the
+    median of the means over the checkpoints with their min and max (the paper's
+    median over models) and how many had a value; other leaves as a list per
+    checkpoint."""
+    names, values = list(summaries), list(summaries.values())
+
+    def merge(vs):
+        if all(isinstance(v, dict) for v in vs):
+            keys = [k for k in vs[0] if all(k in v for v in vs)]
+            return {k: merge([v[k] for v in vs]) for k in keys}
+        if all(isinstance(v, (list, tuple)) and len(v) == 4 and all(
+                isinstance(x, (int, float)) for x in v) for v in vs):  # fmt: skip
+            m = np.asarray([v[0] for v in vs], float)
+            m = m[np.isfinite(m)]
+            if len(m) == 0:
+                return {"median": None, "min": None, "max": None, "models": 0}
+            return {"median": float(np.median(m)), "min": float(m.min()),
+                    "max": float(m.max()), "models": int(len(m))}  # fmt: skip
+        return list(vs)
+
+    return {"checkpoints": names} | merge(values)
 
 
 class Report(NamedTuple):
@@ -555,11 +608,12 @@ def checkpoint_data(run: LoadedRun) -> CheckpointData | None:
 
 
 def steered_sites(run: LoadedRun) -> list[int]:
-    """The LM sites the steering reports steer: every y >= 1 (before it the object word
-    has seen no image), a checkpoint's within its `--layers`."""
+    """The LM sites the steering reports steer: every layer 1 <= y < n (before layer 1
+    the object word has seen no image; after the last block only the final norm reads
+    the residual), a checkpoint's within its `--layers`."""
     ckpt = checkpoint_data(run)
     n = view_of(run).n_lm_blocks(model_outline(run.params))
-    return [y for y in (ckpt.layers if ckpt and ckpt.layers else range(n)) if y >= 1]
+    return [y for y in (ckpt.layers if ckpt and ckpt.layers else range(n)) if 1 <= y < n]
 
 
 def rows_per_call(run: LoadedRun, compile_at, n: int, log=print):
