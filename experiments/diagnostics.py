@@ -3,7 +3,7 @@
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.diagnostics --run=runs/vlm
     python -m experiments.diagnostics --checkpoint=Qwen2-VL-2B-Instruct --layers=6:16 \\
-        --dtype=bfloat16 --out=runs/qwen2vl_2b
+        --dtype=bfloat16 --out=runs/qwen2vl_2b [--protocol=authors]
 
 On the unseen-pair questions: the signed deviation of the object words' believed IDs
 from the true ones for wrong vs right answers (Mann-Whitney U), whether each error's
@@ -11,23 +11,38 @@ ID was already wrong (ViT / binding) or right (a later stage), and the answer's
 sensitivity to occluding X's, Y's or a random free cell. Writes
 RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png
 (`jaxmech.reports.diagnostics`); a checkpoint's into OUT/diagnostics/, on pictures of two
-objects (`data.pictures`), with the IDs of the first half of the shapes.
+objects (`data.pictures`), with the IDs of the first half of the shapes, its intervals
+bootstrapped over its questions (one model), at the sites of --layers (layer L: the
+residual after L blocks; 0..n, layer 0 left out: it has no diagnostics).
 """
 
-from absl import flags
+from absl import app, flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
 from jaxmech.reports.diagnostics import (
     analyse_diagnostics_checkpoint,
     analyse_diagnostics_run,
+    check_layers,
     diagnostics_refusal,
 )
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(analyse_diagnostics_run, diagnostics_refusal, analyse_diagnostics_checkpoint)
+
+
+def on_checkpoint(run, out):
+    """The checkpoint's report into `out` (`analyse_diagnostics_checkpoint`'s result),
+    its --layers checked first."""
+    try:
+        check_layers(run)  # a --layers with no diagnosed layer: a usage error, not a trace
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    return analyse_diagnostics_checkpoint(run, out)
+
+
+main = report_main(analyse_diagnostics_run, diagnostics_refusal, on_checkpoint)
 
 if __name__ == "__main__":
     run_main(main)

@@ -20,13 +20,17 @@ finds a finished one done); a resume against a changed --base is refused.
 Writes RUN/id_loss/{table,curves}.csv, summary.json, curves.png
 (`jaxmech.reports.id_loss`).
 
-On a real checkpoint (issue 27), the authors' recipe (the ViT's last MLP and the merger
-train, the LM is frozen) once per weight from the checkpoint, towards its own
-universal ID, evaluated before and after on held-out pictures
-(`jaxmech.reports.id_finetune`):
+On a real checkpoint (issue 27), the authors' recipe (spatial_finetuning/train.py with
+run_vision_spatial_loss.sh: the MLP weights of the ViT's last 6 blocks train, the merger
+and the LM are frozen; the ID loss at LM layer 11, lm/resid_pre.11) once per weight from
+the checkpoint, towards its own universal ID, evaluated before and after on held-out
+pictures (`jaxmech.reports.id_finetune`):
 
-    python -m experiments.id_loss --checkpoint=Qwen2-VL-2B-Instruct --out=runs/qwen_id \
-        --weights=0,1 --id_site=8 --steps=200 --lr=5e-5 --dtype=bfloat16
+    python -m experiments.id_loss --checkpoint=Qwen2-VL-2B-Instruct --out=runs/qwen_id \\
+        --weights=0,1 --steps=200 --dtype=bfloat16
+
+(--id_site, --lr and --train_only override the authors' layer, rate 5e-5 and leaves; an
+LM of other than 28 blocks gets their layer at the same depth, round(11 n / 28).)
 """
 
 from absl import app, flags
@@ -39,12 +43,17 @@ flags.DEFINE_string("run", None, "results folder(s) to report on, comma-separate
 flags.DEFINE_string("base", None, "a trained run to fine-tune (with --out)")
 flags.DEFINE_string("out", None, "the fine-tuned run's results folder (with --base)")
 flags.DEFINE_string("weights", "0,1", "ID-loss weights to fine-tune with (0 among them)")
-flags.DEFINE_integer("id_site", 1, "LM site of the ID loss (fine-tuning)")
+flags.DEFINE_integer(
+    "id_site", 1, "LM site of the ID loss (layer L: the residual after L blocks). --base: "
+    "default 1. --checkpoint: default the authors' layer 11 of 28 (train.py's "
+    "--spatial_id_layer), in an LM of n blocks round(11 n / 28), at least 1"
+)  # fmt: skip
 flags.DEFINE_integer("steps", 1000, "fine-tuning steps")
 flags.DEFINE_float("lr", 1e-3, "fine-tuning peak learning rate")
 flags.DEFINE_string(
-    "train_only", "", "parameters that train ('+'-separated globs, e.g. 'proj/*'); default all"
-)
+    "train_only", "", "parameters that train ('+'-separated globs, e.g. 'proj/*'); default "
+    "all (--base), the authors' MLP weights of the ViT's last 6 blocks (--checkpoint)"
+)  # fmt: skip
 flags.DEFINE_bool("overwrite", False, "replace an existing --out")
 define_checkpoint_flags(own_out=False)
 FLAGS = flags.FLAGS
@@ -73,7 +82,8 @@ def on_checkpoint():
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     lr = FLAGS.lr if FLAGS["lr"].present else 5e-5  # the authors' rate for a checkpoint
-    run_id_loss(run, FLAGS.out, weights, FLAGS.id_site, FLAGS.steps, lr, FLAGS.train_only or None)
+    site = FLAGS.id_site if FLAGS["id_site"].present else None  # None: the authors' layer
+    run_id_loss(run, FLAGS.out, weights, site, FLAGS.steps, lr, FLAGS.train_only or None)
 
 
 def main(argv):

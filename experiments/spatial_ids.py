@@ -3,14 +3,17 @@
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.spatial_ids --run=runs/vlm
     python -m experiments.spatial_ids --checkpoint=Qwen2-VL-2B-Instruct --dtype=bfloat16 \
-        --out=runs/qwen2vl_2b
+        --out=runs/qwen2vl_2b --layers=6:8 --protocol=authors
 
 Per LM site, the object word's position-dependent state Delta(cell) from probe scenes
 of every label at every cell; its horizontal / vertical axes; the R^2 of a rank-k map
-from the ViT position basis; the IDs of training-pair vs validation labels compared.
-Writes RUN/spatial_ids/{r2,axes}.csv, summary.json, spatial_ids.png
-(`jaxmech.reports.spatial_ids`); a checkpoint's into OUT/spatial_ids/, from pictures
-of every shape at every cell (`data.pictures`), the two halves of the shapes compared.
+from the ViT position basis beside the same fit from one-hot rows + columns; the IDs of
+training-pair vs validation labels compared. Writes RUN/spatial_ids/{r2,axes,analytic}
+.csv, summary.json, spatial_ids.png (`jaxmech.reports.spatial_ids`); a checkpoint's
+into OUT/spatial_ids/, from pictures of every shape at every cell (`data.pictures`),
+the two halves of the shapes compared, at the sites `--layers` names (inclusive, as
+the authors index: layer L the residual after L blocks); `--protocol=authors` puts
+the other object at every other cell once (factorial) instead of random cells.
 """
 
 from absl import flags

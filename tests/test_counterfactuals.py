@@ -1,6 +1,10 @@
 """Seed 004's counterfactuals (`analysis.counterfactuals`, issue 15): mirrors are
 involutions, a no-op counterfactual is a no-op, mirrored ViT codes equal a mirrored
-image token for token, and the binding-failure rule."""
+image token for token, and the binding-failure rule; on the tiny Qwen2-VL fixture
+(issue 41): the offset mirror is the mirror under rotary codes, what each order mirror
+moves, a checkpoint's per-question intervals, the report under the authors' protocol."""
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -195,3 +199,130 @@ def test_the_half_cell_shift_is_a_no_op_under_rope2d_and_the_report_says_so():
     assert "vit_half" not in notes(plain_view, plain_params, plain_config)
     video = tiny_vlm_config(vit_frames=True, task_kind="video")
     assert "vit_h" in notes(plain_view, plain_params, video)
+
+
+FOLDER = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+quiet = lambda *_: None  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def ckpt():
+    """The fixture checkpoint on a 2 x 2 grid, 2 questions per relation (4 rows, two
+    of them left-padded): its view, one model's params, the rendered questions."""
+    from jaxmech.reports.common import open_checkpoint, relation_questions, view_of
+
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=2, log=quiet)
+    params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    return view_of(run), params, relation_questions(run)
+
+
+def _forwards(view, params, ex, cfs, capture=False):
+    """(logits [C, B, V], aux) of every counterfactual on the plain scenes, compiled."""
+    run = jax.vmap(lambda cf: view.forward(params, ex.inputs, cfa.edits_of(cf), capture))
+    return jax.jit(run)(cfs)
+
+
+def test_the_offset_mirror_is_the_mirror_under_rotary_codes_and_the_report_says_so(ckpt):
+    """W - 1 - col + 0.5 is W - 1 - col shifted uniformly: the Qwen ViT's rotary q . k
+    sees only differences, so vit_half_mirror answers as vit_w, logit for logit."""
+    from jaxmech.reports.counterfactuals import notes
+
+    view, params, ex = ckpt
+    cfs = cfa.build(view, params, ex.spans, ("plain", "vit_w", "vit_half_mirror"))
+    np.testing.assert_array_equal(cfs.vit_cols[2], cfs.vit_cols[1] + 0.5)  # the offset
+    logits = np.asarray(_forwards(view, params, ex, cfs)[0])
+    np.testing.assert_allclose(logits[2], logits[1], atol=1e-5)
+    assert np.abs(logits[1] - logits[0]).max() > 1e-4  # and the mirror does act
+    assert notes(view, params)["vit_half_mirror"].startswith("identical to vit_w")
+
+
+def test_what_each_order_mirror_moves_on_a_checkpoint(ckpt):
+    """order_w: slot (r, c) reads the content of (r, W-1-c) and keeps its own ids;
+    order_ids_w: it reads the content and the ids of (r, W-1-c). Then the answer row's
+    first block, a sum over keys that each carry their own rotary ids, is the plain
+    run's (order-free) under order_ids_w, but not under order_w."""
+    view, params, ex = ckpt
+    cfs = cfa.build(view, params, ex.spans, ("plain", "order_w", "order_ids_w"))
+    trc, image = np.asarray(ex.spans.image_trc_Ix3), np.asarray(ex.spans.image_BxI)
+    perm = cfa.token_mirrors(ex.spans)["w"]
+    W = trc[:, 2].max() + 1
+    np.testing.assert_array_equal(trc[perm], trc * [1, 1, -1] + [0, 0, W - 1])  # (t, r, W-1-c)
+    ids = np.asarray(cfs.lm_ids)  # [C, B, 3, S]: rows left-padded, ids per row
+    for c in (1, 2):
+        np.testing.assert_array_equal(cfs.order[c], perm)
+    np.testing.assert_array_equal(ids[1], ids[0])  # order_w: the slots keep their ids
+    for b in range(len(image)):
+        grid = ids[0, b][1:, image[b]] - ids[0, b][1:, image[b]].min(1, keepdims=True)
+        np.testing.assert_array_equal(grid.T, trc[:, 1:])  # plain: slot (r, c) has (r, c)
+        moved = ids[2, b][1:, image[b]] - ids[0, b][1:, image[b]].min(1, keepdims=True)
+        np.testing.assert_array_equal(moved.T, trc[perm][:, 1:])  # order_ids_w: (r, W-1-c)
+        np.testing.assert_array_equal(np.delete(ids[2, b], image[b], 1), np.delete(ids[0, b], image[b], 1))  # fmt: skip
+    _, aux = _forwards(view, params, ex, cfs, ("lm/embed", "lm/resid_post.0"))
+    emb, rows = np.asarray(aux["lm/embed"]), np.arange(len(image))[:, None]
+    for c in (1, 2):  # the content moved alike
+        np.testing.assert_array_equal(emb[c][rows, image], emb[0][rows, image[:, perm]])
+    last = np.asarray(aux["lm/resid_post.0"])[:, :, -1]  # [C, B, D] the answer row
+    # the random fixture's image moves the answer row little (~5e-5 under order_w);
+    # the order-free sum agrees to float rounding (~1e-7)
+    np.testing.assert_allclose(last[2], last[0], atol=1e-6)
+    assert np.abs(last[1] - last[0]).max() > 1e-5
+
+
+def _hand_made_res():
+    """One model, 3 horizontal and 2 vertical questions; image_w flips horizontal
+    answers 0 and 1, vit_w flips answer 0; the plain run gets questions 2 and 4 wrong,
+    question 2 a binding failure (its swapped twin says the same word)."""
+    names = cfa.COUNTERFACTUALS
+    m = np.tile(np.asarray([1.0, 1.0, -1.0, 1.0, -1.0]), (1, len(names), 1))
+    m[0, names.index("image_w")] = [-1, -1, -1, 1, -1]
+    m[0, names.index("vit_w")] = [-1, 1, -1, 1, -1]
+    swapped = np.asarray([[1.0, 1.0, 1.0, 1.0, -1.0]])
+    return {"margins": m, "swapped": swapped, "relation": np.array([0, 0, 0, 1, 1]), "names": names}
+
+
+def test_a_checkpoints_cells_have_per_question_bootstrap_intervals():
+    """The checkpoint's cells: the share over questions with a seeded bootstrap interval
+    and n the questions; over models (one model) the same numbers have no interval."""
+    from jaxmech.reports import counterfactuals as report
+
+    res, lines = _hand_made_res(), []
+    values = report.question_values(res)
+    np.testing.assert_array_equal(values["vit_w", "horizontal"]["agree_mirror"], [1, 0, 1])
+    np.testing.assert_array_equal(values["vit_w", "horizontal"]["changed"], [1, 0, 0])
+    assert values["binding", "horizontal"]["share"].tolist() == [1.0]  # question 2
+    assert values["binding", "vertical"]["errors"] == 1
+    out = report.summarise(values, res["names"], lines.append, per_question=True)
+    m, lo, hi, n = out["vit_w/horizontal"]["agree_mirror"]
+    assert n == 3 and np.isclose(m, 2 / 3) and 0 <= lo < m < hi <= 1
+    assert out["vit_w/vertical"]["changed"] == (0.0, 0.0, 0.0, 2)  # every resample: 0
+    assert "(n = 3)" in "\n".join(lines) and "bootstrap over questions" in out["intervals"]
+    over = report.model_values(report.table_rows(res, (0,)), report.error_rows(res, (0,)))
+    models = report.summarise(over, res["names"], quiet)["vit_w/horizontal"]["agree_mirror"]
+    assert np.isclose(models[0], m) and models[3] == 1 and np.isnan(models[1:3]).all()
+
+
+def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
+    """`--protocol=authors` end to end on the fixture (the view asks in the authors'
+    wording): the table is written, every cell of 2 questions has a finite interval."""
+    import csv
+
+    from jaxmech.reports.common import open_checkpoint
+    from jaxmech.reports.counterfactuals import analyse_counterfactuals_checkpoint
+
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=2, batch=4,
+                          protocol="authors", log=quiet)  # fmt: skip
+    lines = []
+    out = analyse_counterfactuals_checkpoint(run, str(tmp_path), log=lines.append)
+    with open(tmp_path / "counterfactuals" / "table.csv") as f:
+        rows = list(csv.DictReader(f))
+    names = {r["counterfactual"] for r in rows}
+    assert {"order_w", "order_ids_w", "vit_half_mirror"} <= names
+    assert {r["n"] for r in rows} == {"2"}
+    summary = out["summary"]
+    assert summary["protocol"] == "authors"
+    assert "identical to vit_w" in summary["notes"]["vit_half_mirror"]
+    table = {k: d for k, d in summary.items() if "/" in k and not k.startswith("binding")}
+    cells = [v for d in table.values() for v in d.values()]
+    assert len(cells) == 2 * 2 * len(names)  # (agree, changed) x relations
+    assert all(c[3] == 2 and np.isfinite(c[:3]).all() for c in cells)
+    assert any("(n = 2)" in line and "identical to vit_w" in line for line in lines)

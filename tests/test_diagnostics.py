@@ -1,9 +1,13 @@
 """Spatial-ID diagnostics (`analysis.diagnostics`, issue 13 part 4): believed
 coordinates, the signed deviation, occlusion, and the report's bookkeeping."""
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import diagnostics as dg
@@ -130,3 +134,57 @@ def test_deviation_rows_count_and_test_only_with_enough_wrong_answers():
     assert np.isfinite(rows[0]["p"]) and np.isnan(rows[1]["p"])
     sign_wrong = res["believed"][0, 0, :, 0] * res["true"][0, 0, :, 0] <= 0
     assert rows[0]["id_wrong_among_wrong"] == sign_wrong[:6].mean()
+
+
+def test_auc_ci_is_the_mann_whitney_auc_with_a_seeded_interval():
+    from jaxmech.stats import mann_whitney_u
+
+    rng = np.random.default_rng(0)
+    wrong, right = rng.normal(-0.5, 1, 12), np.round(rng.normal(0, 1, 30), 1)
+    m, lo, hi, n = report.auc_ci(wrong, right)
+    assert m == mann_whitney_u(wrong, right)[0] / (12 * 30) and lo < m < hi and n == 42
+    assert report.auc_ci(wrong, right) == (m, lo, hi, n)  # seeded
+    assert report.auc_ci(wrong[: report.MIN_WRONG - 1], right)[3] == 0  # too few wrong
+
+
+QWEN = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+
+
+def _intervals(summary: dict):
+    """Every (mean, lo, hi, n) cell of a diagnostics summary, with its name."""
+    for part, cells in summary.items():
+        for name, v in cells.items() if isinstance(cells, dict) else ():
+            if isinstance(v, (tuple, list)) and len(v) == 4:
+                yield f"{part}/{name}", v
+
+
+@pytest.mark.parametrize("protocol, layers", [("jaxmech", None), ("authors", (0, 2))])
+def test_a_checkpoint_summary_has_intervals_over_its_questions(tmp_path, protocol, layers):
+    """A checkpoint is one model, so its cells are over its questions (bootstrap; the
+    read-out's correlation Fisher z, from 4 pairs): finite wherever n allows, the
+    tables written, under both protocols (the authors' wording and answer words). Its
+    --layers are the authors' (layer 2 of the fixture's 2: the last block's output,
+    "final"); layer 0 has no diagnostics and is left out, alone refused by name."""
+    from jaxmech.reports.common import open_checkpoint
+
+    run = open_checkpoint(QWEN, grid=(2, 2), size=112, questions=6, batch=1024,
+                          protocol=protocol, layers=layers, log=lambda *_: None)  # fmt: skip
+    lines = []
+    out = report.analyse_diagnostics_checkpoint(run, str(tmp_path), log=lines.append)
+    summary = json.load(open(tmp_path / "diagnostics" / "summary.json"))
+    assert set(k for k in summary if not k.startswith("occlusion/")) - {"excluded"} == (
+        {"resid_pre.1", "final"} if layers is None else {"final"}
+    )
+    cells = dict(_intervals(summary))
+    assert "final/deviation_right" in cells and "final/median_right" not in cells
+    enough = {k: v for k, v in cells.items() if v[3] >= (4 if "readout" in k else 2)}
+    assert len(enough) >= 8 and all(np.isfinite(v[1:3]).all() for v in enough.values()), cells
+    assert all(np.isnan(v[1]) for k, v in cells.items() if v[3] == 0)
+    rows = out["tables"]["deviation"]
+    assert os.path.exists(tmp_path / "diagnostics" / "deviation.csv")
+    assert {r["site"] for r in rows} == ({1, 2} if layers is None else {2})
+    assert any("bootstrap CI over questions" in line for line in lines)
+    assert any("layer 0 left out" in line for line in lines) == (layers is not None)
+    if layers is not None:
+        with pytest.raises(ValueError, match=r"layers = \[0\]"):
+            report.check_layers(run._replace(data=run.data._replace(layers=(0,))))

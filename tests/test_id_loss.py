@@ -295,3 +295,68 @@ def test_train_only_keeps_the_frozen_parameters_bit_equal():
         train_models(cfg.replace(train_only="lm/nothing"), settings)
     with pytest.raises(ConfigError, match="train_only = 'proj/\\*\\+'"):
         cfg.replace(train_only="proj/*+")
+
+
+QWEN_FIXTURES = os.path.join(ROOT, "tests", "fixtures", "qwen2_vl")
+
+
+def test_checkpoint_id_site_defaults_to_the_authors_layer():
+    """A checkpoint's ID loss sits at the authors' layer (train.py's --spatial_id_layer
+    11, hidden_states[11] = lm/resid_pre.11) of Qwen2-VL-2B's 28 LM blocks, and at the
+    same relative depth, round(11 n / 28) and at least 1, in a smaller LM; the log says
+    which; an explicit site is kept and checked."""
+    from jaxmech.families.qwen2_vl.config import from_hf
+    from jaxmech.families.qwen2_vl.stand_in import QWEN2_VL_2B
+    from jaxmech.families.registry import read_checkpoint_config
+    from jaxmech.reports import id_finetune as idf
+
+    n_2b = from_hf(QWEN2_VL_2B).lm_layers
+    lines = []
+    assert n_2b == 28 and idf.site_of(n_2b, None, lines.append) == 11
+    assert "layer 11 (lm/resid_pre.11)" in lines[0] and "scaled" not in lines[0]
+    n_fixture = read_checkpoint_config(os.path.join(QWEN_FIXTURES, "qwen2_vl"))[1].lm_layers
+    lines = []
+    assert idf.site_of(n_fixture, None, lines.append) == max(1, round(11 * n_fixture / 28))
+    assert f"scaled to {n_fixture} blocks" in lines[0]
+    assert [idf.authors_site(n) for n in (1, 2, 4, 14, 56)] == [1, 1, 2, 6, 22]  # halves up
+    assert idf.site_of(n_fixture, 2, lines.append) == 2
+    with pytest.raises(ValueError, match="id_site = 3"):
+        idf.site_of(n_fixture, 3)
+
+
+def _trained_paths(params, spec: str) -> set:
+    from jaxmech.train import param_paths, path_mask
+
+    mask = jax.tree_util.tree_leaves(path_mask(params, spec))
+    return {p for p, m in zip(param_paths(params), mask) if m}
+
+
+@pytest.mark.parametrize("variant", ["qwen2_vl", "qwen2_5_vl"])
+def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
+    """The default leaves (`id_finetune.authors_train_only`) are train.py's
+    vision_mlp_lastk selection: the MLP weights (no biases) of the ViT's last
+    min(6, depth) blocks (Qwen2.5-VL's SwiGLU gate too); the merger, the ViT's other
+    leaves and the LM are frozen. On both fixtures (every block: fewer than 6) and on
+    Qwen2-VL-2B's layout (blocks 26-31 of 32)."""
+    from jaxmech.families import load_checkpoint
+    from jaxmech.families.qwen2_vl.config import from_hf
+    from jaxmech.families.qwen2_vl.params import is_shape, param_shapes
+    from jaxmech.families.qwen2_vl.stand_in import QWEN2_VL_2B
+    from jaxmech.reports import id_finetune as idf
+    from jaxmech.train import param_paths, path_mask
+
+    _, config, params = load_checkpoint(os.path.join(QWEN_FIXTURES, variant))
+    mlp = ("W_in", "W_out") + (("W_gate",) if variant == "qwen2_5_vl" else ())
+    want = {f"vit/block_{i}/{w}" for i in range(config.vit_depth) for w in mlp}
+    assert config.vit_depth < 6
+    spec = idf.authors_train_only(params)
+    trained = _trained_paths(params, spec)
+    assert trained == want and not any(p.startswith("merger/") for p in trained)
+    # what a finished fine-tune keeps (`trained_leaves`): those leaves and no other
+    kept = idf.trained_leaves(params, jax.tree_util.tree_leaves(path_mask(params, spec)))
+    assert {param_paths(params)[int(i)] for i in kept} == want
+    big = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
+                                 param_shapes(from_hf(QWEN2_VL_2B)), is_leaf=is_shape)  # fmt: skip
+    assert _trained_paths(big, idf.authors_train_only(big)) == {
+        f"vit/block_{i}/{w}" for i in range(26, 32) for w in ("W_in", "W_out")
+    }

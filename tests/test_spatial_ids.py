@@ -11,7 +11,7 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
 from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.view import toy_view
-from jaxmech.families.vlm_view import cell_tokens
+from jaxmech.families.vlm_view import Spans, cell_tokens
 
 
 def test_a_planted_linear_id_is_recovered_with_its_rank():
@@ -109,3 +109,105 @@ def test_split_half_ceiling_is_the_share_of_the_id_the_label_halves_share():
         np.testing.assert_allclose(got, want, atol=1e-5 if scale == 0.0 else 0.06)
     with pytest.raises(ValueError, match="needs >= 2 labels"):
         si.split_half_ceiling(jnp.asarray(states[:, :L]), label[:L], cell[:L], L)
+
+
+def _two_cell_probe():
+    """A hand-made probe run (issue 41): 8 image tokens in a 2 x 4 token grid, two cells
+    of 2 x 2 tokens (`cell_I` row-major, so a cell's tokens are not contiguous), each
+    cell's first token background (value 0), the others carrying a per-cell value; one
+    LM block, the object word at position 0, the image at 1..8."""
+    rng = np.random.default_rng(0)
+    cell_I = np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int32)
+    label = np.repeat([1, 2], 4)
+    cell = np.tile(np.repeat([0, 1], 2), 2)
+    N, S, D, Dh = len(label), 9, 3, 2
+    spans = Spans(np.tile(np.arange(1, 9, dtype=np.int32), (N, 1)), np.zeros((8, 3), np.int32),
+                  cell_I, np.zeros(N, np.int32), np.zeros(N, np.int32),
+                  np.zeros((N, S), bool), np.zeros(N, np.int32))  # fmt: skip
+    signal = rng.normal(size=(2, Dh))  # per cell
+    v = np.zeros((N, S, 1, Dh), np.float32)
+    for n in range(N):
+        own = np.flatnonzero(cell_I == cell[n])
+        v[n, 1 + own[1:], 0] = signal[cell[n]] + label[n]  # own[0]: the background token
+    logits = rng.normal(size=(N, 1, S, S))
+    pattern = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    aux = {"lm/v.0": v, "lm/pattern.0": pattern.astype(np.float32)}
+    for k in ("lm/resid_pre.0", "lm/resid_post.0", "lm/attn_out.0"):
+        aux[k] = rng.normal(size=(N, S, D)).astype(np.float32)
+    params = {"lm": {"block_0": {"W_O": rng.normal(size=(1, Dh, D)).astype(np.float32)}}}
+    return spans, aux, params, label, cell, signal
+
+
+def test_a_cells_value_is_the_mean_over_all_its_tokens_not_its_first():
+    """At 448 px a Qwen cell is 4 x 4 merged tokens and its first mostly background:
+    `cell_tokens` gives every token of the cell, the reduced probe run averages the
+    values over them and sums the attention on them, and the analytic ID is the
+    cell's mean value's (the first token's alone would be 0 here)."""
+    spans, aux, params, label, cell, signal = _two_cell_probe()
+    token = np.asarray(cell_tokens(spans, cell))
+    assert token.shape == (8, 4)
+    np.testing.assert_array_equal(token[cell == 1][0], [3, 4, 7, 8])
+    red = si.at_two_positions(aux, spans.x_B, token, n_blocks=1)
+    want_v = np.stack([aux["lm/v.0"][n, token[n]].mean(0) for n in range(8)])
+    np.testing.assert_allclose(red["lm/v.0"][:, 1], want_v, atol=1e-6)
+    mass = np.stack([aux["lm/pattern.0"][n, :, 0, token[n]].sum(0) for n in range(8)])
+    np.testing.assert_allclose(red["lm/pattern.0"][:, :, 0, 1], mass, atol=1e-6)
+    assert (np.asarray(red["lm/pattern.0"]).sum(-1) <= 1 + 1e-6).all()  # still weights
+    full = si.analytic_ids(params, aux, spans.x_B, token, label, cell, 2)
+    got = si.analytic_ids(params, red, np.zeros(8, int), np.ones(8, int), label, cell, 2)
+    gamma = 0.75 * (signal - signal.mean(0))  # 3 of the 4 tokens carry the cell's value
+    want = np.einsum("le,ed->ld", gamma, params["lm"]["block_0"]["W_O"][0])
+    for a in (full, got):
+        np.testing.assert_allclose(a["pred"][0], want, atol=1e-5)
+        np.testing.assert_allclose(a["peak_N"][0], mass[:, 0], atol=1e-6)
+    with pytest.raises(ValueError, match="the same number in every cell"):
+        cell_tokens(spans._replace(cell_I=np.array([0, 0, 0, 1, 0, 0, 1, 1])), cell)
+
+
+def test_the_additive_baseline_fits_an_additive_id_whole():
+    """R^2 note (issue 41): an ID exactly f(row) + g(col) is fitted whole by the one-hot
+    row + column basis at rank h + w - 2; one with a row x column interaction is not."""
+    rng = np.random.default_rng(1)
+    gh, gw, D = 3, 4, 6
+    row, col = np.divmod(np.arange(gh * gw), gw)
+    additive = rng.normal(size=(gh, D))[row] + rng.normal(size=(gw, D))[col]
+    basis = jnp.asarray(si.additive_basis(gh, gw))
+    assert basis.shape == (gh * gw, gh + gw)
+    ranks = (1, gh + gw - 2)
+    r2 = si.rank_k_r2(basis, jnp.asarray(additive[None]), ranks)
+    np.testing.assert_allclose(r2[0, -1], 1.0, atol=1e-5)
+    mixed = additive + 3.0 * (row * col)[:, None] * rng.normal(size=D)
+    assert float(si.rank_k_r2(basis, jnp.asarray(mixed[None]), ranks)[0, -1]) < 0.99
+
+
+def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
+    """The spatial-ID report on the fixture checkpoint (2 x 2 grid at 112 px: 4 merged
+    tokens per cell), `--protocol=authors --layers=1:2`, end to end (~5-10 s): factorial
+    probes (10 shapes x 4 cells x 3 other cells), only sites 1 and 2 (block 1's
+    analytic ID) in the tables and summary, the baseline R^2 beside the R^2, no NaN
+    interval: the fits' values alone, the analytic peak (a mean over probes) with its
+    finite per-probe bootstrap interval."""
+    import os
+
+    from jaxmech.reports.common import open_checkpoint
+    from jaxmech.reports.spatial_ids import analyse_spatial_ids_checkpoint
+
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+    run = open_checkpoint(folder, grid=(2, 2), size=112, questions=2, layers=(1, 2),
+                          batch=1024, protocol="authors", log=lambda *_: None)  # fmt: skip
+    lines = []
+    out = analyse_spatial_ids_checkpoint(run, str(tmp_path), log=lines.append)
+    assert (tmp_path / "spatial_ids" / "r2.csv").exists()
+    assert {r["site"] for r in out["tables"]["r2"]} == {r["site"] for r in out["tables"]["axes"]}
+    assert {r["site"] for r in out["tables"]["r2"]} == {1, 2}
+    assert {r["block"] for r in out["tables"]["analytic"]} == {1}
+    assert all(np.isfinite(r["baseline_r2"]) for r in out["tables"]["r2"])
+    s = out["summary"]
+    assert s["sites"] == [1, 2] and "r2/0" not in s and "factorial" in s["probes"]
+    assert out["res"]["peak_probes"].shape == (1, 1, 10 * 4 * 3)
+    m, lo, hi, n = s["analytic/1"]["peak"]
+    assert n == 120 and np.isfinite([m, lo, hi]).all() and 0 <= lo <= m <= hi <= 1
+    assert all(isinstance(v, float) for v in s["r2/1"].values())  # a value, not a NaN CI
+    text = "\n".join(lines)
+    assert "no interval: one fit of one model" in text and "nan" not in text.lower()
+    assert "one-hot row + one-hot column" in text

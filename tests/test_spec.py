@@ -82,3 +82,21 @@ def test_probe_specs_put_every_label_at_every_cell_and_another_elsewhere():
     counts = np.zeros((5, 12), int)
     np.add.at(counts, (label - 1, cell), 1)
     assert (counts == 2).all()
+
+
+def test_factorial_probe_specs_put_the_other_object_at_every_other_cell_once():
+    """Issue 41: `factorial` probes cover every (cell, other cell) pair exactly once per
+    label, the other label never the probed one, cells and labels the same for any seed."""
+    grid, labels = sp.Grid(3, 3), range(2, 6)
+    spec, label, cell = sp.probe_specs(grid, labels, 6, 3, placements=2, factorial=True)
+    L = grid.cells
+    assert len(label) == len(labels) * L * (L - 1)
+    other = np.asarray(spec.cells_BxK)[:, 1]
+    counts = np.zeros((len(labels), L, L), int)
+    np.add.at(counts, (label - 2, cell, other), 1)
+    np.testing.assert_array_equal(counts, np.broadcast_to(1 - np.eye(L, dtype=int), counts.shape))
+    partner = np.asarray(spec.labels_BxK)[:, 1]
+    assert (partner != label).all() and set(partner.tolist()) == set(range(1, 7))
+    again = sp.probe_specs(grid, labels, 6, 3, seed=5, factorial=True)[0]
+    np.testing.assert_array_equal(again.cells_BxK, spec.cells_BxK)
+    np.testing.assert_array_equal(again.labels_BxK, spec.labels_BxK)

@@ -267,6 +267,7 @@ def steer_models(
     probe_batch=None,
     call=None,
     against: str = "truth",
+    factorial: bool = False,
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -283,11 +284,13 @@ def steer_models(
     authors' protocol's steering, "truth" (X from its cell to beyond Y: `source_B`,
     `target_B`) or "answer" (against the model's own answer with fixed corner IDs,
     ambiguous answers not counted: `answer_corners`, the authors' script); its margins
-    carry "counted" [K, Y', B]."""
+    carry "counted" [K, Y', B]. `factorial`: the IDs' probes put the other object at
+    every other cell (`spatial_ids.probe`, the authors' extraction)."""
     if against not in ("truth", "answer"):
         raise ValueError(f"against = {against!r}: expected 'truth' or 'answer'")
     call = call or (lambda fn, args: jax.device_get(jax.jit(fn)(*args)))
-    pr = si.probe(view, range(1, view.n_labels + 1) if labels is None else labels)
+    labels = range(1, view.n_labels + 1) if labels is None else labels
+    pr = si.probe(view, labels, factorial=factorial)
     n_blocks = view.n_lm_blocks(model_outline(params_K))
     sites = range(1, n_blocks) if sites is None else sites
     words = np.asarray(view.answer_words)[:2].ravel()  # left, right, above, below

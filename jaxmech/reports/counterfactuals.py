@@ -90,6 +90,8 @@ def compute(run: LoadedRun, log=print) -> dict:
     versions = jax.tree_util.tree_map(stack, *rendered)  # [versions, B, ...]
     swapped = examples(view, swap_named(ex.spec))
     ckpt, n = checkpoint_data(run), len(ex.answer_B)
+    if ckpt and ckpt.layers is not None:  # every counterfactual edits the inputs, no layer
+        log(f"layers {list(ckpt.layers)}: not used by the counterfactual table")
     one_at_a_time = 1 if ckpt else None
     per_row = np.ndim(cfs.lm_ids) == 4  # [C, B, 3, S]: left-padded rows, ids per row
 

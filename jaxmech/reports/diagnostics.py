@@ -21,6 +21,12 @@ Writes into `RUN/diagnostics/` (every row also names its `examples` and `model_g
                  well one example's ID says where its objects are)
   occlusion.csv  model, occlusion, answers (right / wrong), sensitivity, flip_rate, n
   summary.json   means over models with 95% intervals; figure diagnostics.png
+
+A checkpoint is one model: its summary's cells are over its questions instead
+(`checkpoint_site`, `checkpoint_occlusion`: seeded bootstrap 95% intervals, n the
+questions a cell rests on), its signed deviations as means where a run's are per-model
+medians ("deviation_right" / "deviation_wrong"), and its sites within `--layers` (layer L:
+site L, the residual after L blocks; layer 0, before the first block, has no diagnostics).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import numpy as np
 
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.families.vlm_view import over_models
+from jaxmech.families.vlm_view import model_outline, over_models
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -39,16 +45,18 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    checkpoint_data,
     compiled_call,
     declared,
     fmt_ci,
     id_labels,
     plots_dir,
     probe_rows,
+    question_ci,
     relation_questions,
     view_of,
 )
-from jaxmech.stats import correlation_ci, mann_whitney_u, mean_ci
+from jaxmech.stats import BOOTSTRAP_DRAWS, correlation_ci, mann_whitney_u, mean_ci
 
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
 
@@ -97,7 +105,29 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)
     what = f"diagnostics ({n_probes} probe scenes, {len(ex.answer_B)} questions x 4)"
     out = compiled_call(models, ((run.params, occ), inputs), what)
-    return out | {"relation": np.asarray(ex.spec.relation_B)}
+    n_blocks = out["deviation"].shape[1]  # sites 1..n: after every block
+    sites = report_sites(run, n_blocks)
+    for k in ("deviation", "believed", "true"):
+        out[k] = out[k][:, np.asarray(sites) - 1]
+    return out | {"relation": np.asarray(ex.spec.relation_B), "site": np.asarray(sites),
+                  "n_blocks": n_blocks}  # fmt: skip
+
+
+def report_sites(run: LoadedRun, n_blocks: int, log=None) -> list[int]:
+    """The LM sites reported, 1..n_blocks (site y: the residual after y blocks, the
+    authors' layer y; n_blocks: the last block's output), a checkpoint's within its
+    `--layers`. Layer 0 has none (before the first block the object word has seen no
+    image): left out (said to `log`); ValueError where no layer is left."""
+    ckpt = checkpoint_data(run)
+    if ckpt is None or ckpt.layers is None:
+        return list(range(1, n_blocks + 1))
+    sites = sorted({y for y in ckpt.layers if y >= 1})
+    if not sites:
+        raise ValueError(f"layers = {list(ckpt.layers)}: the diagnostics need a layer in "
+                         f"[1, {n_blocks}] (layer 0, before the first block, has no ID)")  # fmt: skip
+    if log is not None and 0 in ckpt.layers:
+        log("layer 0 left out: before the first block the object word has seen no image")
+    return sites
 
 
 def deviation_rows(res: dict, models) -> list[dict]:
@@ -115,7 +145,7 @@ def deviation_rows(res: dict, models) -> list[dict]:
             rows.append(
                 {
                     "model": models[i],
-                    "site": y + 1,
+                    "site": int(_sites(res)[y]),
                     "n_right": int(right[i].sum()),
                     "n_wrong": int((~right[i]).sum()),
                     "median_right": float(np.median(r)) if len(r) else np.nan,
@@ -129,6 +159,16 @@ def deviation_rows(res: dict, models) -> list[dict]:
                 }
             )
     return rows
+
+
+def _sites(res: dict) -> np.ndarray:
+    """[Y'] the site of each of `res`'s site rows (`report_sites`; default 1..)."""
+    return res.get("site", np.arange(1, res["deviation"].shape[1] + 1))
+
+
+def _site_name(res: dict, site: int) -> str:
+    n = res.get("n_blocks", res["deviation"].shape[1])
+    return f"resid_pre.{site}" if site < n else "final"
 
 
 def occlusion_rows(res: dict, models) -> list[dict]:
@@ -152,64 +192,139 @@ def occlusion_rows(res: dict, models) -> list[dict]:
     return rows
 
 
-def summarise(res: dict, dev_rows: list[dict], occ_rows: list[dict], log) -> dict:
+# the per-model statistics a run's summary averages over models, and their printed bounds
+MODEL_STATS = {"median_right": (None, None), "median_wrong": (None, None), "auc": (0.0, 1.0),
+               "id_wrong_among_wrong": (0.0, 1.0), "id_wrong_among_right": (0.0, 1.0),
+               "readout_corr": (None, None)}  # fmt: skip
+
+
+def models_site(rows: list[dict]) -> tuple[dict, dict]:
+    """({statistic: (mean, ci_low, ci_high, n)}, {statistic: printed cell}) of one site
+    over a run's models (`deviation_rows` of that site; `stats.mean_ci`)."""
+    col = lambda key: [r[key] for r in rows]  # noqa: E731
+    cells = {key: mean_ci(col(key), None, None) for key in MODEL_STATS}
+    text = {key: fmt_ci(col(key), *b) for key, b in MODEL_STATS.items()}
+    return cells, text | {"right": text["median_right"], "wrong": text["median_wrong"],
+                          "how": "median per model, 95% CI over models"}  # fmt: skip
+
+
+def checkpoint_site(res: dict, y: int) -> tuple[dict, dict]:
+    """`models_site` of one checkpoint (model 0) at site row `y`, over its questions:
+    the mean signed deviation of right and wrong answers and the shares whose ID sign
+    is wrong (`question_ci`: bootstrap), P(wrong > right) (`auc_ci`), the read-out
+    correlation (`stats.correlation_ci`: Fisher z); n the questions each rests on."""
+    right = res["margin"][0] > 0
+    dev = res["deviation"][0, y]
+    along = np.arange(dev.shape[0]), res["relation"]
+    believed, true = res["believed"][0, y][along], res["true"][0, y][along]
+    id_wrong = (believed * true <= 0).astype(float)
+    cells = {
+        "deviation_right": question_ci(dev[right]),
+        "deviation_wrong": question_ci(dev[~right]),
+        "auc": auc_ci(dev[~right], dev[right]),
+        "id_wrong_among_wrong": question_ci(id_wrong[~right], 0.0, 1.0),
+        "id_wrong_among_right": question_ci(id_wrong[right], 0.0, 1.0),
+        "readout_corr": correlation_ci(believed, true),
+    }
+    text = {key: _question_cell(ci) for key, ci in cells.items()}
+    return cells, text | {"right": text["deviation_right"], "wrong": text["deviation_wrong"],
+                          "how": "mean over questions, 95% bootstrap CI over questions"}  # fmt: skip
+
+
+def auc_ci(wrong, right, seed: int = 0, draws: int = BOOTSTRAP_DRAWS):
+    """(P(a wrong answer's deviation > a right one's), ci_low, ci_high, n): the
+    Mann-Whitney AUC (ties count half) with a seeded bootstrap 95% interval that
+    resamples the wrong and the right answers each; n both counted. Fewer than
+    `MIN_WRONG` wrong answers or no right one: NaN and n = 0, as per model."""
+    w, r = (np.asarray(v, float) for v in (wrong, right))
+    w, r = w[np.isfinite(w)], r[np.isfinite(r)]
+    if len(w) < MIN_WRONG or not len(r):
+        return float("nan"), float("nan"), float("nan"), 0
+    above = (w[:, None] > r[None]) + 0.5 * (w[:, None] == r[None])  # [W, R]
+    rng = np.random.default_rng([seed, 96])
+    cw = rng.multinomial(len(w), np.full(len(w), 1 / len(w)), draws)  # [draws, W] counts
+    cr = rng.multinomial(len(r), np.full(len(r), 1 / len(r)), draws)
+    boot = np.einsum("dw,wr,dr->d", cw, above, cr) / (len(w) * len(r))
+    lo, hi = np.quantile(boot, [0.025, 0.975])
+    return float(above.mean()), float(lo), float(hi), len(w) + len(r)
+
+
+def _question_cell(ci) -> str:
+    """A (mean, ci_low, ci_high, n) over questions in `common.fmt_question_ci`'s form
+    (from the tuple: P(wrong > right) and the correlation are no bootstrapped mean)."""
+    m, a, b, n = ci
+    return "empty (n = 0)" if n == 0 else f"{m:+.3f} [{a:+.3f},{b:+.3f}] (n = {n})"
+
+
+def checkpoint_occlusion(res: dict, o: int, answers: str) -> dict:
+    """{"sensitivity", "flip_rate": (mean, ci_low, ci_high, n)} of one checkpoint under
+    occlusion `o` over its right or wrong answers (`question_ci`: bootstrap)."""
+    right = res["margin"][0] > 0
+    w = right if answers == "right" else ~right
+    change = np.abs(res["occluded"][0, o] - res["margin"][0])
+    flipped = ((res["occluded"][0, o] > 0) != right).astype(float)
+    return {"sensitivity": question_ci(change[w]), "flip_rate": question_ci(flipped[w], 0.0, 1.0)}
+
+
+def summarise(
+    res: dict, dev_rows: list[dict], occ_rows: list[dict], log, one: bool = False
+) -> dict:
+    """summary.json's dict, printed: per site the deviation's cells over models
+    (`models_site`), or over a checkpoint's questions where `one` (`checkpoint_site`),
+    with the pooled Mann-Whitney test; then the occlusions' (`summarise_occlusion`)."""
     out = {}
     right = res["margin"] > 0
-    for y in range(res["deviation"].shape[1]):
-        site = f"resid_pre.{y + 1}" if y + 1 < res["deviation"].shape[1] else "final"
-        rows = [r for r in dev_rows if r["site"] == y + 1]
-        col = lambda key: [r[key] for r in rows]  # noqa: E731
+    for y, site in enumerate(_sites(res)):
+        rows = [r for r in dev_rows if r["site"] == site]
+        p_models = np.asarray([r["p"] for r in rows], float)
         pooled_w = res["deviation"][:, y][~right]
         pooled_r = res["deviation"][:, y][right]
         u, p = mann_whitney_u(pooled_w, pooled_r)
-        out[site] = {
-            key: mean_ci(col(key), None, None)
-            for key in (
-                "median_right",
-                "median_wrong",
-                "auc",
-                "id_wrong_among_wrong",
-                "id_wrong_among_right",
-                "readout_corr",
-            )
-        } | {
+        cells, text = checkpoint_site(res, y) if one else models_site(rows)
+        s = out[_site_name(res, site)] = cells | {
             "pooled_u": u,
             "pooled_p": p,
             "pooled_auc": u / max(len(pooled_w) * len(pooled_r), 1),
             "n_wrong": int(len(pooled_w)),
             "n_right": int(len(pooled_r)),
-            "models_tested": int(np.isfinite(col("p")).sum()),
-            "models_p_below_0.05": int(np.sum(np.asarray(col("p")) < 0.05)),
+            "models_tested": int(np.isfinite(p_models).sum()),
+            "models_p_below_0.05": int(np.sum(p_models < 0.05)),
         }
-        s = out[site]
+        # one model: its own test is the pooled one
+        tested = f"{s['models_p_below_0.05']} of {s['models_tested']} tested (>= {MIN_WRONG} wrong)"
+        per_model = "" if one else f"; per model p < 0.05 in {tested}"
         log(
-            f"\nsite {y + 1}: signed ID deviation (cells; > 0 towards the right answer), "
-            f"median per model, 95% CI over models:\n  right answers "
-            f"{fmt_ci(col('median_right'), None, None)}\n  wrong answers "
-            f"{fmt_ci(col('median_wrong'), None, None)}\n  pooled Mann-Whitney "
+            f"\nsite {site}: signed ID deviation (cells; > 0 towards the right answer), "
+            f"{text['how']}:\n  right answers {text['right']}\n  wrong answers "
+            f"{text['wrong']}\n  pooled Mann-Whitney "
             f"({s['n_wrong']} wrong vs {s['n_right']} right): P(wrong > right) "
-            f"{s['pooled_auc']:.3f}, p = {p:.2g}; per model p < 0.05 in "
-            f"{s['models_p_below_0.05']} of {s['models_tested']} tested (>= {MIN_WRONG} wrong)"
-            f"; per model P(wrong > right) {fmt_ci(col('auc'), 0.0, 1.0)}"
-            f"\n  per-example readout: corr(believed, true displacement) "
-            f"{fmt_ci(col('readout_corr'), None, None)}"
-            f"\n  ID sign wrong among wrong answers "
-            f"{fmt_ci(col('id_wrong_among_wrong'), 0.0, 1.0)}; among right answers "
-            f"{fmt_ci(col('id_wrong_among_right'), 0.0, 1.0)}"
+            f"{s['pooled_auc']:.3f}, p = {p:.2g}{per_model}"
+            f"; P(wrong > right) {text['auc']}"
+            f"\n  per-example readout: corr(believed, true displacement) {text['readout_corr']}"
+            f"\n  ID sign wrong among wrong answers {text['id_wrong_among_wrong']}; among "
+            f"right answers {text['id_wrong_among_right']}"
         )
-    log("\nocclusion: |change of the answer margin| (logits), 95% CI over models")
-    for name in dg.OCCLUSIONS:
+    return out | summarise_occlusion(res, occ_rows, log, one)
+
+
+def summarise_occlusion(res: dict, occ_rows: list[dict], log, one: bool = False) -> dict:
+    """{"occlusion/{name}/{answers}": {"sensitivity", "flip_rate": cell}}, printed: means
+    over models with 95% intervals, or over a checkpoint's questions where `one`."""
+    out = {}
+    over = "bootstrap CI over questions" if one else "CI over models"
+    log(f"\nocclusion: |change of the answer margin| (logits), 95% {over}")
+    for o, name in enumerate(dg.OCCLUSIONS):
         for answers in ("right", "wrong"):
-            v = [r["sensitivity"] for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]  # fmt: skip
-            f = [r["flip_rate"] for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]  # fmt: skip
-            out[f"occlusion/{name}/{answers}"] = {
-                "sensitivity": mean_ci(v, None, None),
-                "flip_rate": mean_ci(f),
-            }
-            log(
-                f"  {name:>6} cell, {answers:>5} answers: {fmt_ci(v, None, None)}; "
-                f"answer flips {fmt_ci(f, 0.0, 1.0)}"
-            )
+            if one:
+                cells = checkpoint_occlusion(res, o, answers)
+                v, f = _question_cell(cells["sensitivity"]), _question_cell(cells["flip_rate"])
+            else:
+                own = [r for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]
+                sens, flips = [r["sensitivity"] for r in own], [r["flip_rate"] for r in own]
+                cells = {"sensitivity": mean_ci(sens, None, None), "flip_rate": mean_ci(flips)}
+                v, f = fmt_ci(sens, None, None), fmt_ci(flips, 0.0, 1.0)
+            out[f"occlusion/{name}/{answers}"] = cells
+            log(f"  {name:>6} cell, {answers:>5} answers: {v}; answer flips {f}")
     return out
 
 
@@ -229,7 +344,7 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
         axes[y].hist(d[~right], bins, density=True, alpha=0.5, color="C3", label="wrong")
         axes[y].axvline(0, color="k", lw=0.5)
         axes[y].set_xlabel("signed ID deviation (cells)")
-        axes[y].set_title(f"site {y + 1}", fontsize=9)
+        axes[y].set_title(f"site {_sites(res)[y]}", fontsize=9)
         axes[y].legend(fontsize=7)
     ax = axes[-1]
     for j, answers in enumerate(("right", "wrong")):
@@ -259,11 +374,13 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
+    one = checkpoint_data(run) is not None  # one model: intervals over its questions
     log(
-        f"{run.k} models; {EXAMPLE_WORDS.get(run.examples, 'pair questions')} of both relations; IDs of the "
+        f"{'a checkpoint' if one else f'{run.k} models'}; "
+        f"{EXAMPLE_WORDS.get(run.examples, 'pair questions')} of both relations; IDs of the "
         f"training-pair labels"
     )
-    summary = summarise(res, tables["deviation"], tables["occlusion"], log)
+    summary = summarise(res, tables["deviation"], tables["occlusion"], log, one)
     return summary | {"excluded": list(run.excluded)}
 
 
@@ -286,5 +403,13 @@ def analyse_diagnostics_run(path: str, log=print) -> dict:
 
 
 def analyse_diagnostics_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The diagnostics report of a checkpoint (`common.open_checkpoint`) into `out`."""
+    """The diagnostics report of a checkpoint (`common.open_checkpoint`) into `out`;
+    its `--layers` checked first (`report_sites`: ValueError before any compute)."""
+    check_layers(run, log)
     return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)
+
+
+def check_layers(run: LoadedRun, log=None) -> None:
+    """`report_sites` of a checkpoint before any compute: ValueError naming its
+    `--layers` where none has diagnostics."""
+    report_sites(run, view_of(run).n_lm_blocks(model_outline(run.params)), log)

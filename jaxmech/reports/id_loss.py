@@ -21,12 +21,14 @@ models with the same seed start alike and see the same batches, so the differenc
 the loss's effect. A fine-tuned run is summarised per group of its base models
 (`base_groups`: generalising before fine-tuning, then the others), generalising first.
 
-The authors' recipe (issue 26: the last ViT MLPs and the projector train, the LM is
-frozen, lr 5e-5, weight 1), scaled to the 2-block `vlm` preset (its last ViT block's
-MLP, the only middle LM site 1):
+The authors' recipe (issue 26; spatial_finetuning/train.py with
+run_vision_spatial_loss.sh: the MLP weights, no biases, of the ViT's last 6 blocks train,
+Qwen2-VL's merger and the LM are frozen, lr 5e-5, weight 1, the ID loss at layer 11 of
+28), scaled to the 2-block `vlm` preset (both ViT blocks' MLP weights, the only middle LM
+site 1):
 
     python -m experiments.id_loss --base=runs/vlm --out=runs/id_authors --weights=0,1 \
-        --id_site=1 --lr=5e-5 --train_only='proj/*+vit/block_1/W_in+vit/block_1/b_in+vit/block_1/W_out+vit/block_1/b_out'
+        --id_site=1 --lr=5e-5 --train_only='vit/block_*/W_in+vit/block_*/W_out'
 
 (Their ID arm also trains on grouped batches and the plain arm not, a confound they
 leave; here both arms see the same batches.)

@@ -220,8 +220,8 @@ def summarise(res: dict, axes: list[dict], sites, one: bool, log) -> dict:
     out = {}
     log(
         "R^2 of a rank-k map from the ViT position basis to the spatial ID, its "
-        "baseline and its split-half noise ceiling ("
-        + (ONE_FIT if one else "95% CI over models") + "); " + BASELINE + ":"
+        f"baseline and its split-half noise ceiling ({ONE_FIT if one else '95% CI over models'}); "
+        f"{BASELINE}:"
     )
     w = 8 if one else 30
     log(f"{'site':>5} {'':>8} " + " ".join(f"{t:>{w}}" for t in [f"rank {r}" for r in RANKS]))
@@ -293,8 +293,8 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     return (
         summarise(res, tables["axes"], sites, one, log)
         | summarise_analytic(res, blocks, one, log)
-        | {"excluded": list(run.excluded), "ranks": list(RANKS), "sites": sites,
-           "probes": probes, "baseline": BASELINE}  # fmt: skip
+        | {"excluded": list(run.excluded), "ranks": list(RANKS), "sites": sites}
+        | {"probes": probes, "baseline": BASELINE}
         | ({"intervals": ONE_FIT + "; analytic peak: per-probe bootstrap"} if one else {})
     )
 
@@ -308,8 +308,7 @@ REPORT = Report(
     plot=lambda res, tables, run, path: plot(res, path, *view_of(run).grid, sites_of(run)[0]),
     figure="spatial_ids.png",
     examples=EXAMPLES,
-    per_model=("delta", "r2", "baseline", "ceiling", "h", "v", "cos_train_val", "analytic",
-               "peak_probes"),  # fmt: skip
+    per_model=tuple("delta r2 baseline ceiling h v cos_train_val analytic peak_probes".split()),
     example_words=LABEL_WORDS,
 )
 

@@ -81,7 +81,8 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
     res = st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run),
                           sites, probe_rows(run),
                           lambda fn, args: compiled_call(fn, args, what),
-                          against="answer" if protocol == "authors" else "truth")  # fmt: skip
+                          against="answer" if protocol == "authors" else "truth",
+                          factorial=protocol == "authors")  # fmt: skip
     return res | {"sites": sites, "protocol": protocol}
 
 
