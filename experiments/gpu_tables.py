@@ -17,8 +17,12 @@ from jaxmech.cli import parse_layers, run_main, setup_runtime
 
 flags.DEFINE_integer("images", 64, "images in the table")
 flags.DEFINE_integer("batch", 16, "images per compiled call")
-flags.DEFINE_string("layers", "6:16", "LM layers patched, both ends included (the authors' "
-                    "range for the 2B; layer L: the residual after L blocks)")
+flags.DEFINE_string(
+    "layers",
+    "6:16",
+    "LM layers patched, both ends included (the authors' "
+    "range for the 2B; layer L: the residual after L blocks)",
+)
 flags.DEFINE_integer("loop_images", 1, "images the one-forward-per-cell loop is timed on")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "the params' dtype")
 FLAGS = flags.FLAGS

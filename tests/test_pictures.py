@@ -77,12 +77,17 @@ def test_questions_name_the_objects_in_the_papers_wording():
         np.zeros((3, 2), int),
         np.array([0, 1, 2]),
     )
+    # one object of each shape: named by its shape alone (a recolour keeps it true)
     assert pc.questions(spec) == [
-        "Is the red circle to the left or the right of the blue square? Answer with one word.",
-        "Is the green triangle above or below the centre of the image? Answer with one word.",
-        "Is there an orange star in the image? Answer with one word.",
+        "Is the circle to the left or the right of the square? Answer with one word.",
+        "Is the triangle above or below the centre of the image? Answer with one word.",
+        "Is there a star in the image? Answer with one word.",
     ]
-    assert pc.object_names(spec)[0] == ("red circle", "blue square")
+    two = spec._replace(labels_BxK=np.array([[1, 1], [3, 0], [4, 0]]))  # two circles
+    assert pc.object_names(two)[0] == ("red circle", "blue circle")
+    assert pc.questions(two, pc.AUTHORS_TEMPLATES)[0] == (
+        'Is the red circle to the left or right of the blue circle? Answer "left" or "right" only.'
+    )
     with pytest.raises(ValueError, match="colours_BxK"):
         pc.questions(spec._replace(colours_BxK=np.array([[9, 3], [2, 0], [6, 0]])))
 

@@ -151,21 +151,6 @@ def test_the_authors_wording_and_answer_words():
         checkpoint_view(FOLDER, config, Grid(2, 2), 112, wording="nope")
 
 
-def test_patching_under_the_authors_protocol_end_to_end(tmp_path):
-    """The patching report on the fixture under --protocol=authors: the change of both
-    words per layer and group, the text group among them, intervals over questions."""
-    from jaxmech.reports.common import open_checkpoint
-
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, layers=(1,),
-                          protocol="authors", log=lambda *_: None)  # fmt: skip
-    out = rp.analyse_patching_checkpoint(run, str(tmp_path), log=lambda *_: None)
-    rows = out["tables"]["shifts"]
-    assert {r["word"] for r in rows} == {"left", "right", "both"}
-    assert {r["n"] for r in rows} == {3} and "text" in {r["group"] for r in rows}
-    cell = out["summary"]["patches"]["mirror/1/all/left"]["shift_logp"]
-    assert cell[3] == 3 and np.isfinite(cell[:3]).all()
-
-
 def test_the_authors_steer_against_the_models_own_answer():
     """Their direction comes from the model's answer, not the truth: answered "left"
     (or "above"), X is pushed from cell (0, 0) to the far corner along the relation;
@@ -177,7 +162,9 @@ def test_the_authors_steer_against_the_models_own_answer():
     words = np.asarray([[3, 4], [5, 6]])  # left, right; above, below
     logits = np.zeros((4, 8))
     logits[[0, 1, 2, 3], [3, 4, 6, 0]] = 1.0  # left, right, below, an ambiguous token
-    src, tgt, counted = st.answer_corners(jnp.asarray(logits), words, np.asarray([0, 0, 1, 0]), 3, 4)
+    src, tgt, counted = st.answer_corners(
+        jnp.asarray(logits), words, np.asarray([0, 0, 1, 0]), 3, 4
+    )
     assert src.tolist() == [0, 3, 8, 3] and tgt[:3].tolist() == [3, 0, 0]
     assert counted.tolist() == [True, True, True, False]
     # the flip rate counts only the answered examples; none answered: empty, not zero
@@ -218,9 +205,11 @@ def test_the_median_over_checkpoints():
     from jaxmech.reports.common import across_checkpoints
 
     nan = float("nan")
-    summaries = {"a": {"x": {"y": (0.2, 0.1, 0.3, 5)}, "kept": [3], "e": (nan, nan, nan, 0)},
-                 "b": {"x": {"y": (0.6, 0.5, 0.7, 4)}, "kept": [4], "e": (nan, nan, nan, 0)},
-                 "c": {"x": {"y": (0.3, 0.0, 0.9, 2)}, "kept": [2], "e": (1.0, nan, nan, 1)}}
+    summaries = {
+        "a": {"x": {"y": (0.2, 0.1, 0.3, 5)}, "kept": [3], "e": (nan, nan, nan, 0)},
+        "b": {"x": {"y": (0.6, 0.5, 0.7, 4)}, "kept": [4], "e": (nan, nan, nan, 0)},
+        "c": {"x": {"y": (0.3, 0.0, 0.9, 2)}, "kept": [2], "e": (1.0, nan, nan, 1)},
+    }
     out = across_checkpoints(summaries)
     assert out["checkpoints"] == ["a", "b", "c"]
     assert out["x"]["y"] == {"median": 0.3, "min": 0.2, "max": 0.6, "models": 3}

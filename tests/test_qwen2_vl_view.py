@@ -104,7 +104,9 @@ def test_patching_through_the_cache(fixture):
                  patch(full_view, mirror, None))
     )()  # fmt: skip
     # the example's own run is a no-op; the cache gives the full forward's patches
-    np.testing.assert_allclose(same["patched"], np.broadcast_to(same["orig"], (1, 5, 4)), atol=1e-5)
+    np.testing.assert_allclose(
+        same["patched"], np.broadcast_to(same["orig"], (1, len(GROUPS), 4)), atol=1e-5
+    )
     np.testing.assert_allclose(got["patched"], full["patched"], atol=1e-5)
     # patching every token at the first LM site gives the twin's answer
     np.testing.assert_allclose(got["patched"][0, GROUPS.index("all")], got["twin"], atol=1e-5)
@@ -203,40 +205,31 @@ def test_steering_through_the_cache(fixture):
     assert np.abs(np.asarray(full - plain)).max() > 1e-4  # the steering acts
 
 
-REPORTS = ("patching", "spatial_ids", "counterfactuals", "steering", "diagnostics")
+def test_the_patching_report_on_a_checkpoint_resumes(tmp_path, capsys):
+    """The patching report on the fixture checkpoint under the authors' protocol, end
+    to end (~10 s): one LM layer, the 3 left/right questions in two chunks of 2 (the
+    last padded), the change of both words over every question with intervals over
+    questions; then resumed after its second chunk is lost (one more table: ~3 s),
+    equal to the whole run. (The other reports' checkpoint runs are in their own test
+    files, under the authors' protocol too.)"""
+    from jaxmech.reports.patching import analyse_patching_checkpoint as analyse
 
-
-@pytest.mark.parametrize("report", REPORTS)
-def test_reports_on_a_checkpoint(tmp_path, capsys, report):
-    """Every seed 003 / 004 report on the fixture checkpoint, end to end (~5-12 s each:
-    each compiles its own programs). Patching: one LM block, the 3 left/right
-    questions in two chunks of 2 (the last padded), then resumed after its second
-    chunk is lost (one more table: ~3 s), equal to the whole run."""
-    import importlib
-
-    module = importlib.import_module(f"jaxmech.reports.{report}")
-    analyse = getattr(module, f"analyse_{report}_checkpoint")
-    # patching and counterfactuals in two chunks (the last padded); the probe reports'
-    # scenes (their chunked probe is tested above)
-    # scenes sized from the compiled forward in one of them (the others' in one call)
-    batch = {"patching": 2, "counterfactuals": 2, "spatial_ids": None}.get(report, 1024)
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=batch,
-                          layers=(1,) if report == "patching" else None, log=lambda *_: None)  # fmt: skip
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=2, layers=(1,),
+                          protocol="authors", log=lambda *_: None)  # fmt: skip
     out = analyse(run, str(tmp_path), log=lambda *_: None)
-    assert os.path.exists(tmp_path / report / "summary.json")
-    if report == "patching":
-        rows = out["tables"]["shifts"]
-        assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {
-            "mirror",
-            "recolour",
-        }
-        assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, 5, 3)
-        (store,) = glob.glob(str(tmp_path / "patching" / "chunks" / "*"))
-        os.remove(os.path.join(store, "rows_000002-000003.npz"))  # the second chunk
-        capsys.readouterr()
-        again = analyse(run, str(tmp_path), log=lambda *_: None)
-        assert "3/3 questions (2 resumed)" in capsys.readouterr().out  # the progress line
-        assert again["tables"]["shifts"] == rows
+    assert os.path.exists(tmp_path / "patching" / "summary.json")
+    rows = out["tables"]["shifts"]
+    assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {"mirror", "recolour"}
+    assert {r["word"] for r in rows} == {"left", "right", "both"} and {r["n"] for r in rows} == {3}
+    assert np.asarray(out["res"]["logp"]["mirror"]["patched"]).shape == (1, 1, len(GROUPS), 3)
+    cell = out["summary"]["patches"]["mirror/1/text/left"]["shift_logp"]
+    assert cell[3] == 3 and np.isfinite(cell[:3]).all()  # over questions, not NaN
+    (store,) = glob.glob(str(tmp_path / "patching" / "chunks" / "*"))
+    os.remove(os.path.join(store, "rows_000002-000003.npz"))  # the second chunk
+    capsys.readouterr()
+    again = analyse(run, str(tmp_path), log=lambda *_: None)
+    assert "3/3 questions (2 resumed)" in capsys.readouterr().out  # the progress line
+    assert again["tables"]["shifts"] == rows
 
 
 def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):

@@ -169,7 +169,9 @@ def object_names(spec: SceneSpec) -> list[tuple[str, str]]:
         def name(lab, c):
             if lab <= 0:
                 return MIDDLE
-            return SHAPES[lab - 1] if shown.count(lab) == 1 else f"{colour[c - 1]} {SHAPES[lab - 1]}"
+            return (
+                SHAPES[lab - 1] if shown.count(lab) == 1 else f"{colour[c - 1]} {SHAPES[lab - 1]}"
+            )
 
         names = [name(lab, c) for lab, c in zip(labels[:2], colours[:2])]
         out.append((names[0], "" if rel == 2 else names[1]))

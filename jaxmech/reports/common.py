@@ -362,7 +362,7 @@ def report_main(analyse, refusal, on_checkpoint=None, video: bool = False):
     its report written into `--out` (`video`: opened as videos)."""
     from absl import app, flags
 
-    from jaxmech.cli import checkpoint_options, setup_runtime
+    from jaxmech.cli import setup_runtime
 
     def main(argv):
         del argv
@@ -737,7 +737,12 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
         params=jax.tree_util.tree_map(_stacked, params),
         settings=None,
         data=CheckpointData(
-            view, specs, None if layers is None else tuple(layers), batch, key, budget=budget,
+            view,
+            specs,
+            None if layers is None else tuple(layers),
+            batch,
+            key,
+            budget=budget,
             protocol=protocol,
         ),  # fmt: skip
         results=[{"model": 0, "diverged_step": -1}],

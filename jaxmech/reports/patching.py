@@ -166,7 +166,10 @@ def _word_logps(res: dict) -> dict:
         d = res["logp"][twin]
         for run, own, other in (("orig", "orig", "orig_other"), ("twin", "twin", "twin_other"),
                                 ("patched", "patched", "patched_other")):  # fmt: skip
-            out[(twin, run)] = (np.where(first, d[own], d[other]), np.where(first, d[other], d[own]))
+            out[(twin, run)] = (
+                np.where(first, d[own], d[other]),
+                np.where(first, d[other], d[own]),
+            )
     return out
 
 

@@ -213,7 +213,10 @@ def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
         for rel in RELATIONS:
             cells = {k: rate_ci(ar[("flips", k, rel)][:, y], ar[(k, rel)][:, y]) for k in st.KINDS}
             out[f"authors/layer {site}/{rel}"] = cells
-            log(f"layer {site:>3} {rel:>10} " + " ".join(f"{k} {fmt_rate(c)}" for k, c in cells.items()))
+            log(
+                f"layer {site:>3} {rel:>10} "
+                + " ".join(f"{k} {fmt_rate(c)}" for k, c in cells.items())
+            )
     for rel in RELATIONS:
         top = ar[("top", rel)]
         out[f"authors/{rel}"] = {k: mean_ci(v) for k, v in top.items()}

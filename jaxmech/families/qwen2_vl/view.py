@@ -103,7 +103,9 @@ def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, a
         enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
     else:
         enc = processor.encode(
-            proc, list(pictures.draw(grid, specs, size)), pictures.questions(ask, templates),
+            proc,
+            list(pictures.draw(grid, specs, size)),
+            pictures.questions(ask, templates),
             codes=True,
         )
     words = [(x, y or x) for x, y in names]  # presence questions name X only
