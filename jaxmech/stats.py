@@ -56,21 +56,28 @@ def mean_ci(
 
     The interval is clipped to [lo, hi] (accuracies by default). n < 2 gives NaN bounds.
     """
-    v = np.asarray(values, float)
-    v = v[np.isfinite(v)]
+    v = _finite(values)
     n = len(v)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    m = float(v.mean())
     if n < 2:
-        return m, float("nan"), float("nan"), n
+        return _too_few(v)
+    m = float(v.mean())
     half = t975(n - 1) * float(v.std(ddof=1)) / np.sqrt(n)
-    a, b = m - half, m + half
-    if lo is not None:
-        a = max(a, lo)
-    if hi is not None:
-        b = min(b, hi)
-    return m, a, b, n
+    return (m, *_clipped(m - half, m + half, lo, hi), n)
+
+
+def _finite(values) -> np.ndarray:
+    v = np.asarray(values, float).ravel()
+    return v[np.isfinite(v)]
+
+
+def _too_few(v: np.ndarray) -> tuple[float, float, float, int]:
+    """The interval of fewer than two values: NaN bounds, the mean where there is one."""
+    nan = float("nan")
+    return (float(v.mean()) if len(v) else nan), nan, nan, len(v)
+
+
+def _clipped(a: float, b: float, lo, hi) -> tuple[float, float]:
+    return (a if lo is None else max(a, lo)), (b if hi is None else min(b, hi))
 
 
 BOOTSTRAP_DRAWS = 2000  # resamples of a bootstrap interval
@@ -82,20 +89,15 @@ def bootstrap_ci(values, lo: float | None = None, hi: float | None = None, seed:
     the mean over `draws` resamples of the values with replacement (seeded: the same
     values give the same interval). For one checkpoint's per-question numbers, where
     `mean_ci` over models has n = 1. n < 2 gives NaN bounds; clipped to [lo, hi]."""
-    v = np.asarray(values, float).ravel()
-    v = v[np.isfinite(v)]
+    v = _finite(values)
     n = len(v)
-    if n == 0:
-        return float("nan"), float("nan"), float("nan"), 0
-    m = float(v.mean())
     if n < 2:
-        return m, float("nan"), float("nan"), n
+        return _too_few(v)
+    m = float(v.mean())
     rng = np.random.default_rng([seed, 95])
     means = v[rng.integers(0, n, (draws, n))].mean(1)
     a, b = (float(x) for x in np.quantile(means, [0.025, 0.975]))
-    a = a if lo is None else max(a, lo)
-    b = b if hi is None else min(b, hi)
-    return m, a, b, n
+    return (m, *_clipped(a, b, lo, hi), n)
 
 
 def diff_ci(a, b) -> tuple[float, float, float]:
