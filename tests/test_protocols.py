@@ -14,6 +14,7 @@ from jaxmech.cli import parse_layers
 from jaxmech.data import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.reports import patching as rp
+from jaxmech.reports.common import cell_interval
 from jaxmech.stats import bootstrap_ci
 
 FOLDER = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
@@ -85,9 +86,9 @@ def test_an_empty_patching_cell_says_so(hand_made):
 def test_a_checkpoints_cell_has_a_question_bootstrap_interval(hand_made):
     """One model: the interval is over questions (seeded bootstrap), not NaN."""
     sh = rp.shifts(hand_made, "authors")
-    m, lo, hi, n = rp.cell_ci(sh[("mirror", "left", "logp")][:, 0, 0])
+    m, lo, hi, n = cell_interval(sh[("mirror", "left", "logp")][:, 0, 0])
     assert n == 3 and lo <= m <= hi and np.isfinite([lo, hi]).all() and hi > lo
-    assert rp.cell_ci(sh[("mirror", "left", "logp")][:, 0, 0]) == (m, lo, hi, n)  # seeded
+    assert cell_interval(sh[("mirror", "left", "logp")][:, 0, 0]) == (m, lo, hi, n)  # seeded
     v = np.random.default_rng(0).normal(size=400)
     m, lo, hi, _ = bootstrap_ci(v)
     assert lo < m < hi and abs((hi - lo) - 2 * 1.96 / 20) < 0.03  # ~ the normal interval

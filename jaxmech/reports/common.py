@@ -863,12 +863,30 @@ def question_ci(values, lo: float | None = None, hi: float | None = None):
 
 
 def fmt_question_ci(values, lo: float | None = None, hi: float | None = None) -> str:
-    """`question_ci` as one table cell, "mean [lo, hi] (n = N questions)"; "empty (n =
-    0)" where no question has a finite value."""
-    m, a, b, n = question_ci(values, lo, hi)
+    """`question_ci` as one table cell (`fmt_interval`)."""
+    return fmt_interval(question_ci(values, lo, hi))
+
+
+def fmt_interval(ci, signed: bool = True) -> str:
+    """(mean, ci_low, ci_high, n) as one table cell, "mean [lo, hi] (n = N)"; "empty
+    (n = 0)" where nothing was counted (never a measured-looking zero)."""
+    m, a, b, n = ci
     if n == 0:
         return "empty (n = 0)"
-    return f"{m:+.3f} [{a:+.3f},{b:+.3f}] (n = {n})"
+    f = "+.3f" if signed else ".3f"
+    return f"{m:{f}} [{a:{f}},{b:{f}}] (n = {n})"
+
+
+def cell_interval(per_example_KxB, lo: float | None = None, hi: float | None = None):
+    """(mean, ci_low, ci_high, n) of one table cell from each model's per-example values
+    [K, B] (NaN: not counted): over the per-model means (`mean_ci`) for a run of
+    several models; over the questions (`question_ci`, the per-question bootstrap) for
+    one model, a checkpoint; n counts what it rests on."""
+    v = np.asarray(per_example_KxB)
+    if v.shape[0] == 1:
+        return question_ci(v[0], lo, hi)
+    n = np.isfinite(v).sum(-1)
+    return mean_ci(np.where(n > 0, np.nansum(v, -1) / np.maximum(n, 1), np.nan), lo, hi)
 
 
 def ablation_rows(table: dict, columns: list[dict], metrics, models=None) -> list[dict]:

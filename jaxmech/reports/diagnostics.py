@@ -49,6 +49,7 @@ from jaxmech.reports.common import (
     compiled_call,
     declared,
     fmt_ci,
+    fmt_interval,
     id_labels,
     plots_dir,
     probe_rows,
@@ -226,7 +227,7 @@ def checkpoint_site(res: dict, y: int) -> tuple[dict, dict]:
         "id_wrong_among_right": question_ci(id_wrong[right], 0.0, 1.0),
         "readout_corr": correlation_ci(believed, true),
     }
-    text = {key: _question_cell(ci) for key, ci in cells.items()}
+    text = {key: fmt_interval(ci) for key, ci in cells.items()}
     return cells, text | {"right": text["deviation_right"], "wrong": text["deviation_wrong"],
                           "how": "mean over questions, 95% bootstrap CI over questions"}  # fmt: skip
 
@@ -247,13 +248,6 @@ def auc_ci(wrong, right, seed: int = 0, draws: int = BOOTSTRAP_DRAWS):
     boot = np.einsum("dw,wr,dr->d", cw, above, cr) / (len(w) * len(r))
     lo, hi = np.quantile(boot, [0.025, 0.975])
     return float(above.mean()), float(lo), float(hi), len(w) + len(r)
-
-
-def _question_cell(ci) -> str:
-    """A (mean, ci_low, ci_high, n) over questions in `common.fmt_question_ci`'s form
-    (from the tuple: P(wrong > right) and the correlation are no bootstrapped mean)."""
-    m, a, b, n = ci
-    return "empty (n = 0)" if n == 0 else f"{m:+.3f} [{a:+.3f},{b:+.3f}] (n = {n})"
 
 
 def checkpoint_occlusion(res: dict, o: int, answers: str) -> dict:
@@ -317,7 +311,7 @@ def summarise_occlusion(res: dict, occ_rows: list[dict], log, one: bool = False)
         for answers in ("right", "wrong"):
             if one:
                 cells = checkpoint_occlusion(res, o, answers)
-                v, f = _question_cell(cells["sensitivity"]), _question_cell(cells["flip_rate"])
+                v, f = fmt_interval(cells["sensitivity"]), fmt_interval(cells["flip_rate"])
             else:
                 own = [r for r in occ_rows if (r["occlusion"], r["answers"]) == (name, answers)]
                 sens, flips = [r["sensitivity"] for r in own], [r["flip_rate"] for r in own]

@@ -42,18 +42,18 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    cell_interval,
     checkpoint_data,
     chunk_progress,
     declared,
+    fmt_interval,
     plots_dir,
     protocol_of,
-    question_ci,
     question_specs,
     rows_per_call,
     table_store,
     view_of,
 )
-from jaxmech.stats import mean_ci
 
 TWINS = ("mirror", "recolour")
 
@@ -183,25 +183,6 @@ def _authors_shift(lp: dict, twin: str, w: int, f) -> np.ndarray:
     return np.where(np.isfinite(s), s, 0.0)
 
 
-def cell_ci(per_example_KxB, lo=None, hi=None):
-    """(mean, ci_low, ci_high, n) of one table cell: over models (`mean_ci` of the
-    per-model means) for a run of several, over questions (`question_ci`, the
-    per-question bootstrap) for one model (a checkpoint); n counts what it rests on."""
-    v = np.asarray(per_example_KxB)
-    if v.shape[0] == 1:
-        return question_ci(v[0], lo, hi)
-    n = np.isfinite(v).sum(-1)
-    means = np.where(n > 0, np.nansum(v, -1) / np.maximum(n, 1), np.nan)
-    return mean_ci(means, lo, hi)
-
-
-def fmt_cell(ci) -> str:
-    m, a, b, n = ci
-    if n == 0:
-        return "empty (n = 0)"
-    return f"{m:+.3f} [{a:+.3f},{b:+.3f}] n={n}"
-
-
 def shift_rows(sh: dict, models, layers) -> list[dict]:
     k, n_layers, n_groups = sh[("mirror", "both", "logp", "mean")].shape
     words = [key[1] for key in sh if key[0] == "n"]
@@ -241,11 +222,11 @@ def summarise(sh: dict, log, layers, protocol: str = "jaxmech") -> dict:
             for word in words:
                 cells = []
                 for g, group in enumerate(groups):
-                    lp = cell_ci(sh[(twin, word, "logp")][:, y, g])
-                    p = cell_ci(sh[(twin, word, "p")][:, y, g])
+                    lp = cell_interval(sh[(twin, word, "logp")][:, y, g])
+                    p = cell_interval(sh[(twin, word, "p")][:, y, g])
                     key = f"{twin}/{layers[y]}/{group}" + ("" if word == "both" else f"/{word}")
                     out[key] = {"shift_logp": lp, "shift_p": p}
-                    cells.append(fmt_cell(lp))
+                    cells.append(fmt_interval(lp))
                 log(f"{layers[y]:>5} {word:>5} " + " ".join(f"{c:>34}" for c in cells))
     return out
 
@@ -258,7 +239,7 @@ def plot_shifts(sh: dict, path: str, k: int, layers) -> str:
     fig, axes = plt.subplots(1, len(TWINS), figsize=(4.6 * len(TWINS), 2.8), squeeze=False)
     for ax, twin in zip(axes[0], TWINS):
         s = sh[(twin, "both", "logp")]
-        cells = [[cell_ci(s[:, y, g]) for g in range(s.shape[2])] for y in range(s.shape[1])]
+        cells = [[cell_interval(s[:, y, g]) for g in range(s.shape[2])] for y in range(s.shape[1])]
         mean = np.asarray([[c[0] for c in row] for row in cells])
         ax.imshow(mean, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto")
         for y, row in enumerate(cells):

@@ -49,15 +49,16 @@ from jaxmech.reports.common import (
     Report,
     analyse,
     analyse_loaded,
+    cell_interval,
     compiled_call,
     declared,
     fmt_ci,
+    fmt_interval,
     id_labels,
     needs_depth,
     plots_dir,
     probe_rows,
     protocol_of,
-    question_ci,
     steered_sites,
     steering_examples,
     view_of,
@@ -84,21 +85,6 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
                           against="answer" if protocol == "authors" else "truth",
                           factorial=protocol == "authors")  # fmt: skip
     return res | {"sites": sites, "protocol": protocol}
-
-
-def rate_ci(flips_KxB, rates_K):
-    """(mean, ci_low, ci_high, n) of a flip rate: over models for a run of several;
-    for one model (a checkpoint) over its counted questions (`question_ci`, the
-    per-question bootstrap), n the questions it rests on."""
-    f = np.asarray(flips_KxB)
-    if f.shape[0] == 1:
-        return question_ci(f[0], 0.0, 1.0)
-    return mean_ci(rates_K)
-
-
-def fmt_rate(ci) -> str:
-    m, a, b, n = ci
-    return "empty (n = 0)" if n == 0 else f"{m:.3f} [{a:.3f},{b:.3f}] n={n}"
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -211,11 +197,11 @@ def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
     out = {}
     for y, site in enumerate(sites):
         for rel in RELATIONS:
-            cells = {k: rate_ci(ar[("flips", k, rel)][:, y], ar[(k, rel)][:, y]) for k in st.KINDS}
+            cells = {k: cell_interval(ar[("flips", k, rel)][:, y], 0.0, 1.0) for k in st.KINDS}
             out[f"authors/layer {site}/{rel}"] = cells
             log(
                 f"layer {site:>3} {rel:>10} "
-                + " ".join(f"{k} {fmt_rate(c)}" for k, c in cells.items())
+                + " ".join(f"{k} {fmt_interval(c, signed=False)}" for k, c in cells.items())
             )
     for rel in RELATIONS:
         top = ar[("top", rel)]
@@ -240,13 +226,13 @@ def summarise(fr: dict, cb: dict, acc: np.ndarray, log, sites) -> dict:
         )
         for rel in RELATIONS:
             for a, alpha in enumerate(ALPHAS):
-                cells = {k: rate_ci(fr[("flips", k, rel)][:, y, a], fr[(k, rel)][:, y, a])
+                cells = {k: cell_interval(fr[("flips", k, rel)][:, y, a], 0.0, 1.0)
                          for k in st.KINDS}  # fmt: skip
                 norm = float(np.mean(fr[("rel_norm", rel)][:, y, a]))
                 out[f"{site}/{rel}/{alpha}"] = cells | {"rel_norm": norm}
                 log(
                     f"{rel:>10} {alpha:>5} {norm:>11.2f} "
-                    + " ".join(f"{fmt_rate(c):>30}" for c in cells.values())
+                    + " ".join(f"{fmt_interval(c, signed=False):>30}" for c in cells.values())
                 )
         for rel in RELATIONS:
             g = gap[rel][:, y]
