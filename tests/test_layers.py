@@ -1,5 +1,5 @@
-"""The layer rules: every import inside `jaxmech` obeys the rules block of BUILD_NOTES.md
-("Import rules (tested)"), and the block covers every module."""
+"""The layer rules: every import inside `jaxmech` obeys `tests/layer_rules.txt`, and the
+rules cover every module."""
 
 import ast
 import fnmatch
@@ -11,11 +11,12 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def rules() -> list[tuple[str, list[str]]]:
-    """[(module pattern, [allowed or !forbidden patterns])] from BUILD_NOTES.md."""
-    text = (REPO / "BUILD_NOTES.md").read_text()
-    block = text.split("```import-rules\n", 1)[1].split("```", 1)[0]
+    """[(module pattern, [allowed or !forbidden patterns])] from tests/layer_rules.txt."""
+    text = (REPO / "tests" / "layer_rules.txt").read_text()
     out = []
-    for line in block.strip().splitlines():
+    for line in text.strip().splitlines():
+        if line.startswith("#"):
+            continue
         pattern, _, allowed = line.partition(":")
         out.append((pattern.strip(), allowed.split()))
     return out
@@ -53,14 +54,18 @@ def allowed(target: str, patterns: list[str]) -> bool:
 
 
 def rule_of(module: str, table) -> list[str] | None:
-    return next((a for pattern, a in table if fnmatch.fnmatchcase(module, pattern)), None)
+    """The allowed patterns of the first rule matching `module`, `{own}` filled in with
+    its family package (`jaxmech.families.NAME`)."""
+    own = ".".join(module.split(".")[:3])
+    rule = next((a for pattern, a in table if fnmatch.fnmatchcase(module, pattern)), None)
+    return None if rule is None else [p.replace("{own}", own) for p in rule]
 
 
 def test_every_import_obeys_the_layer_rules():
     table, known = rules(), modules()
-    assert len(table) > 20, "the rules block of BUILD_NOTES.md was not found"
+    assert len(table) > 20, "tests/layer_rules.txt holds too few rules"
     uncovered = [m for m in known if rule_of(m, table) is None]
-    assert not uncovered, f"modules without a layer rule in BUILD_NOTES.md: {uncovered}"
+    assert not uncovered, f"modules without a layer rule in tests/layer_rules.txt: {uncovered}"
     broken = [
         f"{m} imports {t}"
         for m, path in sorted(known.items())
