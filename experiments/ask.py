@@ -5,8 +5,8 @@ tokens: the first check that a checkpoint loaded right.
         to the left or the right of the blue square? Answer with one word."
 
 DIR is a Hugging Face checkpoint folder (config.json, model.safetensors or a sharded
-index, tokenizer.json, preprocessor_config.json), e.g. a download of
-Qwen/Qwen2-VL-2B-Instruct; the prompt is the Qwen chat template (`families.qwen2_vl`).
+index, tokenizer.json, preprocessor_config.json) of a family jaxmech reads
+(`jaxmech.load`); the prompt is that family's chat template, as its reference feeds it.
 """
 
 from absl import app, flags
@@ -35,31 +35,29 @@ def main(argv):
     import jax
     import jax.numpy as jnp
 
-    from jaxmech.families import load_checkpoint
-    from jaxmech.families.qwen2_vl import next_token, processor
+    import jaxmech
 
-    _, config, params = load_checkpoint(
-        FLAGS.checkpoint, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place
-    )
-    proc = processor.load_processor(FLAGS.checkpoint, config)
-    encoded = processor.encode(proc, [FLAGS.image], [FLAGS.question])
-    logprobs = next_token.next_token_logprobs(config, params, encoded)[0]
-    t, h, w = encoded.grid
-    leaves = jax.tree_util.tree_leaves(params)
+    model = jaxmech.load(FLAGS.checkpoint, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place)
+    encoded = model.encode([FLAGS.image], [FLAGS.question])
+    logprobs = model.next_token_logprobs(encoded)[0]
+    leaves = jax.tree_util.tree_leaves(model.params)
     n_devices = max(len(x.sharding.device_set) for x in leaves)
     print(
         f"params: {sum(x.size for x in leaves) / 1e6:.2f} M in {FLAGS.dtype} on {n_devices} device(s)"
     )
-    print(
-        f"{config.variant}: image {h * proc.images.patch_size} x {w * proc.images.patch_size} px, "
-        f"{t * h * w} patches, {encoded.inputs.image_BxI.shape[1]} image tokens, "
-        f"{encoded.inputs.tokens_BxS.shape[1]} tokens"
-    )
+    print(f"{model.describe()}: {encoded.describe()}")
     print(f"{'rank':>4}  {'p':>8}  {'id':>7}  token")
-    for rank, (text, i, p) in enumerate(
-        next_token.top_tokens(proc.tokenizer, logprobs, FLAGS.top), 1
-    ):
+    for rank, (text, i, p) in enumerate(top_tokens(model.tokenizer, logprobs, FLAGS.top), 1):
         print(f"{rank:>4}  {p:8.4f}  {i:>7}  {text!r}")
+
+
+def top_tokens(tokenizer, logprobs_V, k: int) -> list[tuple[str, int, float]]:
+    """The k likeliest next tokens as (text, id, probability), likeliest first."""
+    import numpy as np
+
+    ids = np.argsort(-logprobs_V)[:k]
+    decode = lambda i: tokenizer.decode([int(i)], skip_special_tokens=False)  # noqa: E731
+    return [(decode(i), int(i), float(np.exp(logprobs_V[i]))) for i in ids]
 
 
 if __name__ == "__main__":

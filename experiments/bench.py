@@ -14,17 +14,14 @@ entry point has one device per core: `jaxmech.sizing.cpu_devices`).
     python -m experiments.bench --preset=vlm --ks= --profile     # ... op by op (jax.profiler)
     python -m experiments.bench --preset=vlm --ks= --scaling_widths=32,64,128,256 \
         --scaling_batches=32,128,512   # the step's share of the matmul rate vs width, batch
-    python -m experiments.bench --vlm_tables   # 003's patching table on a Qwen2-VL layout
+    python -m experiments.bench --vlm_tables   # paper 003's patching table, random checkpoint
 
 Everything is measured in this one run; the report prints ratios between them.
 """
 
 from absl import app, flags
 
-from jaxmech.cli import define_config_flags, run_main, setup_runtime, specs_from_flags
-from jaxmech.config import ConfigError
-from jaxmech.presets import preset_config
-from jaxmech.reports.benchmark import (
+from jaxmech.bench.training import (
     ablation_table_time,
     dense_step_flops,
     matmul_rate,
@@ -36,6 +33,9 @@ from jaxmech.reports.benchmark import (
     step_profile,
     sweep_throughput,
 )
+from jaxmech.cli import define_config_flags, run_main, setup_runtime, specs_from_flags
+from jaxmech.config import ConfigError
+from jaxmech.presets import preset_config
 from jaxmech.sweep import coerce
 
 flags.DEFINE_string("ks", "1,4,16,64", "numbers of vmapped models to measure")
@@ -57,7 +57,7 @@ flags.DEFINE_integer(
 flags.DEFINE_bool(
     "accelerator",
     False,
-    "run the accelerator check instead (jaxmech.reports.accelerator): models/hour for "
+    "run the accelerator check instead (jaxmech.bench.accelerator): models/hour for "
     "--accel_ks in one sharded program, memory per model, the chunk a sweep would choose, "
     "time shares, sharded vs unsharded",
 )
@@ -67,17 +67,24 @@ flags.DEFINE_string("accel_out", "runs/accelerator", "folder of accelerator.csv 
 flags.DEFINE_bool(
     "vlm_tables",
     False,
-    "time seed 003's patching table on a random Qwen2-VL-layout checkpoint, batched "
-    "against the one-forward-per-condition loop (jaxmech.reports.patch_speed)",
+    "time paper 003's patching table on a checkpoint family's random stand-in (--family), "
+    "batched against the one-forward-per-condition loop (jaxmech.bench.patch_speed)",
 )
 flags.DEFINE_bool(
     "real_size",
     False,
-    "write a random checkpoint of Qwen2-VL-2B's real size and layout (bf16, 4.4 GB; "
-    "--real_dir) and run experiments.ask and every checkpoint report on it, each in "
-    "its own process: peak resident memory, wall time, the plan (jaxmech.reports.real_size)",
+    "write a random checkpoint of a real model's size and layout (--family's stand-in; "
+    "Qwen2-VL-2B: bf16, 4.4 GB; --real_dir) and run experiments.ask and every checkpoint "
+    "report on it, each in its own process: peak resident memory, wall time, the plan "
+    "(jaxmech.bench.real_size)",
 )
-flags.DEFINE_string("real_dir", "runs/real_size/qwen2-vl-2b", "where --real_size's checkpoint is")
+flags.DEFINE_string(
+    "family", None, "checkpoint family of --vlm_tables / --real_size (default: the first "
+    "registered one with random stand-ins)"
+)  # fmt: skip
+flags.DEFINE_string(
+    "real_dir", None, "where --real_size's checkpoint is (default runs/real_size/FAMILY)"
+)
 flags.DEFINE_string("real_dtype", "bfloat16", "the dtype --real_size loads its checkpoint in")
 flags.DEFINE_integer("table_images", 64, "images of the --vlm_tables patching table")
 flags.DEFINE_integer("loop_images", 4, "images the --vlm_tables loop is timed on")
@@ -99,7 +106,7 @@ def accelerator(config, ks):
     """The accelerator check: one table printed and written as CSV (+ JSON details)."""
     import jax
 
-    from jaxmech.reports.accelerator import accelerator_check, write_check
+    from jaxmech.bench.accelerator import accelerator_check, write_check
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s): {jax.devices()}")
     res = accelerator_check(config, ks, FLAGS.accel_segments)
@@ -111,12 +118,12 @@ def vlm_tables():
     """The batched patching table against the loop, one table printed."""
     import jax
 
-    from jaxmech.reports.patch_speed import patch_table_speed
+    from jaxmech.bench.patch_speed import patch_table_speed
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
-    r = patch_table_speed(FLAGS.table_images, FLAGS.loop_images)
+    r = patch_table_speed(FLAGS.table_images, FLAGS.loop_images, family=FLAGS.family)
     print(
-        f"patching table: {r['cells']} cells (8 LM layers x 4 token groups x "
+        f"patching table: {r['cells']} cells ({r['layers']} LM layers x 4 token groups x "
         f"{FLAGS.table_images} images), {r['tokens']} tokens ({r['image_tokens']} image)"
     )
     print(f"{'(medians)':>28} {'cells/s':>9} {'s':>8}")
@@ -154,10 +161,13 @@ def real_size():
     import csv
     import os
 
-    from jaxmech.reports.real_size import run_reports, write_stand_in
+    from jaxmech.bench.real_size import run_reports, write_stand_in
+    from jaxmech.families.registry import stand_in_family
 
-    print(f"stand-in checkpoint: {FLAGS.real_dir} (random bf16 weights, Qwen2-VL-2B's layout)")
-    folder = write_stand_in(FLAGS.real_dir)
+    name = stand_in_family(FLAGS.family).name
+    folder = FLAGS.real_dir or os.path.join("runs", "real_size", name)
+    folder, real = write_stand_in(folder, name)
+    print(f"stand-in checkpoint: {folder} (random bf16 weights, {real}'s layout)")
     out = os.path.join(os.path.dirname(os.path.normpath(folder)), f"reports_{FLAGS.real_dtype}")
     rows = run_reports(folder, out, FLAGS.real_dtype)
     print(
@@ -186,6 +196,10 @@ def main(argv):
         scaling = scaling_configs(config, widths, batches)  # bad values fail before timing
         if FLAGS.accelerator and not accel_ks:
             raise ValueError("--accel_ks is empty: give model counts, e.g. 64,256")
+        if FLAGS.vlm_tables or FLAGS.real_size:
+            from jaxmech.families.registry import stand_in_family
+
+            stand_in_family(FLAGS.family)  # an unknown --family fails here
         if FLAGS.vlm_tables and min(FLAGS.table_images, FLAGS.loop_images) < 1:
             raise ValueError("--table_images and --loop_images must be at least 1")
         if FLAGS.accel_segments < 1:

@@ -1,4 +1,4 @@
-"""Seed 004's counterfactual table on toy VLMs (issue 15) or a real checkpoint (issue 27).
+"""Paper 004's counterfactual table on toy VLMs or a real checkpoint.
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.counterfactuals --run=runs/vlm
@@ -19,18 +19,12 @@ from absl import flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.counterfactuals import (
-    analyse_counterfactuals_checkpoint,
-    analyse_counterfactuals_run,
-    counterfactuals_refusal,
-)
+from jaxmech.reports.counterfactuals import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(
-    analyse_counterfactuals_run, counterfactuals_refusal, analyse_counterfactuals_checkpoint
-)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

@@ -1,4 +1,4 @@
-"""Seed 003's spatial-ID diagnostics on toy VLMs (issue 13, part 4), or a real checkpoint (issue 27).
+"""Paper 003's spatial-ID diagnostics on toy VLMs, or a real checkpoint.
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.diagnostics --run=runs/vlm
@@ -16,33 +16,16 @@ bootstrapped over its questions (one model), at the sites of --layers (layer L: 
 residual after L blocks; 0..n, layer 0 left out: it has no diagnostics).
 """
 
-from absl import app, flags
+from absl import flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.diagnostics import (
-    analyse_diagnostics_checkpoint,
-    analyse_diagnostics_run,
-    check_layers,
-    diagnostics_refusal,
-)
+from jaxmech.reports.diagnostics import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-
-
-def on_checkpoint(run, out):
-    """The checkpoint's report into `out` (`analyse_diagnostics_checkpoint`'s result),
-    its --layers checked first."""
-    try:
-        check_layers(run)  # a --layers with no diagnosed layer: a usage error, not a trace
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    return analyse_diagnostics_checkpoint(run, out)
-
-
-main = report_main(analyse_diagnostics_run, diagnostics_refusal, on_checkpoint)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

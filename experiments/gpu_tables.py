@@ -1,5 +1,6 @@
-"""Seed 003's patching table at Qwen2-VL-2B's real size with random weights, for a GPU
-(issue 27): no download needed. Prints the table's time and memory, and the loop's rate
+"""Paper 003's patching table at a real model's size with random weights, for a GPU: no
+download needed. The model: a checkpoint family's "real" stand-in (`--family`; for
+Qwen2-VL, Qwen2-VL-2B-Instruct's architecture). Prints the table's time and memory, and the loop's rate
 on a few images for the ratio.
 
     python -m experiments.gpu_tables                      # 64 images, layers 6-16, bf16
@@ -7,7 +8,7 @@ on a few images for the ratio.
 
 The table: the given LM layers x 4 token groups (image, question, objects, last) x the
 images, 448 x 448 pictures (256 image tokens) of a 4 x 4 grid, mirror twin; `batch`
-images per compiled call (`jaxmech.reports.patch_speed`). Memory: the compiled chunk's
+images per compiled call (`jaxmech.bench.patch_speed`). Memory: the compiled chunk's
 temporaries (XLA's memory analysis) and the device's peak use.
 """
 
@@ -25,6 +26,7 @@ flags.DEFINE_string(
 )
 flags.DEFINE_integer("loop_images", 1, "images the one-forward-per-cell loop is timed on")
 flags.DEFINE_enum("dtype", "bfloat16", ["float32", "bfloat16"], "the params' dtype")
+flags.DEFINE_string("family", None, "checkpoint family (default: the first with stand-ins)")
 FLAGS = flags.FLAGS
 
 
@@ -34,22 +36,27 @@ def main(argv):
         layers = parse_layers(FLAGS.layers)
         if FLAGS.images < 1 or FLAGS.batch < 1 or FLAGS.loop_images < 0:
             raise ValueError("--images and --batch must be at least 1, --loop_images 0 or more")
-        if layers is not None and (min(layers) < 0 or max(layers) >= 28):
-            raise ValueError(f"--layers = {FLAGS.layers!r}: Qwen2-VL-2B has LM layers 0..27")
     except ValueError as e:
         raise app.UsageError(str(e)) from None
     setup_runtime()
     import jax
     import jax.numpy as jnp
 
-    from jaxmech.reports.patch_speed import patch_table_speed
+    from jaxmech.bench.patch_speed import patch_table_speed, real_layers
+
+    try:
+        real, n_layers = real_layers(FLAGS.family)
+        if layers is not None and (min(layers) < 0 or max(layers) >= n_layers):
+            raise ValueError(f"--layers = {FLAGS.layers!r}: {real} has LM layers 0..{n_layers - 1}")
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()}: {jax.devices()[0]}")
-    r = patch_table_speed(FLAGS.images, FLAGS.loop_images, 3, "2b", getattr(jnp, FLAGS.dtype),
-                          FLAGS.batch, layers)  # fmt: skip
+    r = patch_table_speed(FLAGS.images, FLAGS.loop_images, 3, "real", getattr(jnp, FLAGS.dtype),
+                          FLAGS.batch, layers, FLAGS.family)  # fmt: skip
     gib = 2.0**30
     print(
-        f"Qwen2-VL-2B layout, random {FLAGS.dtype} weights: {r['cells']} cells ({r['layers']} "
+        f"{real} layout, random {FLAGS.dtype} weights: {r['cells']} cells ({r['layers']} "
         f"layers x 4 groups x {FLAGS.images} images), {r['tokens']} tokens "
         f"({r['image_tokens']} image), {FLAGS.batch} images per call"
     )

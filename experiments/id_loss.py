@@ -1,4 +1,4 @@
-"""Seed 003's spatial-ID loss on toy VLMs (issue 14, part 1): with it and without.
+"""Paper 003's spatial-ID loss on toy VLMs: with it and without.
 
 From scratch, plain and ID-loss models side by side in one sweep, then the report:
 
@@ -20,7 +20,7 @@ finds a finished one done); a resume against a changed --base is refused.
 Writes RUN/id_loss/{table,curves}.csv, summary.json, curves.png
 (`jaxmech.reports.id_loss`).
 
-On a real checkpoint (issue 27), the authors' recipe (spatial_finetuning/train.py with
+On a real checkpoint, the authors' recipe (spatial_finetuning/train.py with
 run_vision_spatial_loss.sh: the MLP weights of the ViT's last 6 blocks train, the merger
 and the LM are frozen; the ID loss at LM layer 11, lm/resid_pre.11) once per weight from
 the checkpoint, towards its own universal ID, evaluated before and after on held-out
@@ -36,8 +36,8 @@ LM of other than 28 blocks gets their layer at the same depth, round(11 n / 28).
 from absl import app, flags
 
 from jaxmech.cli import checkpoint_options, define_checkpoint_flags, run_main, setup_runtime
-from jaxmech.reports.common import open_checkpoint, report_main
-from jaxmech.reports.id_loss import analyse_id_loss_run, finetune, id_loss_refusal
+from jaxmech.reports.common import analyse, open_checkpoint, report_main
+from jaxmech.reports.id_loss import REPORT, finetune
 
 flags.DEFINE_string("run", None, "results folder(s) to report on, comma-separated")
 flags.DEFINE_string("base", None, "a trained run to fine-tune (with --out)")
@@ -66,7 +66,7 @@ def _weights(text: str) -> list[float]:
         raise app.UsageError(f"--weights={text!r}: expected numbers, e.g. 0,1") from None
 
 
-report = report_main(analyse_id_loss_run, id_loss_refusal)
+report = report_main(REPORT)
 
 
 def on_checkpoint():
@@ -103,7 +103,7 @@ def main(argv):
     )
     out = finetune(FLAGS.base, FLAGS.out, _weights(FLAGS.weights), overrides, FLAGS.overwrite)
     print(f"\n=== {out}")
-    analyse_id_loss_run(out)
+    analyse(REPORT, out)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Seed 003's mirror-swap activation patching on toy VLMs (issue 13, part 1) or a real
-checkpoint (issue 27).
+"""Paper 003's mirror-swap activation patching on toy VLMs or a real
+checkpoint.
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.patching --run=runs/vlm
@@ -17,16 +17,12 @@ from absl import flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.patching import (
-    analyse_patching_checkpoint,
-    analyse_patching_run,
-    patching_refusal,
-)
+from jaxmech.reports.patching import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(analyse_patching_run, patching_refusal, analyse_patching_checkpoint)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

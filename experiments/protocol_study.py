@@ -1,4 +1,4 @@
-"""The protocol study (issue 5): which training protocol makes label diversity matter?
+"""The protocol study: which training protocol makes label diversity matter?
 
     python -m experiments.protocol_study                      # the whole study, 4 seeds
     python -m experiments.protocol_study --seeds=16           # same spec, more seeds (GPU/TPU)

@@ -11,28 +11,16 @@ all heads but one; writes RUN/rope/{heads,ablations}.csv, summary.json and figur
 Diverged models are left out of every number and figure and named, one line each.
 """
 
-from absl import app, flags
+from absl import flags
 
-from jaxmech.cli import run_main, setup_runtime
-from jaxmech.reports.common import check_runs
+from jaxmech.cli import run_main
+from jaxmech.reports.common import report_main
 from jaxmech.reports.rope import analyse_rope_run, rope_refusal
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-FLAGS = flags.FLAGS
 
-
-def main(argv):
-    del argv
-    setup_runtime()
-    try:  # every folder is checked before any compute
-        runs = check_runs(FLAGS.run, rope_refusal)
-    except ValueError as e:
-        raise app.UsageError(str(e)) from None
-    for r in runs:
-        print(f"\n=== {r}")
-        analyse_rope_run(r)
-
+main = report_main(analyse_rope_run, rope_refusal)
 
 if __name__ == "__main__":
     run_main(main)

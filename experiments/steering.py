@@ -1,4 +1,4 @@
-"""Seed 003's steering with spatial IDs on toy VLMs (issue 13, part 3), or a real checkpoint (issue 27).
+"""Paper 003's steering with spatial IDs on toy VLMs, or a real checkpoint.
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.steering --run=runs/vlm
@@ -18,16 +18,12 @@ from absl import flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.steering import (
-    analyse_steering_checkpoint,
-    analyse_steering_run,
-    steering_refusal,
-)
+from jaxmech.reports.steering import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(analyse_steering_run, steering_refusal, analyse_steering_checkpoint)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

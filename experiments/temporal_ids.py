@@ -1,4 +1,4 @@
-"""Seed 003's temporal IDs on toy video VLMs (issue 14, part 2).
+"""Paper 003's temporal IDs on toy video VLMs.
 
     python -m experiments.train --preset=vlm_video --seeds=8 --out=runs/video
     python -m experiments.temporal_ids --run=runs/video
@@ -19,18 +19,12 @@ from absl import flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.temporal_ids import (
-    analyse_temporal_ids_checkpoint,
-    analyse_temporal_ids_run,
-    temporal_refusal,
-)
+from jaxmech.reports.temporal_ids import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(
-    analyse_temporal_ids_run, temporal_refusal, analyse_temporal_ids_checkpoint, video=True
-)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

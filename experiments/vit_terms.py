@@ -1,4 +1,4 @@
-"""Seed 000's App. O on toy VLMs: the first ViT block's logit terms, where the horizontal
+"""Paper 000's App. O on toy VLMs: the first ViT block's logit terms, where the horizontal
 and vertical gradients live, and what removing each term does to left/right vs
 above/below accuracy.
 
@@ -13,11 +13,11 @@ from absl import flags
 
 from jaxmech.cli import run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.vlm_terms import analyse_vit_terms_run, vit_terms_refusal
+from jaxmech.reports.vlm_terms import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
-main = report_main(analyse_vit_terms_run, vit_terms_refusal)
+main = report_main(REPORT)
 
 if __name__ == "__main__":
     run_main(main)

@@ -1,14 +1,18 @@
 """jaxmech: a pure-JAX laboratory for mechanistic studies of spatial reasoning.
 
-Top-level API: configs; the dual encoder's `init_params`, `forward` (and its towers),
-`evaluate`, `decompose`; one `Edits` type for every family and `with_static` (the
-switches stored in params); training; the model-family and task registries; results
-loading; and the VLM interface of seeds 003 / 004: a family's `view_for(config)`, scene
-specs, and the methods that run on any VLM family (mirror-swap patching, spatial IDs,
-the counterfactual table); real checkpoints (`load_checkpoint`: Qwen2-VL and Qwen2.5-VL,
-`families.qwen2_vl`). Axis letters: `jaxmech.shapes`.
+Top-level API: one model handle for every family (`load(folder)` for a checkpoint,
+`init(kind, config, key)` for a trained family: `jaxmech.model.Model`, with `forward`,
+`sites`, `view`, and a checkpoint's `encode`, `tokenizer`, `next_token_logprobs`);
+configs; one `Edits` type for every family; training; the model-family and task
+registries; results loading; and the VLM interface of papers 003 / 004: a family's
+`view_for(config)`, scene specs, and the methods that run on any VLM family (mirror-swap
+patching, spatial IDs, the counterfactual table). Paper 000's dual encoder is
+`jaxmech.dual_encoder` (its `init_params`, `forward`, `encode_images`, `encode_texts`,
+`evaluate`, `decompose`, `with_static` are also exported here, as older code reads them).
+Axis letters: `jaxmech.shapes`.
 """
 
+from jaxmech import dual_encoder
 from jaxmech.analysis import counterfactuals
 from jaxmech.analysis.align import alignment_study, procrustes
 from jaxmech.analysis.decompose import decompose
@@ -32,6 +36,7 @@ from jaxmech.families.dual_encoder.checks import with_static
 from jaxmech.families.dual_encoder.evaluate import evaluate
 from jaxmech.families.dual_encoder.model import encode_images, encode_texts, forward, init_params
 from jaxmech.families.vlm_view import Examples, Spans, VLMView, answer_ids, examples
+from jaxmech.model import Model, init, load
 from jaxmech.models.edits import TERMS, Edits, term_mask
 from jaxmech.results import load_run
 from jaxmech.train import build_data, init_state, stack_settings, train_models, train_step
@@ -45,6 +50,7 @@ __all__ = [
     "Examples",
     "Family",
     "Grid",
+    "Model",
     "ModelConfig",
     "SceneSpec",
     "Settings",
@@ -60,6 +66,7 @@ __all__ = [
     "build_tables",
     "counterfactuals",
     "decompose",
+    "dual_encoder",
     "encode_images",
     "encode_texts",
     "eot_patterns",
@@ -69,8 +76,10 @@ __all__ = [
     "forward",
     "get_family",
     "get_task",
+    "init",
     "init_params",
     "init_state",
+    "load",
     "load_checkpoint",
     "load_run",
     "patch_logp",

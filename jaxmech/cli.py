@@ -192,7 +192,7 @@ def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
 
 
 def define_checkpoint_flags(own_out: bool = True) -> None:
-    """The flags of a seed 003 / 004 report run on a real checkpoint (`--checkpoint`
+    """The flags of a paper 003 / 004 report run on a real checkpoint (`--checkpoint`
     beside `--run`; `checkpoint_options` reads them). `own_out` False: the entry point
     defines `--out` itself, and takes no `--layers`."""
     flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run); "
@@ -214,7 +214,7 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
                         "available now less 1 GB)")  # fmt: skip
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
     flags.DEFINE_enum("protocol", "jaxmech", list(PROTOCOLS), "whose protocol a checkpoint's "
-                      "tables follow: the seed authors' scripts or jaxmech's (BUILD_NOTES: "
+                      "tables follow: the papers' authors' scripts or jaxmech's (BUILD_NOTES: "
                       "the difference table)")  # fmt: skip
 
 

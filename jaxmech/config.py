@@ -1,6 +1,6 @@
 """Frozen, validated configuration for the task, the model and training.
 
-Every default is the value fixed by SPEC.md. A config is validated once, at
+Every default is the value fixed by SPEC. A config is validated once, at
 construction; a bad value raises `ConfigError` naming the field, the value and the
 allowed range, before anything is compiled.
 
@@ -65,7 +65,7 @@ SWEEPABLE = (
 # with a fixed number of swap-or-not rounds, chosen to mix sets up to this size well.
 MAX_FINITE_ITEMS = 1 << 16
 
-DEFAULT_MODEL_KIND = "dual_encoder"  # SPEC.md's model and task
+DEFAULT_MODEL_KIND = "dual_encoder"  # SPEC's model and task
 DEFAULT_TASK_KIND = "1d"
 
 
@@ -111,7 +111,7 @@ def choice(field: str, value: Any, options: tuple[str, ...]) -> None:
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
     """What every task kind has: the labels, their split, the pair layouts and the share
-    of single-object samples (SPEC.md). A task kind's config subclasses it with its own
+    of single-object samples (SPEC). A task kind's config subclasses it with its own
     fields (`data.relations1d.LineConfig`, ...); the class variables say what the kind
     allows.
 
@@ -234,7 +234,7 @@ class TrainConfig:
     parameter paths (`part/name`, `part/block_i/name`, e.g. `proj/*+vit/block_1/W_in`):
     only the matching parameters train, the rest (and `params["static"]`) stay bit for
     bit as they started (`train.trainable_mask`; a pattern matching nothing is an error
-    naming the field). The seed 003 ID-loss recipe freezes the LM this way.
+    naming the field). The paper 003 ID-loss recipe freezes the LM this way.
     """
 
     steps: int = 1500
@@ -384,7 +384,7 @@ def _rebuilt(current, cls: type, values: dict):
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Task, model and training settings of one run (all models of a sweep share it);
-    `Config()` is SPEC.md's: the dual encoder on the 1D task."""
+    `Config()` is SPEC's: the dual encoder on the 1D task."""
 
     task: TaskConfig = None
     model: ModelConfig = None

@@ -252,7 +252,7 @@ class Plan(NamedTuple):
         return self._replace(rows=rows, per_row=per)
 
 
-CPU_MAX_ROWS = 16  # on CPU more questions per call are not faster (BUILD_NOTES, memory)
+CPU_MAX_ROWS = 16  # more per call are not faster on CPU (BUILD_NOTES.md, Memory)
 
 
 def _rows_within(room: float, per_row: float, most: int) -> int:

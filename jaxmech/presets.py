@@ -57,16 +57,16 @@ PROTOCOLS = (
 )
 BY_NAME = {p.name: p for p in PROTOCOLS}
 
-# The toy autoregressive VLM (issue 12): bases for `--preset`, not protocols of the
+# The toy autoregressive VLM: bases for `--preset`, not protocols of the
 # dual encoder's study. `vlm` is the recipe chosen by measurement (BUILD_NOTES.md,
-# issue 12): tied label words, single-object questions about absent labels (the only
+# Results, paper 003): tied label words, single-object questions about absent labels (the only
 # signal binding a validation label's word to its picture), a cosine learning rate
-# (generalisation decays under a constant one). `vlm_window` adds seed 004's shape, a
-# window block followed by a global block. `vlm_deep` has 4 LM blocks, so that seed
+# (generalisation decays under a constant one). `vlm_window` adds paper 004's shape, a
+# window block followed by a global block. `vlm_deep` has 4 LM blocks, so that paper
 # 003's layer-by-layer analyses have middle layers to find (about 1.9x the cost per
-# model-step). `vlm_route` is the planted-route control (issue 26): only the object
+# model-step). `vlm_route` is the planted-route control: only the object
 # words attend to the image, so position can reach the answer only through them.
-# `vlm_video` is the same recipe on the video task (issue 14): the ViT
+# `vlm_video` is the same recipe on the video task: the ViT
 # sees each frame alone, and the LM's three-part position ids carry the frame.
 VLM = {
     "task_kind": "scenes",
@@ -101,7 +101,7 @@ MODEL_PRESETS = {
     "vlm_route": Protocol(
         "vlm_route",
         "model",
-        "toy VLM, planted route: only the object words see the image (seed 003's control)",
+        "toy VLM, planted route: only the object words see the image (paper 003's control)",
         {**VLM, "planted_route": True},
     ),
     "vlm_video": Protocol(

@@ -14,8 +14,8 @@ Layout of a results folder:
 
 `results.csv` is written last (atomically), so its presence marks a finished run.
 `load_run` (and the cheaper `load_config`) refuse, with a ValueError naming the path,
-anything that is not such a finished folder. `write_csv` is the one CSV writer (reports
-use it too).
+anything that is not such a finished folder. `write_csv` is the one CSV writer and
+`write_json` the one JSON writer (reports and benches use them too).
 """
 
 from __future__ import annotations
@@ -99,6 +99,12 @@ def write_csv(path: str, rows: list[dict]) -> None:
         w.writeheader()
         w.writerows(rows)
     os.replace(tmp, path)
+
+
+def write_json(path: str, obj) -> None:
+    """A summary.json (NumPy scalars written as floats)."""
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, default=float)
 
 
 def read_csv(path: str) -> list[dict]:

@@ -20,7 +20,7 @@ the rows before the next when it went over (`Plan.within`, `chunks.run_chunks`).
 On CPU a training chunk stays CPU_CHUNK_PER_DEVICE per device, and an entry point asks
 for one CPU device per usable core (`cpu_devices`; $JAXMECH_CPU_DEVICES overrides): the
 toy models' steps are too small for one XLA CPU device to keep two cores busy, so the
-chunk's models run side by side, split over the devices (BUILD_NOTES.md, issue 28).
+chunk's models run side by side, split over the devices (BUILD_NOTES.md, Speed).
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ def cpu_devices() -> int | None:
 
     One per usable core by default (at most MAX_DEFAULT_CPU_DEVICES): the toy models'
     steps are too small for one XLA CPU device to keep two cores busy, so a sweep splits
-    its chunk over the devices, which run side by side (BUILD_NOTES.md, issue 28).
-    $JAXMECH_CPU_DEVICES sets another count (1: the single device of runs made before
-    issue 28); an `--xla_force_host_platform_device_count` in $XLA_FLAGS is left to
+    its chunk over the devices, which run side by side (BUILD_NOTES.md, Speed).
+    $JAXMECH_CPU_DEVICES sets another count (1: one device, as runs made before the split
+    had); an `--xla_force_host_platform_device_count` in $XLA_FLAGS is left to
     decide. Raises ValueError naming the variable for a bad value.
     """
     if _FORCED_COUNT in os.environ.get("XLA_FLAGS", ""):

@@ -191,7 +191,7 @@ def default_chunk_size(config: Config | None = None) -> int:
 
     On CPU a constant (`sizing.CPU_CHUNK_PER_DEVICE`: on a 2-core CPU one model
     already keeps both cores busy and vmapping 4 gains ~1.5x per model over 1, larger K
-    little more; BUILD_NOTES.md, bench). On GPU/TPU throughput grows with the batch of
+    little more; BUILD_NOTES.md, Speed). On GPU/TPU throughput grows with the batch of
     models until memory runs out, so the chunk is sized by `config`'s measured memory
     per model against the device's memory (`sizing.chunk_per_device`; config default:
     SPEC). Fixed for a config and a machine, never fitted to a sweep's size, so that a

@@ -1,5 +1,5 @@
 """Chunk sizing by measurement (`sizing`) and the accelerator check
-(`reports.accelerator`, `python -m experiments.bench --accelerator`), issue 16: on CPU
+(`bench.accelerator`, `python -m experiments.bench --accelerator`): on CPU
 with fake devices and tiny model counts."""
 
 import json
@@ -104,8 +104,8 @@ def test_bad_accelerator_flags_fail_before_any_compute(tmp_path):
 
 def test_the_scaling_table_times_each_width_and_batch_and_refuses_bad_ones():
     """~20 s: compiles three tiny training programs (the widths and the batch)."""
+    from jaxmech.bench.training import scaling_configs, scaling_table
     from jaxmech.config import ConfigError
-    from jaxmech.reports.benchmark import scaling_configs, scaling_table
 
     config = tiny_config()
     with pytest.raises(ValueError, match="scaling width 6"):

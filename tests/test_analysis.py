@@ -146,7 +146,7 @@ def test_removing_a_term_changes_exactly_that_term(term):
 
 
 def test_qp_is_independent_of_how_cls_splits_between_E_and_P():
-    """With cls_position, E_CLS and P_0 are identified only as a sum (SPEC.md): moving
+    """With cls_position, E_CLS and P_0 are identified only as a sum (SPEC): moving
     mass between them leaves the model unchanged, changes EP and PP, and not QP."""
     config = Config().replace(**SHAPES["cls_position"])
     params = _noisy_params(config)

@@ -1,4 +1,4 @@
-"""Config defaults (SPEC.md), validation and serialisation."""
+"""Config defaults (SPEC), validation and serialisation."""
 
 import dataclasses
 import math

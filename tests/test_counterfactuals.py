@@ -1,7 +1,6 @@
-"""Seed 004's counterfactuals (`analysis.counterfactuals`, issue 15): mirrors are
+"""Paper 004's counterfactuals (`analysis.counterfactuals`): mirrors are
 involutions, a no-op counterfactual is a no-op, mirrored ViT codes equal a mirrored
-image token for token, and the binding-failure rule; on the tiny Qwen2-VL fixture
-(issue 41): the offset mirror is the mirror under rotary codes, what each order mirror
+image token for token, and the binding-failure rule; on the tiny Qwen2-VL fixture: the offset mirror is the mirror under rotary codes, what each order mirror
 moves, a checkpoint's per-question intervals, the report under the authors' protocol."""
 
 import os
@@ -306,13 +305,13 @@ def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
     wording): the table is written, every cell of 2 questions has a finite interval."""
     import csv
 
-    from jaxmech.reports.common import open_checkpoint
-    from jaxmech.reports.counterfactuals import analyse_counterfactuals_checkpoint
+    from jaxmech.reports import counterfactuals as report
+    from jaxmech.reports.common import analyse_subject, open_checkpoint
 
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=2, batch=4,
                           protocol="authors", log=quiet)  # fmt: skip
     lines = []
-    out = analyse_counterfactuals_checkpoint(run, str(tmp_path), log=lines.append)
+    out = analyse_subject(report.REPORT, run, str(tmp_path), log=lines.append)
     with open(tmp_path / "counterfactuals" / "table.csv") as f:
         rows = list(csv.DictReader(f))
     names = {r["counterfactual"] for r in rows}

@@ -1,4 +1,4 @@
-"""Spatial-ID diagnostics (`analysis.diagnostics`, issue 13 part 4): believed
+"""Spatial-ID diagnostics (`analysis.diagnostics`): believed
 coordinates, the signed deviation, occlusion, and the report's bookkeeping."""
 
 import json
@@ -167,12 +167,12 @@ def test_a_checkpoint_summary_has_intervals_over_its_questions(tmp_path, protoco
     tables written, under both protocols (the authors' wording and answer words). Its
     --layers are the authors' (layer 2 of the fixture's 2: the last block's output,
     "final"); layer 0 has no diagnostics and is left out, alone refused by name."""
-    from jaxmech.reports.common import open_checkpoint
+    from jaxmech.reports.common import analyse_subject, open_checkpoint
 
     run = open_checkpoint(QWEN, grid=(2, 2), size=112, questions=6, batch=1024,
                           protocol=protocol, layers=layers, log=lambda *_: None)  # fmt: skip
     lines = []
-    out = report.analyse_diagnostics_checkpoint(run, str(tmp_path), log=lines.append)
+    out = analyse_subject(report.REPORT, run, str(tmp_path), log=lines.append)
     summary = json.load(open(tmp_path / "diagnostics" / "summary.json"))
     assert set(k for k in summary if not k.startswith("occlusion/")) - {"excluded"} == (
         {"resid_pre.1", "final"} if layers is None else {"final"}
@@ -189,4 +189,4 @@ def test_a_checkpoint_summary_has_intervals_over_its_questions(tmp_path, protoco
     assert any("layer 0 left out" in line for line in lines) == (layers is not None)
     if layers is not None:
         with pytest.raises(ValueError, match=r"layers = \[0\]"):
-            report.check_layers(run._replace(data=run.data._replace(layers=(0,))))
+            report.check_layers(run._replace(subject=run.subject._replace(layers=(0,))))

@@ -1,4 +1,4 @@
-"""The spatial-ID loss (`families.toy_vlm.id_loss`, issue 14): zero at its target, gradient only
+"""The spatial-ID loss (`families.toy_vlm.id_loss`): zero at its target, gradient only
 below its site, weight 0 as the plain loss, the probe's layout, the config checks; the
 fine-tuning (`reports.id_loss.finetune`, a sweep from a trained run's params): its
 paired folder and report, and its resume after kill -9."""
@@ -182,7 +182,7 @@ def finetuned(vlm_base, tmp_path_factory):
 
 def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_path):
     from jaxmech.reports import id_loss as report
-    from jaxmech.reports.common import open_run
+    from jaxmech.reports.common import analyse, open_run
     from jaxmech.sweep import params_fingerprint
 
     quiet, base, out = _quiet, vlm_base, finetuned
@@ -222,7 +222,7 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
             w.writeheader()
             w.writerows([{**r, "unseen_min_acc": 0.95 if r["model"] == 1 else 0.5} for r in rows])
         assert report.base_groups(ft) == ["others", "others", "generalising", "generalising"]
-        summary = report.analyse_id_loss_run(out, log=quiet)["summary"]
+        summary = analyse(report.REPORT, out, log=quiet)["summary"]
     finally:
         with open(file, "wb") as f:
             f.write(kept)
@@ -231,7 +231,7 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
         assert summary[f"{g}/seen_h_acc@0"]["n"] == 1
     assert os.path.exists(os.path.join(out, "id_loss", "curves.png"))
     with pytest.raises(ValueError, match="id_site = 0"):
-        report.analyse_id_loss_run(base, log=quiet)
+        analyse(report.REPORT, base, log=quiet)
 
 
 def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finetuned, tmp_path):
@@ -333,13 +333,14 @@ def _trained_paths(params, spec: str) -> set:
 
 @pytest.mark.parametrize("variant", ["qwen2_vl", "qwen2_5_vl"])
 def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
-    """The default leaves (`id_finetune.authors_train_only`) are train.py's
+    """The default leaves (the family's `trainable`) are train.py's
     vision_mlp_lastk selection: the MLP weights (no biases) of the ViT's last
     min(6, depth) blocks (Qwen2.5-VL's SwiGLU gate too); the merger, the ViT's other
     leaves and the LM are frozen. On both fixtures (every block: fewer than 6) and on
     Qwen2-VL-2B's layout (blocks 26-31 of 32)."""
     from jaxmech.families import load_checkpoint
     from jaxmech.families.qwen2_vl.config import from_hf
+    from jaxmech.families.qwen2_vl.family import trainable
     from jaxmech.families.qwen2_vl.params import is_shape, param_shapes
     from jaxmech.families.qwen2_vl.stand_in import QWEN2_VL_2B
     from jaxmech.reports import id_finetune as idf
@@ -349,7 +350,7 @@ def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
     mlp = ("W_in", "W_out") + (("W_gate",) if variant == "qwen2_5_vl" else ())
     want = {f"vit/block_{i}/{w}" for i in range(config.vit_depth) for w in mlp}
     assert config.vit_depth < 6
-    spec = idf.authors_train_only(params)
+    spec = trainable(params)
     trained = _trained_paths(params, spec)
     assert trained == want and not any(p.startswith("merger/") for p in trained)
     # what a finished fine-tune keeps (`trained_leaves`): those leaves and no other
@@ -357,6 +358,6 @@ def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
     assert {param_paths(params)[int(i)] for i in kept} == want
     big = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
                                  param_shapes(from_hf(QWEN2_VL_2B)), is_leaf=is_shape)  # fmt: skip
-    assert _trained_paths(big, idf.authors_train_only(big)) == {
+    assert _trained_paths(big, trainable(big)) == {
         f"vit/block_{i}/{w}" for i in range(26, 32) for w in ("W_in", "W_out")
     }

@@ -358,7 +358,7 @@ def test_readout_only_is_exact(n_layers, ln_mlp):
 
 
 def _block_reference(block, x, causal, q_rows):
-    """SPEC.md attention in float64: scores and pattern [B, H, Q, S], block output."""
+    """SPEC attention in float64: scores and pattern [B, H, Q, S], block output."""
     b = _np(block)
     x = _f64(x)
     q = np.einsum("bsd,hde->bshe", x, b["W_Q"]) + b["b_Q"]
@@ -413,7 +413,7 @@ def test_factored_first_layer_equals_dense(causal, readout_rows, batched_p):
     for name in ("q", "k", "v", "attn_scores", "pattern", "z", "attn_out", "resid_post"):
         np.testing.assert_allclose(aux_d[f"v/{name}.0"], aux_f[f"v/{name}.0"], atol=ATOL, rtol=0)
     np.testing.assert_allclose(out_d, out_f, atol=ATOL, rtol=0)
-    # and both are the attention of SPEC.md
+    # and both are the attention of SPEC
     scores, pattern, out = _block_reference(block, x, causal, q_rows)
     np.testing.assert_allclose(aux_d["v/attn_scores.0"], scores, atol=ATOL, rtol=1e-5)
     np.testing.assert_allclose(aux_f["v/pattern.0"], pattern, atol=ATOL, rtol=0)
@@ -435,7 +435,7 @@ def test_factored_path_refuses_layernorm():
 
 
 def _vision_terms(params, images=IMAGES):
-    """The nine first-layer logit terms {name: [B, H, S, S]} of SPEC.md, in float64."""
+    """The nine first-layer logit terms {name: [B, H, S, S]} of SPEC, in float64."""
     tower = _np(params["vision"])
     block = tower["block_0"]
     tokens, p_rows = _np(vision_inputs(params["vision"], images))
@@ -725,7 +725,7 @@ def _textbook_layer_norm(x, w, b, eps=1e-5):
 
 
 def test_layer_norm_and_its_written_backward_equal_autodiff_of_the_formula():
-    """`layer_norm`'s hand-written backward (issue 28) gives autodiff's gradient of the
+    """`layer_norm`'s hand-written backward gives autodiff's gradient of the
     textbook formula, for x, w and b, at an eps other than the default too."""
     kx, kw, kg = jax.random.split(jax.random.key(3), 3)
     x = 3.0 * jax.random.normal(kx, (4, 5, D)) + 1.0

@@ -1,4 +1,4 @@
-"""The Colab notebook (`experiments/colab_seed_study.ipynb`, issue 16) runs top to
+"""The Colab notebook (`experiments/colab_seed_study.ipynb`) runs top to
 bottom: its code cells are executed in order, as a user would, at the smallest sizes
 (shell lines, `!` and `%`, are skipped: they install the package in Colab), with the
 suite's tiny model, so its programs are those the other tiny tests compile."""

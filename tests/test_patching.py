@@ -1,4 +1,4 @@
-"""Mirror-swap patching (`analysis.patching`, issue 13): the belief-shift formula and
+"""Mirror-swap patching (`analysis.patching`): the belief-shift formula and
 the invariants of the patch itself."""
 
 import jax

@@ -1,4 +1,4 @@
-"""The renderer of scene specs as pictures (`data.pictures`, issue 27 part 1)."""
+"""The renderer of scene specs as pictures (`data.pictures`)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The seed authors' protocols beside jaxmech's on a checkpoint (issue 41): patching's
+"""The papers' authors' protocols beside jaxmech's on a checkpoint: patching's
 two ways of counting a belief shift on hand-made numbers, empty cells, the recolour
 control's question, the wording and answer words, grids and layer ranges refused or
 read as the authors do, per-question intervals."""
@@ -184,11 +184,11 @@ def test_steering_under_the_authors_protocol_end_to_end(tmp_path):
     table per layer with n, intervals over questions where n >= 2. ~10 s: the probes,
     the plain run and every steered one compile in one program."""
     from jaxmech.reports import steering as rs
-    from jaxmech.reports.common import open_checkpoint
+    from jaxmech.reports.common import analyse_subject, open_checkpoint
 
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, layers=(1,),
                           protocol="authors", log=lambda *_: None)  # fmt: skip
-    out = rs.analyse_steering_checkpoint(run, str(tmp_path), log=lambda *_: None)
+    out = analyse_subject(rs.REPORT, run, str(tmp_path), log=lambda *_: None)
     rows = out["tables"]["authors"]
     assert {r["site"] for r in rows} == {1} and all(0 <= r["n"] <= 4 for r in rows)
     (row,) = [r for r in rows if r["relation"] == "horizontal" and r["kind"] == "noise"]

@@ -23,7 +23,7 @@ from jaxmech.models.edits import Edits
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl")
 VARIANTS = ("qwen2_vl", "qwen2_5_vl")  # Hub layout float32 / transformers-5 layout bf16, sharded
 CASES = {"single": 1, "batch": 2, "downscaled": 1, "padded": 2}
-TOL = 1e-4  # the bound in float32; seen: <= 2.4e-5 (BUILD_NOTES.md)
+TOL = 1e-4  # the bound in float32; seen: <= 2.4e-5 (BUILD_NOTES.md)
 
 
 @pytest.fixture(scope="module", params=VARIANTS)

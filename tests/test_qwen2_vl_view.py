@@ -1,6 +1,6 @@
 """The Qwen2-VL family's VLM view (`families.qwen2_vl.view`) on the tiny random fixture
 (values meaningless, the machinery checked): rendering, spans and position ids, the
-resumed forward, seed 003's patching through it, and the `--checkpoint` report."""
+resumed forward, paper 003's patching through it, and the `--checkpoint` report."""
 
 from __future__ import annotations
 
@@ -212,7 +212,10 @@ def test_the_patching_report_on_a_checkpoint_resumes(tmp_path, capsys):
     questions; then resumed after its second chunk is lost (one more table: ~3 s),
     equal to the whole run. (The other reports' checkpoint runs are in their own test
     files, under the authors' protocol too.)"""
-    from jaxmech.reports.patching import analyse_patching_checkpoint as analyse
+    from jaxmech.reports import patching
+    from jaxmech.reports.common import analyse_subject
+
+    analyse = lambda run, out, log: analyse_subject(patching.REPORT, run, out, log)  # noqa: E731
 
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, batch=2, layers=(1,),
                           protocol="authors", log=lambda *_: None)  # fmt: skip
@@ -310,15 +313,18 @@ def test_temporal_ids_on_a_checkpoint(tmp_path):
     """The temporal-ID report on the fixture opened as videos, end to end; a checkpoint
     opened as pictures is refused. ~9-15 s in the suite: it compiles the steering
     program (probes, flip margins, ID curves) for the video view, as the toy's does."""
-    from jaxmech.reports.temporal_ids import analyse_temporal_ids_checkpoint
+    from jaxmech.reports import temporal_ids
+    from jaxmech.reports.common import analyse_subject
 
     quiet = lambda *_: None  # noqa: E731
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=3, video=True, layers=(1,), batch=64,
                           log=quiet)  # fmt: skip
-    assert set(np.asarray(run.data.specs["examples"].relation_B).tolist()) == {1}
-    out = analyse_temporal_ids_checkpoint(run, str(tmp_path), log=quiet)
+    assert set(np.asarray(run.subject.specs["examples"].relation_B).tolist()) == {1}
+    out = analyse_subject(temporal_ids.REPORT, run, str(tmp_path), log=quiet)
     ids = out["tables"]["ids"]
     assert {r["site"] for r in ids} == {0, 1, 2} and "frame_1" in ids[0]
     assert os.path.exists(tmp_path / "temporal_ids" / "temporal_ids.png")
     with pytest.raises(ValueError, match="opened as videos"):
-        analyse_temporal_ids_checkpoint(open_checkpoint(FOLDER, size=112, log=quiet), str(tmp_path))
+        analyse_subject(
+            temporal_ids.REPORT, open_checkpoint(FOLDER, size=112, log=quiet), str(tmp_path)
+        )

@@ -17,6 +17,7 @@ from jaxmech import results
 from jaxmech.config import Config
 from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.reports import common
+from jaxmech.reports.subjects import TrainedSubject
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "jaxmech"
 
@@ -317,7 +318,8 @@ def _hand_run(unseen_min, **settings):
     cols = {n: np.full(k, settings.get(n, flat[n])) for n in Settings._fields}
     rows = [{"model": 10 + i, "unseen_min_acc": u} for i, u in enumerate(unseen_min)]
     return common.LoadedRun("hand", Config().replace(task_kind="scenes"), {"w": np.arange(k)},
-                            Settings(**cols), None, rows, tuple(10 + i for i in range(k)), ())  # fmt: skip
+                            Settings(**cols), None, rows, tuple(10 + i for i in range(k)), (),
+                            subject=TrainedSubject())  # fmt: skip
 
 
 def test_report_parts_split_question_sets_and_model_groups():

@@ -1,4 +1,4 @@
-"""Spatial-ID extraction (`analysis.spatial_ids`, issue 13): a planted linear ID is
+"""Spatial-ID extraction (`analysis.spatial_ids`): a planted linear ID is
 recovered, and the probe scenes are what the extraction assumes."""
 
 import jax
@@ -112,7 +112,7 @@ def test_split_half_ceiling_is_the_share_of_the_id_the_label_halves_share():
 
 
 def _two_cell_probe():
-    """A hand-made probe run (issue 41): 8 image tokens in a 2 x 4 token grid, two cells
+    """A hand-made probe run: 8 image tokens in a 2 x 4 token grid, two cells
     of 2 x 2 tokens (`cell_I` row-major, so a cell's tokens are not contiguous), each
     cell's first token background (value 0), the others carrying a per-cell value; one
     LM block, the object word at position 0, the image at 1..8."""
@@ -165,7 +165,7 @@ def test_a_cells_value_is_the_mean_over_all_its_tokens_not_its_first():
 
 
 def test_the_additive_baseline_fits_an_additive_id_whole():
-    """R^2 note (issue 41): an ID exactly f(row) + g(col) is fitted whole by the one-hot
+    """R^2 note: an ID exactly f(row) + g(col) is fitted whole by the one-hot
     row + column basis at rank h + w - 2; one with a row x column interaction is not."""
     rng = np.random.default_rng(1)
     gh, gw, D = 3, 4, 6
@@ -189,14 +189,14 @@ def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
     finite per-probe bootstrap interval."""
     import os
 
-    from jaxmech.reports.common import open_checkpoint
-    from jaxmech.reports.spatial_ids import analyse_spatial_ids_checkpoint
+    from jaxmech.reports import spatial_ids as report
+    from jaxmech.reports.common import analyse_subject, open_checkpoint
 
     folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
     run = open_checkpoint(folder, grid=(2, 2), size=112, questions=2, layers=(1, 2),
                           batch=1024, protocol="authors", log=lambda *_: None)  # fmt: skip
     lines = []
-    out = analyse_spatial_ids_checkpoint(run, str(tmp_path), log=lines.append)
+    out = analyse_subject(report.REPORT, run, str(tmp_path), log=lines.append)
     assert (tmp_path / "spatial_ids" / "r2.csv").exists()
     assert {r["site"] for r in out["tables"]["r2"]} == {r["site"] for r in out["tables"]["axes"]}
     assert {r["site"] for r in out["tables"]["r2"]} == {1, 2}

@@ -85,7 +85,7 @@ def test_probe_specs_put_every_label_at_every_cell_and_another_elsewhere():
 
 
 def test_factorial_probe_specs_put_the_other_object_at_every_other_cell_once():
-    """Issue 41: `factorial` probes cover every (cell, other cell) pair exactly once per
+    """`factorial` probes cover every (cell, other cell) pair exactly once per
     label, the other label never the probed one, cells and labels the same for any seed."""
     grid, labels = sp.Grid(3, 3), range(2, 6)
     spec, label, cell = sp.probe_specs(grid, labels, 6, 3, placements=2, factorial=True)

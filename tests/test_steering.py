@@ -1,4 +1,4 @@
-"""Steering with spatial IDs (`analysis.steering`, `reports.steering`, issue 13 part 3)
+"""Steering with spatial IDs (`analysis.steering`, `reports.steering`)
 and the small statistics it and the diagnostics use."""
 
 import jax

@@ -152,16 +152,17 @@ def test_video_trains_with_time_metrics(video_run):
 
 def test_time_reports_run_on_a_video_run(video_run):
     from jaxmech.reports import patching, temporal_ids
+    from jaxmech.reports.common import analyse
 
     quiet = lambda *a, **k: None  # noqa: E731
-    rep = temporal_ids.analyse_temporal_ids_run(video_run, log=quiet)
+    rep = analyse(temporal_ids.REPORT, video_run, log=quiet)
     ids = rep["res"]["ids"]
     assert ids["time_share"].shape == (2, 3)  # models x sites
     assert np.all(np.isnan(ids["time_share"][:, 0]))  # the embedding sees no image
     assert np.all(np.isfinite(ids["time_share"][:, 1:]))
     assert rep["res"]["beliefs"].shape == (2, 1, T)
     assert os.path.exists(os.path.join(video_run, "temporal_ids", "temporal_ids.png"))
-    pat = patching.analyse_patching_run(video_run, log=quiet)
+    pat = analyse(patching.REPORT, video_run, log=quiet)
     assert {r["word"] for r in pat["tables"]["shifts"]} == {"before", "after", "both"}
     msg = temporal_ids.temporal_refusal(tiny_vlm_config(lm_n_layers=2), "scenes")
     assert "task_kind = 'scenes' has no temporal_ids report" in msg

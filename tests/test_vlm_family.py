@@ -134,9 +134,10 @@ def test_vit_terms_report_runs_and_its_no_op_row_is_the_plain_accuracy(vlm_run):
     mask) gives the accuracies of training's own evaluation; every term's slopes sum to
     the logits' slope (the terms sum to the logits); a dual-encoder run is refused."""
     from jaxmech.analysis.vit_terms import term_gradients, vit_logit_terms
-    from jaxmech.reports.vlm_terms import ABLATIONS, analyse_vit_terms_run, vit_terms_refusal
+    from jaxmech.reports.common import analyse
+    from jaxmech.reports.vlm_terms import ABLATIONS, REPORT, vit_terms_refusal
 
-    out = analyse_vit_terms_run(vlm_run, log=quiet)
+    out = analyse(REPORT, vlm_run, log=quiet)
     for name in (
         "gradients.csv",
         "ablations.csv",

@@ -1,5 +1,5 @@
 """The VLM interface (`families.vlm_view`): a stand-in VLM family registered from a test
-trains through the sweep, and the seed 003 / 004 reports (patching, spatial IDs, the
+trains through the sweep, and the paper 003 / 004 reports (patching, spatial IDs, the
 counterfactual table) run on its results folder with no change to `analysis/` or
 `reports/`. The stand-in reads the question *before* the image, so every position the
 methods use comes from its spans, none from the toy's layout."""
@@ -166,9 +166,9 @@ def _check_spans(config):
 def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
     """~30 s: two stand-in models train through the sweep (one program) and three
     reports compile their one call each (one test, so that one worker trains)."""
-    from jaxmech.reports.counterfactuals import analyse_counterfactuals_run
-    from jaxmech.reports.patching import analyse_patching_run
-    from jaxmech.reports.spatial_ids import RANKS, analyse_spatial_ids_run
+    from jaxmech.reports import counterfactuals, patching, spatial_ids
+    from jaxmech.reports.common import analyse
+    from jaxmech.reports.spatial_ids import RANKS
     from jaxmech.reports.steering import steering_refusal
 
     register(BAG)
@@ -177,9 +177,9 @@ def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
         _check_spans(config)
         out = str(tmp_path / "run")
         run_grid(expand(config, {}, seeds=2), out, log=quiet)
-        pat = analyse_patching_run(out, log=quiet)
-        ids = analyse_spatial_ids_run(out, log=quiet)
-        cf = analyse_counterfactuals_run(out, log=quiet)
+        pat = analyse(patching.REPORT, out, log=quiet)
+        ids = analyse(spatial_ids.REPORT, out, log=quiet)
+        cf = analyse(counterfactuals.REPORT, out, log=quiet)
         refused = steering_refusal(config, out)
     finally:
         FAMILIES.pop("bag_vlm")

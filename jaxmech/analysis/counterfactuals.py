@@ -1,4 +1,4 @@
-"""Seed 004's counterfactuals (issue 15), for any VLM family: which path decides a
+"""Paper 004's counterfactuals, for any VLM family: which path decides a
 relation, the content (facings), the ViT's position codes, or the LM's token order and
 ids?
 
@@ -22,7 +22,7 @@ The names (`COUNTERFACTUALS`; _w: width, _h: height):
   vit_half           the ViT's column codes shifted by half a cell (col + 0.5)
   vit_half_mirror    ... mirrored and offset by half a cell (W - 1 - col + 0.5)
   vit_half_roll      ... rolled by half the width, wrapping around ((col + W / 2) mod W)
-                     (seed 004's "half-cell shift" is ambiguous: these are its
+                     (paper 004's "half-cell shift" is ambiguous: these are its
                      candidates; under rotary positions a uniform shift of every
                      column cancels in q . k, so there vit_half is the plain run and
                      vit_half_mirror is vit_w exactly; only vit_half_roll differs)

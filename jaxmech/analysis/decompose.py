@@ -1,4 +1,4 @@
-"""Attention-logit decomposition (paper 000; SPEC.md "Attention-logit decomposition").
+"""Attention-logit decomposition (paper 000; SPEC "Attention-logit decomposition").
 
 `decompose(params, x)` splits a block's pre-softmax logits, per head, into the terms
 of its input's parts. For the first layer the input is `X = E + P` (token rows plus

@@ -1,4 +1,4 @@
-"""Spatial IDs as a diagnostic of a VLM's errors (seed 003, issue 13, part 4).
+"""Spatial IDs as a diagnostic of a VLM's errors (paper 003).
 
 * ID deviation: at a site y, each object word's state minus its label's centre (the
   mean state of that label over all cells, from probe scenes naming the label in that

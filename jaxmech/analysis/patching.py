@@ -1,4 +1,4 @@
-"""Mirror-swap activation patching (seed 003, issue 13), for any VLM family.
+"""Mirror-swap activation patching (paper 003), for any VLM family.
 
 Run an example and its counterfactual twin (the width mirror; the recolour twin as the
 control) with the same question; at one LM layer, replace the example's residual

@@ -1,4 +1,4 @@
-"""Spatial IDs (seed 003, issue 13, part 2), for any VLM family.
+"""Spatial IDs (paper 003), for any VLM family.
 
 Put an object X at every cell (another object Y elsewhere, several placements or every
 other cell: `data.spec.probe_specs`), ask `is X left or right of Y?`, and read the LM's
@@ -48,7 +48,7 @@ def probe(view: VLMView, labels, placements: int = 4, seed: int = 0, named_first
     """Every label in `labels` at every cell (`data.spec.probe_specs`), rendered by the
     family: the probed label named first (X) or second (Y), in the question template of
     `relation` (0 horizontal, 1 vertical); the other object at `placements` random
-    cells, or with `factorial` at every other cell once (the seed authors' scenes)."""
+    cells, or with `factorial` at every other cell once (the papers' authors' scenes)."""
     spec, label, cell = probe_specs(view.grid, labels, view.n_labels, view.n_colours,
                                     placements, seed, named_first, relation, factorial)  # fmt: skip
     inputs, spans = view.render(spec)

@@ -1,4 +1,4 @@
-"""Steering a VLM with its spatial IDs (seed 003, issue 13, part 3), for any family.
+"""Steering a VLM with its spatial IDs (paper 003), for any family.
 
 At one LM site `lm/resid_pre.{y}`, add to the object word X's residual (its last
 sub-token, `Spans.x_B`) the ID difference

@@ -1,4 +1,4 @@
-"""Temporal IDs (seed 003, issue 14, part 2): the frame part of a video model's
+"""Temporal IDs (paper 003): the frame part of a video model's
 spatial ID.
 
 A video's grid rows are its frames (`data.video`), so the spatial ID `Delta_y(cell)`

@@ -1,11 +1,11 @@
-"""Scene specs drawn as pictures a real VLM can read (issue 27, part 1: the renderer).
+"""Scene specs drawn as pictures a real VLM can read (the renderer).
 
 Each object is a coloured glyph centred in its grid cell on a plain canvas: the label
 picks the shape (`SHAPES`: circle, square, triangle, ...), the colour id a named
 colour (`COLOURS`), and the facing an eye, a dark dot on the side the object faces
 (0: none, 1: left, 2: right). The canvas is `size` pixels square; each cell gets
 `size / w` x `size / h` pixels, so a size that is a multiple of 28 x the grid (e.g. 448
-on a 4 x 4 grid: 112-pixel cells, 4 x 4 merged Qwen2-VL tokens each) gives every merged
+on a 4 x 4 grid: 112-pixel cells, 4 x 4 merged tokens of a 14-pixel-patch ViT with 2 x 2 merging) gives every merged
 token one cell.
 
 The glyphs are analytic masks on pixel centres measured from the cell's centre, every
@@ -19,8 +19,8 @@ and `VIDEO_TEMPLATES` ask about time ("Does the red circle appear before or afte
 blue square?").
 
 `questions(spec)` words each scene's question as the papers do ("Is the circle to the
-left or the right of the square? Answer with one word."; `AUTHORS_TEMPLATES`: the seed
-authors' Qwen wording), and `object_names` gives the two names it mentions (the shape
+left or the right of the square? Answer with one word."; `AUTHORS_TEMPLATES`: paper
+003's authors' wording), and `object_names` gives the two names it mentions (the shape
 alone where it names one object, else colour and shape), whose last sub-tokens a
 family's spans point at.
 
@@ -53,7 +53,7 @@ TEMPLATES = (
     "Is the {x} above or below the {y}? Answer with one word.",
     "Is there {a} {x} in the image? Answer with one word.",
 )
-# the seed authors' Qwen scripts' wording (adversarial_steering.py, spatial_finetuning/
+# paper 003's authors' scripts' wording (adversarial_steering.py, spatial_finetuning/
 # train.py): "left or right" and a quoted answer list; answers read lower-case
 AUTHORS_TEMPLATES = (
     'Is the {x} to the left or right of the {y}? Answer "left" or "right" only.',

@@ -1,4 +1,4 @@
-"""The 1D left/right image-caption task of SPEC.md.
+"""The 1D left/right image-caption task of SPEC.
 
 Two halves:
 
@@ -48,7 +48,7 @@ CAPTION_MODES = ("left", "left_right")
 
 @dataclasses.dataclass(frozen=True)
 class LineConfig(TaskConfig):
-    """The 1D task's config (SPEC.md; the other caption tasks build on it): how single
+    """The 1D task's config (SPEC; the other caption tasks build on it): how single
     objects are captioned (`single_captions`) and whether captions name the pair both
     ways (`caption_mode`). Its finite training set (`epochs > 0`) is defined."""
 

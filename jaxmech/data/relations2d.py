@@ -17,7 +17,7 @@ vertical (`v`: "A is above B", A in a smaller row). Captions (text words `above`
   v single "l is above" / "l is below"               (row r: 2r < H is above)
   label    "l"                                        (single_captions label / side_pair)
 
-Label split, held-out positions and layouts exactly as SPEC.md's 1D task with
+Label split, held-out positions and layouts exactly as SPEC's 1D task with
 L = H W cells: an ordered pair (X, Y) places X at cell a and Y at cell b with a < b in
 row-major order (so X is above Y, or in the same row and left of it); the H W (H W - 1)
 / 2 layouts (120 for 4 x 4) are ordered per pair by the data seed, the first

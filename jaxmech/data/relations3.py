@@ -1,6 +1,6 @@
 """The three-object task (`task_kind = "three"`): a left/right caption with a distractor.
 
-Images are 1D (`image_len`, default 10 as SPEC.md, so P, the layouts and the
+Images are 1D (`image_len`, default 10 as SPEC, so P, the layouts and the
 held-out positions are the 1D task's). A two-object sample of the 1D task (ordered
 pair (X, Y) of pair labels at one of the pair's training layouts, p_X < p_Y, captioned
 "X is on the left of Y", or "Y is on the right of X" in mode `left_right`) gets a third
@@ -17,7 +17,7 @@ position gradient still decide "X left of Y" when a third object also gets atten
 
 Loss: a pair caption is true of every image holding its two labels in its order, so
 with a distractor another sample's caption often is true of an image (it names two of
-the image's three objects). The identical-caption rule of SPEC.md would count such
+the image's three objects). The identical-caption rule of SPEC would count such
 true captions as negatives; this task's loss (`positives`, used by `train.train_step`)
 counts every caption true of an image as its positive instead. (With the plain rule the
 default models did not learn the relation in 1500 steps: unseen 0.55, seen 0.63.)

@@ -1,6 +1,6 @@
 """The scenes task (`task_kind = "scenes"`): grid scenes and one-token spatial questions.
 
-Built for the autoregressive VLM (issue 12): a ViT reads the cells, a causal LM reads
+Built for the autoregressive VLM: a ViT reads the cells, a causal LM reads
 the projected image tokens and a question and answers with one token.
 
 Images: an `H x W` grid (`grid_h`, `grid_w`), L = H W cells in row-major order (cell
@@ -36,7 +36,7 @@ Samples (`sample_batch`, streaming only):
                of a validation label to find its picture (a side question about the one
                object shown can ignore the word).
 
-Label split, layouts and held-out cells are those of SPEC.md and `relations1d` with
+Label split, layouts and held-out cells are those of SPEC and `relations1d` with
 L = H W (the same draws from the data seed): validation labels (the last
 n_val_labels) are never in a two-object training image; each ordered pair's layouts
 are ordered by the data seed, the first `layouts_per_pair` train and the rest are its

@@ -9,7 +9,7 @@ absent; a named label at cell -1 is named by the question but not drawn.
 The question is `relation_B`: 0 horizontal ("is X left or right of Y?"), 1 vertical
 (above / below; before / after in a video), 2 presence ("is X shown?"). Its answer is
 the relation's first word (left / above / yes) or its second (`first_word`): families
-turn that into their own token ids. The twins of seeds 003 / 004 are transforms of
+turn that into their own token ids. The twins of papers 003 / 004 are transforms of
 specs (`mirror`, `mirror_pos`, `mirror_height`, `flip_facing`, `recolour`,
 `swap_named`); `probe_specs` builds the grid-averaging probes of the spatial IDs.
 
@@ -159,7 +159,7 @@ def probe_specs(grid: Grid, labels, n_labels: int, n_colours: int, placements: i
     states over these (the answers are not used).
 
     `factorial`: instead of random draws, the other object at every other cell once
-    (placements = L - 1, ignored), as the seed authors' extraction scenes are
+    (placements = L - 1, ignored), as the papers' authors' extraction scenes are
     (`tile_two_objects.py`: every pair of distinct cells); its label cycles through the
     other labels (not every pair of labels: that would be n_labels - 1 times more
     scenes). Colours and facings are drawn from `seed` either way."""

@@ -28,7 +28,7 @@ other two run once on the host.
   eval_specs(task_config, eval_set) -> {name: SceneSpec}
                                              scene tasks only: one eval set and its
                                                twins as scene specs (`data.spec`), what
-                                               the seed 003 / 004 methods render
+                                               the paper 003 / 004 methods render
 
 What a batch holds is between the task and the model families that train on it: the
 caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is

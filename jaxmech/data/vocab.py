@@ -1,4 +1,4 @@
-"""Image and text token vocabularies (separate, as in SPEC.md).
+"""Image and text token vocabularies (separate, as in SPEC).
 
 Image tokens: `0` background, `1..n_labels` objects, `n_labels + 1` the CLS token.
 Text tokens: `0` PAD, `1..n_labels` label words (same number as the image label, so

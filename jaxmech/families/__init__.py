@@ -1,5 +1,5 @@
 """Model families: one wing per family behind one contract (`registry`), and the VLM
-view that the seed 003 / 004 methods use (`vlm_view`)."""
+view that the paper 003 / 004 methods use (`vlm_view`)."""
 
 from jaxmech.families.registry import (  # noqa: F401
     FAMILIES,

@@ -1,4 +1,4 @@
-"""What a seed 003 / 004 method may ask of a VLM family: its VLM view.
+"""What a paper 003 / 004 method may ask of a VLM family: its VLM view.
 
 The methods (`analysis.patching`, `spatial_ids`, `counterfactuals`, ...) take a
 `VLMView`, one model's params and scene specs (`data.spec`); they never import a

@@ -113,7 +113,7 @@ def normalize(x, eps: float = LN_EPS):
     Its backward is written out, r * (g - mean(g) - y * mean(g * y)): autodiff's
     version of the same gradient has more ops (86 against 66 in StableHLO), which XLA's
     CPU backend fused into a slow layout copy; one toy VLM's gradient step is 1.2-1.3x
-    faster with this one (BUILD_NOTES, issue 28). Reverse mode only (grad, vjp,
+    faster with this one (BUILD_NOTES.md, Speed). Reverse mode only (grad, vjp,
     jacrev); forward mode (jvp, jacfwd) through it raises.
     """
     return _normalize_parts(x, eps)[0]
@@ -143,7 +143,7 @@ def rows_matmul(x, W_IxO):
 
     The same product as `x @ W`; flat, the weight's gradient is one plain [I, N] x
     [N, O] contraction, which XLA's CPU backend runs faster than the one over
-    several row axes that `x @ W` gives (BUILD_NOTES, issue 28).
+    several row axes that `x @ W` gives (BUILD_NOTES.md, Speed).
     """
     return (x.reshape(-1, x.shape[-1]) @ W_IxO).reshape(x.shape[:-1] + W_IxO.shape[-1:])
 

@@ -15,12 +15,10 @@ Every family:
 
   Names of intermediates: `"{part}/{point}.{layer}"` in TransformerLens's words, points
   `resid_pre, q, k, v, attn_scores, pattern, z, attn_out, resid_mid, mlp_out,
-  resid_post` (plus `rot_q, rot_k` where q and k are rotated); parts: the dual
-  encoder's `vision`, `text` (and `{tower}/e_part`, `p_part`, `readout`, `embed`); the
-  toy VLM's `vit`, `lm` (and `vit/content`, `vit/row_part`, `vit/col_part`,
-  `proj/out`, `lm/final`); Qwen-VL checkpoints' `vit`, `lm` (and `vit/embed`,
-  `merger/out`, `lm/embed`, `lm/final`). Each family lists its names
-  (`checks.check_edit_name`, `vlm_checks.edit_names`, `qwen2_vl.checks.site_names`).
+  resid_post` (plus `rot_q, rot_k` where q and k are rotated), with parts and extra
+  sites of the family's own (a VLM's `vit`, `lm`, and e.g. `proj/out`, `lm/final`).
+  Each family lists its names: `sites(config, params)` in its contract
+  (`families.contract`), `Model.sites()` on a handle.
 * `term_keep[part]`   `[H, T]` float, per head a keep-weight for each term of the first
   block's pre-softmax attention logits: the dual encoder's towers take `TERMS` (query
   side E / P / B x key side E / P / B), the toy VLM's `vit` takes `VIT_TERMS` (content,
@@ -34,8 +32,10 @@ Dual encoder (per tower):
   head's rotary angles (towers with rotary positions only). 1 keeps the rotation, 0
   switches it off: that head's logits are then the unrotated `q . k`.
 
-VLMs (the position overrides of seed 004 and the image tokens' order; Qwen-VL
-checkpoints refuse the term and per-head rotary fields above):
+VLMs, any family (the position overrides of paper 004 and the image tokens' order; a
+family that has no use for a field, e.g. a checkpoint for the term and per-head rotary
+fields above, refuses it by name). A new family's own kind of edit is a `replace` or
+`add` at one of its sites, so this record does not grow with the families:
 
 * `vit_rows`, `vit_cols` float `[P]`: the row / column position each ViT token sees
   (default: its own; `W - 1 - col` mirrors; fractional values interpolate a learned

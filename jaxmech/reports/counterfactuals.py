@@ -1,4 +1,4 @@
-"""Seed 004's counterfactual table on a results folder of VLMs (issue 15).
+"""Paper 004's counterfactual table on a results folder of VLMs.
 
 On the questions of both relations (the seen-pair questions first and the unseen-pair ones beside them, each summarised
 over the generalising models and then the others (`common.analyse`)), every model answers every example
@@ -36,14 +36,10 @@ from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
-    checkpoint_data,
     chunk_progress,
     declared,
     fmt_ci,
     fmt_question_ci,
-    plots_dir,
     protocol_of,
     question_ci,
     relation_questions,
@@ -89,10 +85,10 @@ def compute(run: LoadedRun, log=print) -> dict:
     rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
     versions = jax.tree_util.tree_map(stack, *rendered)  # [versions, B, ...]
     swapped = examples(view, swap_named(ex.spec))
-    ckpt, n = checkpoint_data(run), len(ex.answer_B)
-    if ckpt and ckpt.layers is not None:  # every counterfactual edits the inputs, no layer
-        log(f"layers {list(ckpt.layers)}: not used by the counterfactual table")
-    one_at_a_time = 1 if ckpt else None
+    n, layers = len(ex.answer_B), run.subject.layers
+    if layers is not None:  # every counterfactual edits the inputs, no layer
+        log(f"layers {list(layers)}: not used by the counterfactual table")
+    one_at_a_time = run.subject.question_chunk
     per_row = np.ndim(cfs.lm_ids) == 4  # [C, B, 3, S]: left-padded rows, ids per row
 
     @jax.jit
@@ -271,7 +267,7 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     note = notes(view_of(run), model_outline(run.params), run.config)
     # a checkpoint is one model: an interval over models has n = 1 (NaN), so its cells
     # carry the bootstrap over its questions instead
-    one = checkpoint_data(run) is not None
+    one = run.subject.over_questions
     if one:
         log(f"protocol: {protocol_of(run)}")
     values = question_values(res) if one else model_values(tables["table"], tables["errors"])
@@ -292,13 +288,3 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("margins", "swapped"),
 )
-
-
-def analyse_counterfactuals_run(path: str, log=print) -> dict:
-    """The counterfactual table of one results folder (`common.analyse`)."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_counterfactuals_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The counterfactual table of a checkpoint (`common.open_checkpoint`) into `out`."""
-    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

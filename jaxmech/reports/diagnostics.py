@@ -1,4 +1,4 @@
-"""Seed 003's diagnostics on a results folder of VLMs (issue 13, part 4).
+"""Paper 003's diagnostics on a results folder of VLMs.
 
 On the questions of both relations (the seen-pair questions first and the unseen-pair ones beside them, each summarised
 over the generalising models and then the others (`common.analyse`)), per model and LM site after the first
@@ -43,15 +43,11 @@ from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
-    checkpoint_data,
     compiled_call,
     declared,
     fmt_ci,
     fmt_interval,
     id_labels,
-    plots_dir,
     probe_rows,
     question_ci,
     relation_questions,
@@ -119,14 +115,14 @@ def report_sites(run: LoadedRun, n_blocks: int, log=None) -> list[int]:
     authors' layer y; n_blocks: the last block's output), a checkpoint's within its
     `--layers`. Layer 0 has none (before the first block the object word has seen no
     image): left out (said to `log`); ValueError where no layer is left."""
-    ckpt = checkpoint_data(run)
-    if ckpt is None or ckpt.layers is None:
+    layers = run.subject.layers
+    if layers is None:
         return list(range(1, n_blocks + 1))
-    sites = sorted({y for y in ckpt.layers if y >= 1})
+    sites = sorted({y for y in layers if y >= 1})
     if not sites:
-        raise ValueError(f"layers = {list(ckpt.layers)}: the diagnostics need a layer in "
+        raise ValueError(f"layers = {list(layers)}: the diagnostics need a layer in "
                          f"[1, {n_blocks}] (layer 0, before the first block, has no ID)")  # fmt: skip
-    if log is not None and 0 in ckpt.layers:
+    if log is not None and 0 in layers:
         log("layer 0 left out: before the first block the object word has seen no image")
     return sites
 
@@ -368,7 +364,7 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    one = checkpoint_data(run) is not None  # one model: intervals over its questions
+    one = run.subject.over_questions  # one model: intervals over its questions
     log(
         f"{'a checkpoint' if one else f'{run.k} models'}; "
         f"{EXAMPLE_WORDS.get(run.examples, 'pair questions')} of both relations; IDs of the "
@@ -386,21 +382,10 @@ REPORT = Report(
     summarise=_summary,
     plot=lambda res, tables, run, path: plot(res, tables["occlusion"], path),
     figure="diagnostics.png",
+    check=lambda run, log: check_layers(run, log),  # --layers, before any compute
     examples=EXAMPLES,
     per_model=("margin", "deviation", "believed", "true", "occluded"),
 )
-
-
-def analyse_diagnostics_run(path: str, log=print) -> dict:
-    """The diagnostics report of one results folder (`common.analyse`)."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_diagnostics_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The diagnostics report of a checkpoint (`common.open_checkpoint`) into `out`;
-    its `--layers` checked first (`report_sites`: ValueError before any compute)."""
-    check_layers(run, log)
-    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)
 
 
 def check_layers(run: LoadedRun, log=None) -> None:

@@ -1,13 +1,13 @@
-"""Seed 003's spatial-ID loss on a real checkpoint (issue 27): fine-tuning with the LM
-frozen, per ID-loss weight, against the plain fine-tune (weight 0).
+"""Paper 003's spatial-ID loss on a real checkpoint: fine-tuning with the LM frozen, per
+ID-loss weight, against the plain fine-tune (weight 0).
 
-The recipe is the authors' (issue 26; spatial_finetuning/train.py with
-run_vision_spatial_loss.sh): only the parameters matched by `train_only` train (default
-`authors_train_only`: the MLP weights, no biases, of the ViT's last 6 blocks; the merger
-and the LM are frozen), Adam at a small learning rate (no weight decay), the ID loss at
-LM site `site` (default `authors_site`: their layer 11 of Qwen2-VL-2B's 28, at the same
-relative depth in a smaller LM). The loss on a batch of pair questions (`data.spec.pair_questions`,
-drawn as pictures) is
+The recipe is the authors' (spatial_finetuning/train.py with run_vision_spatial_loss.sh):
+only the parameters matched by `train_only` train (default the checkpoint family's
+`trainable`, its reading of the authors' selection, e.g. the MLP weights, no biases, of
+the ViT's last 6 blocks, with the projector and the LM frozen), Adam at a small learning
+rate (no weight decay), the ID loss at LM site `site` (default `authors_site`: their
+layer 11 of 28, at the same relative depth in a smaller LM). The loss on a batch of pair
+questions (`data.spec.pair_questions`, drawn as pictures) is
 
     -log p(answer word)  +  weight * mean(1 - cos(ID_pred, ID_true))
 
@@ -48,30 +48,14 @@ from jaxmech.reports.common import LoadedRun, probe_rows, write_csv, write_json
 from jaxmech.train import path_mask
 
 # spatial_finetuning/train.py: --spatial_id_layer 11 (hidden_states[11], the residual
-# after 11 of Qwen2-VL-2B's 28 LM blocks: lm/resid_pre.11), --last_k_blocks 6
-AUTHORS_SITE, AUTHORS_LM_BLOCKS, AUTHORS_VIT_BLOCKS = 11, 28, 6
+# after 11 of their model's 28 LM blocks: lm/resid_pre.11), --last_k_blocks 6
+AUTHORS_SITE, AUTHORS_LM_BLOCKS = 11, 28
 
 
 def authors_site(n_blocks: int) -> int:
     """The authors' ID-loss site in an LM of `n_blocks` blocks: layer 11 of 28, at the
     same relative depth elsewhere (round(11 n / 28), halves up, at least 1)."""
     return max(1, (2 * AUTHORS_SITE * n_blocks + AUTHORS_LM_BLOCKS) // (2 * AUTHORS_LM_BLOCKS))
-
-
-def authors_train_only(params) -> str:
-    """The authors' trained leaves as a `train_only` spec: the MLP weights (W_in, W_out,
-    and Qwen2.5-VL's W_gate) of the ViT's last min(6, depth) blocks. Their selector
-    (vision_mlp_lastk) takes vision tensors named like an MLP's ending in `.weight`
-    (no bias) within the last 6 numbered blocks; its projector names (mm_projector,
-    multi_modal_projector, ...) miss Qwen's `visual.merger`, so the merger stays frozen.
-    Their 30% parameter budget holds all of them (79M of Qwen2-VL-2B's 2.2B)."""
-    depth = _vit_depth(params)
-    return "+".join(
-        f"vit/block_{i}/{name}"
-        for i in range(max(0, depth - AUTHORS_VIT_BLOCKS), depth)
-        for name in ("W_gate", "W_in", "W_out")
-        if name in params["vit"][f"block_{i}"]
-    )
 
 
 def site_of(n_blocks: int, site: int | None, log=print) -> int:
@@ -81,7 +65,7 @@ def site_of(n_blocks: int, site: int | None, log=print) -> int:
         site = authors_site(n_blocks)
         scaled = f" (scaled to {n_blocks} blocks: round(11 x {n_blocks} / 28))"
         log(f"ID loss at LM layer {site} (lm/resid_pre.{site}): the authors' layer 11 of "
-            f"Qwen2-VL-2B's 28" + ("" if n_blocks == AUTHORS_LM_BLOCKS else scaled))  # fmt: skip
+            f"their LM's 28" + ("" if n_blocks == AUTHORS_LM_BLOCKS else scaled))  # fmt: skip
     if not 1 <= site <= n_blocks:
         raise ValueError(f"id_site = {site}: expected an LM site in [1, {n_blocks}]")
     return site
@@ -211,24 +195,24 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int | None =
                 lr: float = 5e-5, train_only: str | None = None, log=print) -> dict:  # fmt: skip
     """The ID-loss fine-tunes of a checkpoint (`common.open_checkpoint`), one per weight,
     evaluated before and after; files in `out/id_loss/` (module docstring). `site` None:
-    the authors' (`authors_site`); `train_only` None: theirs (`authors_train_only`).
+    the authors' (`authors_site`); `train_only` None: theirs (the family's `trainable`).
     Returns the tables, the summary and each weight's fine-tuned params."""
-    from jaxmech.reports.common import checkpoint_data, plots_dir
+    from jaxmech.reports.common import plots_dir
 
-    ckpt = checkpoint_data(run)
-    if ckpt is None:
+    ckpt = run.subject  # its questions, batch and key: a checkpoint's
+    if ckpt.key is None:
         raise ValueError("run_id_loss: expected a checkpoint (common.open_checkpoint)")
-    view = ckpt.view
+    view = ckpt.view(run)
     params = jax.tree_util.tree_map(lambda x: x[0], run.params)
     site = site_of(view.n_lm_blocks(params), site, log)
-    spec = train_only or authors_train_only(params)
+    spec = train_only or run.family.trainable(params)
     mask = jax.tree_util.tree_leaves(path_mask(params, spec))  # a bad pattern fails here
-    n = len(ckpt.specs["examples"].relation_B)
+    n = len(ckpt.question_specs(run)["examples"].relation_B)
     split = np.arange(n) % 4 == 0  # a quarter of the questions held out
     batch = min(ckpt.batch or 8, 8, int((~split).sum()))
     cfg = {"steps": steps, "lr": lr, "train_only": spec, "batch": batch, "seed": 0}
-    test = examples(view, take(ckpt.specs["examples"], split))
-    train = examples(view, take(ckpt.specs["examples"], ~split))
+    test = examples(view, take(ckpt.question_specs(run)["examples"], split))
+    train = examples(view, take(ckpt.question_specs(run)["examples"], ~split))
     probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
     target = targets(view, params, site, probe_rows(run, log))
     evaluate = make_eval(view, test, held, site, target)
@@ -274,7 +258,3 @@ def with_leaves(params, trained: dict):
         jnp.asarray(trained[str(i)]) if str(i) in trained else x for i, x in enumerate(leaves)
     ]
     return jax.tree_util.tree_unflatten(tree, leaves)
-
-
-def _vit_depth(params) -> int:
-    return sum(1 for k in params["vit"] if k.startswith("block_"))

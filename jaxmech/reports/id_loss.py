@@ -1,4 +1,4 @@
-"""The spatial-ID loss against the plain loss (seed 003, issue 14, part 1).
+"""The spatial-ID loss against the plain loss (paper 003).
 
 Two ways in, one report:
 
@@ -14,18 +14,17 @@ Two ways in, one report:
   `sweep.run_grid(..., init_from=...)`): chunked, checkpointed, resumable after a kill
   and locked like any sweep; a resume against a changed RUN is refused.
 
-The report (`analyse_id_loss_run`): per weight, learning curves (unseen-pair accuracy,
-the ID loss on training-pair and validation labels), final accuracies on seen and
-unseen pairs with 95% intervals over seeds, and the paired difference to weight 0:
-models with the same seed start alike and see the same batches, so the difference is
-the loss's effect. A fine-tuned run is summarised per group of its base models
+The report (`REPORT`, run by `reports.driver`): per weight, learning curves
+(unseen-pair accuracy, the ID loss on training-pair and validation labels), final
+accuracies on seen and unseen pairs with 95% intervals over seeds, and the paired
+difference to weight 0: models with the same seed start alike and see the same
+batches, so the difference is the loss's effect. A fine-tuned run is summarised per group of its base models
 (`base_groups`: generalising before fine-tuning, then the others), generalising first.
 
-The authors' recipe (issue 26; spatial_finetuning/train.py with
-run_vision_spatial_loss.sh: the MLP weights, no biases, of the ViT's last 6 blocks train,
-Qwen2-VL's merger and the LM are frozen, lr 5e-5, weight 1, the ID loss at layer 11 of
-28), scaled to the 2-block `vlm` preset (both ViT blocks' MLP weights, the only middle LM
-site 1):
+The authors' recipe (spatial_finetuning/train.py with run_vision_spatial_loss.sh: the
+MLP weights, no biases, of the ViT's last 6 blocks train, the projector and the LM are
+frozen, lr 5e-5, weight 1, the ID loss at layer 11 of 28), scaled to the 2-block `vlm`
+preset (both ViT blocks' MLP weights, the only middle LM site 1):
 
     python -m experiments.id_loss --base=runs/vlm --out=runs/id_authors --weights=0,1 \
         --id_site=1 --lr=5e-5 --train_only='vit/block_*/W_in+vit/block_*/W_out'
@@ -54,7 +53,6 @@ from jaxmech.reports.common import (
     GENERALISING,
     LoadedRun,
     Report,
-    analyse,
     check_run,
     declared,
     open_run,
@@ -284,8 +282,3 @@ REPORT = Report(
     figure="curves.png",
     with_data=False,
 )
-
-
-def analyse_id_loss_run(path: str, log=print) -> dict:
-    """The report on a run with an ID-loss site (module docstring; `common.analyse`)."""
-    return analyse(REPORT, path, log)

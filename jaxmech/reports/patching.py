@@ -1,4 +1,4 @@
-"""Seed 003's mirror-swap patching on a results folder of VLMs (issue 13, part 1).
+"""Paper 003's mirror-swap patching on a results folder of VLMs.
 
 On the questions of the task's first relation (scenes: left/right; video: before/after,
 whose mirror twin is the time-reversed video), every model x LM layer x token group x
@@ -40,14 +40,10 @@ from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
     cell_interval,
-    checkpoint_data,
     chunk_progress,
     declared,
     fmt_interval,
-    plots_dir,
     protocol_of,
     question_specs,
     rows_per_call,
@@ -86,9 +82,8 @@ def compute(run: LoadedRun, log=print) -> dict:
     asked = np.asarray(specs["examples"].relation_B) == rel
     ex = examples(view, take(specs["examples"], asked))
     twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
-    ckpt, n = checkpoint_data(run), len(ex.answer_B)
-    n_blocks = view.n_lm_blocks(run.params)
-    layers = ckpt.layers if ckpt and ckpt.layers else tuple(range(n_blocks))
+    n, n_blocks = len(ex.answer_B), view.n_lm_blocks(run.params)
+    layers = run.subject.layers or tuple(range(n_blocks))
     if max(layers) >= n_blocks:
         raise ValueError(
             f"layers = {list(layers)}: layer {n_blocks} (the last block's output) is not "
@@ -293,14 +288,3 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("logp", "shifts"),
 )
-
-
-def analyse_patching_run(path: str, log=print) -> dict:
-    """The mirror-swap report of one results folder (`common.analyse`). Raises
-    ValueError for a run it does not apply to or whose every model diverged."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_patching_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The mirror-swap report of a checkpoint (`common.open_checkpoint`) into `out`."""
-    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

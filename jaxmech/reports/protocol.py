@@ -1,7 +1,7 @@
 """The protocol study: under which training protocol does label diversity matter?
 
 Paper 000 reports unseen-pair accuracy rising with N_pair (label diversity) and flat in
-n_2 (layouts per pair); under SPEC.md's defaults N_pair = 5 already generalises. This
+n_2 (layouts per pair); under SPEC's defaults N_pair = 5 already generalises. This
 module trains the same grid of data settings under a list of training protocols (each
 a set of config overrides: `jaxmech.presets`), measures per model the accuracies, the steps it trained,
 the CLS-row EP gradient and the EP / EP+BP ablation effects, and writes one Markdown

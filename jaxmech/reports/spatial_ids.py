@@ -1,4 +1,4 @@
-"""Seed 003's spatial IDs on a results folder of VLMs (issue 13, part 2).
+"""Paper 003's spatial IDs on a results folder of VLMs.
 
 For every model: the IDs `Delta_y(cell)` at each LM site (`analysis.spatial_ids`; a
 checkpoint's `--layers` only) from probe scenes of the training-pair labels at every
@@ -38,15 +38,11 @@ from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
-    checkpoint_data,
     compiled_call,
     declared,
     fmt_ci,
     fmt_question_ci,
     id_labels,
-    plots_dir,
     probe_rows,
     protocol_of,
     question_ci,
@@ -78,9 +74,8 @@ spatial_ids_refusal = declared(
 def sites_of(run: LoadedRun) -> tuple[list[int], list[int]]:
     """(the LM sites the report studies: a checkpoint's `--layers` as the authors index
     them, else every one; the blocks of its analytic IDs, `spatial_ids.id_blocks`)."""
-    ckpt = checkpoint_data(run)
     n = view_of(run).n_lm_blocks(model_outline(run.params))
-    layers = ckpt.layers if ckpt else None
+    layers = run.subject.layers
     return si.id_sites(n, layers), si.id_blocks(n, layers)
 
 
@@ -311,13 +306,3 @@ REPORT = Report(
     per_model=tuple("delta r2 baseline ceiling h v cos_train_val analytic peak_probes".split()),
     example_words=LABEL_WORDS,
 )
-
-
-def analyse_spatial_ids_run(path: str, log=print) -> dict:
-    """The spatial-ID report of one results folder (`common.analyse`)."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_spatial_ids_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The spatial-ID report of a checkpoint (`common.open_checkpoint`) into `out`."""
-    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

@@ -1,4 +1,4 @@
-"""Seed 003's steering with spatial IDs on a results folder of VLMs (issue 13, part 3).
+"""Paper 003's steering with spatial IDs on a results folder of VLMs.
 
 For every model, its IDs `Delta_y` from probe scenes (`analysis.spatial_ids`), then at
 every LM site after the first block (`lm/resid_pre.{y}`, y >= 1: before that the object
@@ -47,8 +47,6 @@ from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
     cell_interval,
     compiled_call,
     declared,
@@ -56,7 +54,6 @@ from jaxmech.reports.common import (
     fmt_interval,
     id_labels,
     needs_depth,
-    plots_dir,
     probe_rows,
     protocol_of,
     steered_sites,
@@ -335,13 +332,3 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("flip_rates", "authors_rates", "beliefs", "beliefs_paper", "accuracy"),
 )
-
-
-def analyse_steering_run(path: str, log=print) -> dict:
-    """The steering report of one results folder (`common.analyse`)."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_steering_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The steering report of a checkpoint (`common.open_checkpoint`) into `out`."""
-    return analyse_loaded(REPORT, run, plots_dir(out, REPORT.folder), log)

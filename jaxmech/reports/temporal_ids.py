@@ -1,4 +1,4 @@
-"""Seed 003's temporal IDs on toy video VLMs (issue 14, part 2).
+"""Paper 003's temporal IDs on toy video VLMs.
 
 The video task (`data.video`) is the scenes grid read as time (row = frame), so the
 spatial-ID tools run unchanged: the object word's ID `Delta_y(cell)` from probe scenes
@@ -34,13 +34,9 @@ from jaxmech.data.video import TIME
 from jaxmech.reports.common import (
     LoadedRun,
     Report,
-    analyse,
-    analyse_loaded,
-    checkpoint_data,
     declared,
     fmt_ci,
     needs_depth,
-    plots_dir,
     probe_rows,
     steered_sites,
     steering_examples,
@@ -174,10 +170,17 @@ def _tables(res: dict, run: LoadedRun) -> dict:
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
-    which = "pair" if checkpoint_data(run) else "unseen-pair"
+    which = run.subject.questions_word
     log(f"{run.k} models; {which} before/after questions")
     summary = summarise(res, res["flip_rates"], res["beliefs"], log)
     return summary | {"excluded": list(run.excluded)}
+
+
+def check_video(run: LoadedRun, log=print) -> None:
+    """Refuses a subject whose questions are not videos (a checkpoint must be opened
+    with `video=True`) before any compute."""
+    if not run.subject.video(run):
+        raise ValueError("temporal IDs: expected a checkpoint opened as videos (video=True)")
 
 
 REPORT = Report(
@@ -188,17 +191,6 @@ REPORT = Report(
     summarise=_summary,
     plot=lambda res, tables, run, path: plot(res, res["flip_rates"], res["beliefs"], path),
     figure="temporal_ids.png",
+    check=check_video,
+    video=True,
 )
-
-
-def analyse_temporal_ids_run(path: str, log=print) -> dict:
-    """The temporal-ID report of one video run (`common.analyse`)."""
-    return analyse(REPORT, path, log)
-
-
-def analyse_temporal_ids_checkpoint(run: LoadedRun, out: str, log=print) -> dict:
-    """The temporal-ID report of a checkpoint opened as videos (`common.open_checkpoint`
-    with `video=True`) into `out`."""
-    if not (checkpoint_data(run) and run.data.key.get("video")):
-        raise ValueError("temporal IDs: expected a checkpoint opened as videos (video=True)")
-    return analyse_loaded(REPORT, run, plots_dir(out, FOLDER), log)

@@ -1,4 +1,4 @@
-"""Seed 000's App. O on the toy VLM: the first ViT block's logit terms and their ablation.
+"""Paper 000's App. O on the toy VLM: the first ViT block's logit terms and their ablation.
 
 Writes into `RUN/vit_terms/`:
   gradients.csv  model, term, head, h, v, h_abs, v_abs: the term's slope along the key
@@ -31,7 +31,6 @@ from jaxmech.reports.common import (
     LoadedRun,
     Report,
     ablation_rows,
-    analyse,
     declared,
     fmt_ci,
 )
@@ -200,10 +199,3 @@ REPORT = Report(
     plot=_plot,
     figure="gradients.png",
 )
-
-
-def analyse_vit_terms_run(path: str, log=print) -> dict:
-    """The App. O report of one results folder (`common.analyse`). Raises ValueError
-    for a run that is not a toy VLM with additive ViT positions, or whose every model
-    diverged."""
-    return analyse(REPORT, path, log)

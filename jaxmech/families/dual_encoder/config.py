@@ -13,7 +13,7 @@ VISION_POS = ("learned", "rope")
 
 @dataclasses.dataclass(frozen=True)
 class DualEncoderConfig(TransformerConfig):
-    """The CLIP-style dual encoder (SPEC.md; both towers share the transformer sizes).
+    """The CLIP-style dual encoder (SPEC; both towers share the transformer sizes).
 
     `text_n_layers` None means the text tower has `n_layers` layers too.
 

@@ -1,4 +1,4 @@
-"""Relation and label-set accuracies on the fixed validation sets (SPEC.md).
+"""Relation and label-set accuracies on the fixed validation sets (SPEC).
 
 Relation accuracy: an image is correct when its true caption is more similar than its
 swapped caption (objects exchanged for pairs, left/right exchanged for singles); with

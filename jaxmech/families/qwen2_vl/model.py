@@ -28,7 +28,7 @@ the ViT's rotary positions read (windows stay those of the physical patches);
 Partial runs: `forward(..., last_row=True)` runs the last LM block for the last row only
 (logits [B, V]); `forward(..., resume=Resume(...))` runs the LM from one block on the
 last rows only, the rows before read from another run's keys and values (a key / value
-cache; the seed 003 methods' patches and steering resume there).
+cache; the paper 003 methods' patches and steering resume there).
 
 Axis names (`jaxmech.shapes`): B sequences, P patches, I merged image tokens, S LM
 tokens, E / D ViT / LM width, H heads, Dh head width, R rotary pairs, V vocabulary.

@@ -22,16 +22,3 @@ def next_token_logprobs(config, params, encoded) -> np.ndarray:
     inputs = encoded.inputs
     rows = np.full(inputs.tokens_BxS.shape[0], inputs.tokens_BxS.shape[1] - 1, np.int32)
     return np.asarray(_logprobs(params, inputs, rows, config))
-
-
-def top_tokens(tokenizer, logprobs_V, k: int) -> list[tuple[str, int, float]]:
-    """The k likeliest next tokens as (text, id, probability), likeliest first."""
-    ids = np.argsort(-logprobs_V)[:k]
-    return [
-        (
-            tokenizer.decode([int(i)], skip_special_tokens=False),
-            int(i),
-            float(np.exp(logprobs_V[i])),
-        )
-        for i in ids
-    ]

@@ -244,6 +244,14 @@ class Encoded(NamedTuple):
     grid: tuple
     merge: int
     video: bool = False
+    patch_size: int = 0  # pixels per patch side (0: not recorded)
+
+    def describe(self) -> str:
+        """One line for logs: the picture's size, its patches and the tokens."""
+        t, h, w = self.grid
+        return (f"image {h * self.patch_size} x {w * self.patch_size} px, {t * h * w} "
+                f"patches, {self.inputs.image_BxI.shape[1]} image tokens, "
+                f"{self.inputs.tokens_BxS.shape[1]} tokens")  # fmt: skip
 
 
 def _check_batch(images, questions):
@@ -334,6 +342,7 @@ def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,
         grid,
         c.merge_size,
         pad == VIDEO_PAD,
+        c.patch_size,
     )
 
 

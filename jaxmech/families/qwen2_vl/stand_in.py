@@ -21,7 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxmech.data import pictures
-from jaxmech.families.qwen2_vl.config import from_hf
+from jaxmech.families.qwen2_vl.config import QwenVLConfig, from_hf
 from jaxmech.families.qwen2_vl.load import key_map
 from jaxmech.families.qwen2_vl.processor import chat_prompt
 
@@ -172,3 +172,34 @@ def write_stand_in(folder: str, hub: dict = QWEN2_VL_2B, seed: int = 0, log=prin
     with open(index, "w") as f:
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     return folder
+
+
+def bench_config(ids: dict) -> QwenVLConfig:
+    """A small Qwen2-VL-layout config for the patching bench (ViT 4 blocks of width 256,
+    LM 8 layers of width 512, 8 / 2 heads, MLP 2048, the real 151936-word vocabulary),
+    special ids from `ids`."""
+    return QwenVLConfig(
+        vit_depth=4, vit_width=256, vit_heads=4, vit_mlp=1024,
+        lm_vocab=151936, lm_width=512, lm_layers=8, lm_heads=8, lm_kv_heads=2,
+        lm_mlp=2048, lm_mrope_section=(8, 12, 12), tie_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+
+
+def qwen2_vl_2b_config(ids: dict) -> QwenVLConfig:
+    """Qwen2-VL-2B-Instruct's architecture (its config.json; 2.21 B parameters), special
+    ids from `ids`: for random weights at the real size (the GPU script)."""
+    return QwenVLConfig(
+        vit_depth=32, vit_width=1280, vit_heads=16, vit_mlp=5120,
+        lm_vocab=151936, lm_width=1536, lm_layers=28, lm_heads=12, lm_kv_heads=2,
+        lm_mlp=8960, lm_mrope_section=(16, 24, 24), lm_rope_theta=1e6, tie_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )  # fmt: skip
+
+
+# the benches' random configs of the real layout: name -> (config of special ids, size)
+BENCH_CONFIGS = {"bench": (bench_config, 224), "real": (qwen2_vl_2b_config, 448)}

@@ -10,7 +10,7 @@ merged tokens); the view refuses others by name.
 Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "Below",
 "Yes" / "No" in the checkpoint's tokenizer, capitalised and without a leading space:
 the answer starts the assistant's turn on a new line, where a chat model writes a
-capitalised word. The first token only (not a sum over spellings). The seed authors'
+capitalised word. The first token only (not a sum over spellings). The papers' authors'
 wording (`checkpoint_view(wording="authors")`) asks 'Answer "left" or "right" only.'
 and reads "left" / "right" (`AUTHORS_ANSWERS`), as their Qwen scripts do.
 
@@ -42,7 +42,7 @@ from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.vlm_view import VLMView
 
 ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
-# the seed authors' Qwen scripts read the lower-case words their prompt quotes
+# the papers' authors' Qwen scripts read the lower-case words their prompt quotes
 AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
 WORDINGS = ("jaxmech", "authors")  # `checkpoint_view(wording=)`
 VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))  # relation 1: time
@@ -199,7 +199,7 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
     scenes on `grid` drawn `size` pixels square; `video`: as videos of grid.h frames
     (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). `wording` "authors":
-    pictures asked in the seed authors' words (`pictures.AUTHORS_TEMPLATES`), the
+    pictures asked in the papers' authors' words (`pictures.AUTHORS_TEMPLATES`), the
     lower-case answer words read (`AUTHORS_ANSWERS`); videos keep jaxmech's. Raises
     ValueError naming `size`, `wording` or the tokenizer before any compute."""
     if wording not in WORDINGS:

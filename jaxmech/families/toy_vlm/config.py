@@ -20,7 +20,7 @@ class ToyVLMConfig(TransformerConfig):
     carry the frame); `id_site` > 0 adds the spatial-ID loss at that LM site
     (`families.toy_vlm.id_loss`), weighted by the sweepable `id_weight`.
 
-    `planted_route` (the planted-route control of seed 003's methods): question tokens
+    `planted_route` (the planted-route control of paper 003's methods): question tokens
     other than the object words cannot attend to the image tokens, so position reaches
     the answer only through the object words (the route the papers describe).
     """

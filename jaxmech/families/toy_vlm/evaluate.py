@@ -9,7 +9,7 @@ the model's own set membership (`data.scenes.eval_masks`: seen and train pairs d
 on its sweepable settings), so one compiled evaluation serves every model of a sweep.
 
 `unseen_min_acc` (the smallest unseen-pair accuracy over the relations) is the
-progress metric: issue 12's target is both relations above 0.9 on unseen pairs.
+progress metric: the target is both relations above 0.9 on unseen pairs.
 
 With the spatial-ID loss on (`id_site` > 0), `id_loss_train` / `id_loss_unseen` are
 its value (`families.toy_vlm.id_loss`) on probes built from `ID_EVAL_PAIRS` rows spread over the

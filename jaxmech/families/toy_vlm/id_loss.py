@@ -1,4 +1,4 @@
-"""The spatial-ID loss (seed 003, issue 14): `1 - cos(ID_pred, ID_true)` at one LM site.
+"""The spatial-ID loss (paper 003): `1 - cos(ID_pred, ID_true)` at one LM site.
 
 Where: LM site y = `id_site` (the residual entering LM block y; y = lm_n_layers is the
 last block's output: `ar_vlm.site_name`), at the first-named object's word (question

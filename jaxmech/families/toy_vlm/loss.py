@@ -2,7 +2,7 @@
 
 Training is next-token cross-entropy on the answer token (the LM's logits at the last
 question position, over the whole vocabulary). Evaluation reads two kinds of numbers,
-because seeds 003 / 004 measure beliefs, not only accuracy:
+because papers 003 / 004 measure beliefs, not only accuracy:
 
 * correct: the answer word's logit beats the other word of its relation (left vs
   right, above vs below): chance 0.5, the SPEC convention of scoring against the

@@ -77,7 +77,7 @@ def _normal(key, name: str, shape, std: float):
 
 
 def init_block(key, name: str, config: Config) -> dict:
-    """One block's params (SPEC.md's initialisation, as the dual encoder's blocks)."""
+    """One block's params (SPEC's initialisation, as the dual encoder's blocks)."""
     m = config.model
     H, D, Dh, M = m.n_heads, m.d_model, m.d_head, m.d_mlp
     p = {}
@@ -151,7 +151,7 @@ def planted_id_target(key, rows_L, cols_L, d_model: int):
 
 
 def init_params(config: Config, key: jax.Array) -> dict:
-    """A fresh params dict for `config` (module docstring; SPEC.md's initialisation:
+    """A fresh params dict for `config` (module docstring; SPEC's initialisation:
     embeddings N(0, init_E^2), position tables N(0, init_P^2), W_Q/W_K/W_V/W_U N(0, 1/D),
     W_O N(0, 1/(H Dh)), projector N(0, 1/D), biases 0, LayerNorm weights 1)."""
     _check_config(config)
@@ -240,7 +240,7 @@ def question_embedding(params, question_BxQ):
     label row (`vit/label_E`), not a row of `lm/E`: the toy's stand-in for a pretrained
     VLM whose LM already knows the words its vision side aligns to. Without it the word
     and the picture of a label are unrelated until a training pair binds them, and the
-    validation labels never appear in one (BUILD_NOTES.md, issue 12).
+    validation labels never appear in one (BUILD_NOTES.md, Results, paper 003).
     """
     words = params["lm"]["E"][question_BxQ]
     first_label = N_SCENE_WORDS - 1  # the token label 0 would have; label l is at 10 + l
@@ -363,8 +363,3 @@ def forward(
     final = lm_forward(params, image, question_BxQ, edits, aux, all_rows=capture)
     logits = unembed(params, final)
     return logits, aux
-
-
-def answer_logits(logits_BxV, word_ids):
-    """The logits of the given answer words, [B, len(word_ids)] (e.g. (left, right))."""
-    return logits_BxV[:, jnp.asarray(word_ids)]

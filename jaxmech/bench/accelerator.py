@@ -238,7 +238,7 @@ COLUMNS = (
 def write_check(res: dict, out: str) -> list[str]:
     """Writes `out/accelerator.csv` (one row per K) and `out/accelerator.json` (all of
     `res`); returns the printed table's lines."""
-    from jaxmech.reports.common import write_csv, write_json
+    from jaxmech.results import write_csv, write_json
 
     os.makedirs(out, exist_ok=True)
     rows = [{c: r.get(c, "") for c in COLUMNS} for r in res["rows"]]

@@ -1,11 +1,11 @@
-"""Speed of seed 003's patching table on a Qwen2-VL-layout checkpoint: one compiled call
-against the one-forward-per-condition loop of the authors' code (issue 27).
+"""Speed of paper 003's patching table on a checkpoint family's random stand-in: one
+compiled call against the one-forward-per-condition loop of the authors' code.
 
-The config (`bench_config`): Qwen2-VL's layout with random weights, LM width 512, 8
-layers, 8 query / 2 key-value heads, MLP 2048, Qwen's 151936-word vocabulary; vision
-depth 4, width 256; 224 x 224 pictures (16 x 16 patches, 64 image tokens) of a 4 x 4
-grid. The tokenizer is a word-level one over the prompts' words (`word_tokenizer`), so
-sequences are a little shorter than under Qwen's BPE.
+The config: the family's `stand_in.configs[kind]` (`families.contract.StandIn`; for
+Qwen2-VL "bench" is its layout with random weights, LM width 512, 8 layers, the real
+151936-word vocabulary, a 4-block ViT of width 256, 224 x 224 pictures; "real" is
+Qwen2-VL-2B's size at 448 px), pictures of a 4 x 4 grid. The tokenizer is a word-level
+one over the prompts' words, so sequences are a little shorter than under a real BPE.
 
 The table: every LM layer x 4 token groups (image, question, objects, last) x the
 images, mirror twin. Both sides compute the same patches and log-probabilities:
@@ -42,26 +42,11 @@ from jaxmech.analysis.patching import (
     token_groups,
 )
 from jaxmech.data.spec import Grid, pair_questions
-from jaxmech.families.qwen2_vl import params as qwen_params
-from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.families.qwen2_vl.stand_in import word_tokenizer
-from jaxmech.families.qwen2_vl.view import checkpoint_view
+from jaxmech.families.registry import stand_in_family
 from jaxmech.families.vlm_view import examples
 from jaxmech.models.edits import Edits
 
 TABLE_GROUPS = ("image", "question", "objects", "last")
-
-
-def bench_config(ids: dict) -> QwenVLConfig:
-    """The issue's Qwen2-VL-layout config (module docstring), special ids from `ids`."""
-    return QwenVLConfig(
-        vit_depth=4, vit_width=256, vit_heads=4, vit_mlp=1024,
-        lm_vocab=151936, lm_width=512, lm_layers=8, lm_heads=8, lm_kv_heads=2,
-        lm_mlp=2048, lm_mrope_section=(8, 12, 12), tie_embeddings=True,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )  # fmt: skip
 
 
 def _loop_calls(view, layers):
@@ -95,22 +80,6 @@ def _loop(calls, params, ex, twin, groups, images):
     return out
 
 
-def qwen2_vl_2b_config(ids: dict) -> QwenVLConfig:
-    """Qwen2-VL-2B-Instruct's architecture (its config.json; 2.21 B parameters), special
-    ids from `ids`: for random weights at the real size (the GPU script)."""
-    return QwenVLConfig(
-        vit_depth=32, vit_width=1280, vit_heads=16, vit_mlp=5120,
-        lm_vocab=151936, lm_width=1536, lm_layers=28, lm_heads=12, lm_kv_heads=2,
-        lm_mlp=8960, lm_mrope_section=(16, 24, 24), lm_rope_theta=1e6, tie_embeddings=True,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )  # fmt: skip
-
-
-CONFIGS = {"bench": (bench_config, 224), "2b": (qwen2_vl_2b_config, 448)}
-
-
 def _memory(call, args) -> dict:
     """The compiled chunk's memory analysis and the device's peak use, in bytes (NaN
     where the backend does not say)."""
@@ -136,21 +105,35 @@ class Table(NamedTuple):
     layers: tuple
 
 
-def setup(kind: str, n_images: int, dtype, layers=None) -> Table:
-    """The table of `kind` ("bench" or "2b", `CONFIGS`) on `n_images` random pictures,
-    random weights in `dtype`."""
-    make, size = CONFIGS[kind]
+def setup(kind: str, n_images: int, dtype, layers=None, family: str | None = None) -> Table:
+    """The table of the stand-in `kind` ("bench" or "real") of checkpoint family `family`
+    (`registry.stand_in_family`) on `n_images` random pictures, random weights in
+    `dtype`; `layers` None: every LM layer."""
+    fam = stand_in_family(family)
+    make, size = fam.stand_in.configs[kind]
     with tempfile.TemporaryDirectory() as folder:
-        config = make(word_tokenizer(folder))
-        view = checkpoint_view(folder, config, Grid(4, 4), size)
-    params = qwen_params.init_params(config, jax.random.key(0), dtype)
+        config = make(fam.stand_in.tokenizer(folder))
+        view = fam.view(folder, config, Grid(4, 4), size)
+    params = fam.init_params(config, jax.random.key(0), dtype)
     specs = pair_questions(view.grid, n_images, view.n_labels, view.n_colours)
     ex = examples(view, specs["examples"])
     twin = view.render(specs["mirror"], ask=specs["examples"])[0]
     groups = token_groups(ex.spans)[[GROUPS.index(g) for g in TABLE_GROUPS]]
-    layers = tuple(range(config.lm_layers)) if layers is None else tuple(layers)
+    layers = tuple(range(view.n_lm_blocks(params))) if layers is None else tuple(layers)
     params_K = jax.tree_util.tree_map(lambda x: x[None], params)
     return Table(view, params_K, ex, twin, groups, layers)
+
+
+def real_layers(family: str | None = None) -> tuple[str, int]:
+    """(the real model's name, its LM blocks) of the family's "real" stand-in, for
+    checking a layer range before any weight is made (a checkpoint view answers
+    `n_lm_blocks` from its config: `families.contract`)."""
+    fam = stand_in_family(family)
+    make, size = fam.stand_in.configs["real"]
+    with tempfile.TemporaryDirectory() as folder:
+        config = make(fam.stand_in.tokenizer(folder))
+        view = fam.view(folder, config, Grid(4, 4), size)
+    return fam.stand_in.real_name or fam.name, view.n_lm_blocks(None)
 
 
 def batched_call(t: Table, batch: int | None):
@@ -174,13 +157,13 @@ def _timed(f):
 
 def patch_table_speed(n_images: int = 64, loop_images: int = 4, repeats: int = 3,
                       kind: str = "bench", dtype=jnp.float32, batch: int | None = None,
-                      layers=None) -> dict:  # fmt: skip
+                      layers=None, family: str | None = None) -> dict:  # fmt: skip
     """Cells per second of the batched table (`batched_call`) and of the loop (module
     docstring; `loop_images` 0: no loop), timed in turns, `repeats` times each, so
     each ratio compares the two in the same minute (the machine drifts); medians. And
     the largest |difference| of their log-probabilities on the loop's images, the
     table's shape, the first call's time (compile included) and memory (`_memory`)."""
-    t = setup(kind, n_images, dtype, layers)
+    t = setup(kind, n_images, dtype, layers, family)
     run, call = batched_call(t, batch)
     got, first_s = _timed(run)
     rows = np.arange(batch or n_images)

@@ -1,7 +1,7 @@
-"""A real-size check anyone can run: a random checkpoint with Qwen2-VL-2B-Instruct's real
-config, tensor names, shapes and file layout (`families.qwen2_vl.stand_in`), and every
-checkpoint report run on it in its own process, with its peak resident memory (from
-the OS), wall time and the plan the sizing logged.
+"""A real-size check anyone can run: a random checkpoint with a real model's config,
+tensor names, shapes and file layout (its family's `stand_in.write`; for Qwen2-VL,
+Qwen2-VL-2B-Instruct's), and every checkpoint report run on it in its own process,
+with its peak resident memory (from the OS), wall time and the plan the sizing logged.
 
 * `run_reports(folder, out)`: `experiments.ask` and each paper 003 / 004 report on it
   (`REPORTS`, with `--questions=2`, two LM layers, bfloat16), one subprocess each; one
@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 
-from jaxmech.families.qwen2_vl.stand_in import write_stand_in  # noqa: F401  (the bench's)
+from jaxmech.families.registry import stand_in_family
 from jaxmech.memory import peak_run
 
 # (entry point, extra flags): each paper 003 / 004 report, small. Patching at the
@@ -34,6 +34,15 @@ REPORTS = (
     ("diagnostics", ["--layers=6:8", *SMALL]),
     ("counterfactuals", SMALL),
 )
+
+
+def write_stand_in(folder: str, family: str | None = None, log=print):
+    """(folder, the real model's name): the family's real-size random checkpoint written
+    into `folder` (once; `registry.stand_in_family`), or ValueError if it has none."""
+    fam = stand_in_family(family)
+    if fam.stand_in.write is None:
+        raise ValueError(f"family = {fam.name!r} has no real-size stand-in (stand_in.write)")
+    return fam.stand_in.write(folder, log=log), fam.stand_in.real_name or fam.name
 
 
 def _gb_after(pattern: str, text: str) -> float:

@@ -1,0 +1,97 @@
+"""What the paper 003 / 004 reports share: a subject's questions rendered by its VLM
+view, the LM sites steered, and how a table is chunked, all asked of the subject
+(`subjects`), never of its kind."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxmech.analysis.steering import adversarial_targets
+from jaxmech.data.spec import PRESENCE, take
+from jaxmech.families.vlm_view import Examples, VLMView, examples, model_outline
+from jaxmech.reports.subjects import LoadedRun
+
+
+def view_of(run: LoadedRun) -> VLMView:
+    """The VLM view of what `run` studies (its subject's)."""
+    return run.subject.view(run)
+
+
+def question_specs(run: LoadedRun) -> dict:
+    """{"examples": spec, twin: spec}: the subject's questions as scene specs (a
+    trained run's of `run.examples`, `subjects.EXAMPLES`; a checkpoint's drawn set)."""
+    return run.subject.question_specs(run)
+
+
+def id_labels(run: LoadedRun) -> range:
+    """The labels a universal spatial ID is averaged over (the subject's)."""
+    return run.subject.id_labels(run)
+
+
+def protocol_of(run: LoadedRun) -> str:
+    """Whose protocol a report follows on `run`: a checkpoint's `--protocol` ("authors":
+    the paper authors' scripts, BUILD_NOTES' difference table; "jaxmech"); a results
+    folder's is jaxmech's."""
+    return run.subject.protocol
+
+
+def rows_per_call(run: LoadedRun, compile_at, n: int, log=print):
+    """(rows per compiled call of a table over `n` questions, its `memory.Plan` or
+    None): the subject's (`subjects` docstring)."""
+    return run.subject.rows_per_call(run, compile_at, n, log)
+
+
+def probe_rows(run: LoadedRun, log=print) -> int | None:
+    """Probe scenes per chunk of the forwards inside one compiled report (None: every
+    scene at once)."""
+    return run.subject.probe_rows(run, log)
+
+
+def table_store(run: LoadedRun, table: str, **what):
+    """The `chunks.ChunkStore` of table `table` with options `what`, or None (a
+    trained run's tables are one call)."""
+    return run.subject.store(table, **what)
+
+
+def relation_questions(run: LoadedRun) -> Examples:
+    """The questions of `run.examples` (`question_specs`) of both spatial relations
+    (presence questions left out), rendered by the run's family; `spec.cells_BxK`
+    [N, 3]: X, Y, distractor (-1: none)."""
+    spec = question_specs(run)["examples"]
+    return examples(view_of(run), take(spec, np.asarray(spec.relation_B) < PRESENCE))
+
+
+def steering_examples(run: LoadedRun):
+    """(Examples, source cells, target cells) of `relation_questions`: X steered from
+    its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
+    ex, grid = relation_questions(run), view_of(run).grid
+    cells = np.asarray(ex.spec.cells_BxK)
+    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), grid.h, grid.w)
+    return ex, cells[:, 0], target
+
+
+def steered_sites(run: LoadedRun) -> list[int]:
+    """The LM sites the steering reports steer: every layer 1 <= y < n (before layer 1
+    the object word has seen no image; after the last block only the final norm reads
+    the residual), a checkpoint's within its `--layers`."""
+    layers = run.subject.layers
+    n = view_of(run).n_lm_blocks(model_outline(run.params))
+    return [y for y in (layers if layers else range(n)) if 1 <= y < n]
+
+
+def chunk_progress(log, batch: int):
+    """`progress(done, n, resumed=0)` that logs the questions done, the time spent and
+    an ETA after each chunk of `batch` (silent when the questions fit in one);
+    `resumed` of them were read from a store, not computed."""
+    import time
+
+    t0 = time.perf_counter()
+
+    def progress(done: int, n: int, resumed: int = 0) -> None:
+        if n > batch:
+            spent = time.perf_counter() - t0
+            rate = spent / max(done - resumed, 1)
+            was = f" ({resumed} resumed)" if resumed else ""
+            log(f"  {done}/{n} questions{was}, {spent:.0f} s, ETA {rate * (n - done):.0f} s")
+
+    return progress
