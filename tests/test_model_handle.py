@@ -1,6 +1,7 @@
 """The one model handle (`jaxmech.init`, `jaxmech.Model`) on the trained families: the
 sites it lists are exactly the ones its forward names, a capture holds what it asks for,
-and the handle's forward is the family's own (checkpoints: tests/test_checkpoint_family.py)."""
+and the handle's forward is the family's own; a loaded checkpoint's sites likewise (a
+stand-in checkpoint family: tests/test_checkpoint_family.py)."""
 
 import jax
 import jax.numpy as jnp
@@ -78,3 +79,19 @@ def test_bad_uses_are_refused_by_name():
         model.view()
     with pytest.raises(ValueError, match="qwen2_vl.*checkpoint family"):
         jaxmech.init("qwen2_vl", config, jax.random.key(1))
+
+
+def test_a_loaded_checkpoint_names_its_sites_and_captures_them():
+    import os
+
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+    model = jaxmech.load(folder)
+    image = os.path.join(os.path.dirname(folder), "single0.png")
+    encoded = model.encode([image], ["Is the red circle left of the blue square?"])
+    out, aux = model.forward(encoded.inputs, capture=True)
+    assert set(aux) == set(model.sites())
+    one, aux_one = model.forward(encoded.inputs, capture=["lm/resid_post.1"])
+    assert list(aux_one) == ["lm/resid_post.1"]
+    np.testing.assert_array_equal(aux_one["lm/resid_post.1"], aux["lm/resid_post.1"])
+    np.testing.assert_allclose(one, out, rtol=1e-6, atol=1e-6)
+    assert model.describe() == "qwen2_vl, 2 LM blocks"  # its config, in the family's words

@@ -163,7 +163,7 @@ def _check_spans(config):
     np.testing.assert_allclose(rows_at(aux["lm/resid_pre.0"], ex.spans.x_B), words + pos)
 
 
-def test_seed_003_004_reports_run_on_a_stand_in_family(tmp_path):
+def test_paper_003_004_reports_run_on_a_stand_in_family(tmp_path):
     """~30 s: two stand-in models train through the sweep (one program) and three
     reports compile their one call each (one test, so that one worker trains)."""
     from jaxmech.reports import counterfactuals, patching, spatial_ids
