@@ -508,11 +508,6 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
     return None
 
 
-def same_sweep(stored: dict, ident: dict) -> bool:
-    """Whether a folder's `sweep.json` describes the sweep `ident` (`sweep_difference`)."""
-    return sweep_difference(stored, ident) is None
-
-
 def _folder_difference(ident: dict):
     """`outdir.prepare`'s check: what a folder holds if not this sweep (None if it does)."""
 

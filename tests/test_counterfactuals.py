@@ -5,6 +5,7 @@ moves, a checkpoint's per-question intervals, the report under the authors' prot
 
 import os
 
+import batch_twins as bt
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,9 +57,9 @@ def test_mirrors_are_involutions_and_the_image_mirror_is_the_scene_mirror():
     vc = _pick(cfs, "vit_w").vit_cols
     np.testing.assert_array_equal(config.task.grid_w - 1 - vc, vit2d.read(params, "cell_cols"))
     ids = _pick(cfs, "lm_ids_h").lm_ids
-    np.testing.assert_array_equal(ids[:, :L][:, sc.height_mirror_cells(config.task)], _pick(cfs, "plain").lm_ids[:, :L])  # fmt: skip
+    np.testing.assert_array_equal(ids[:, :L][:, sp.height_mirror_cells(view.grid)], _pick(cfs, "plain").lm_ids[:, :L])  # fmt: skip
     versions = _versions(view, ex)
-    mirrored = sc.mirror(ex.inputs, config.task)
+    mirrored = bt.mirror(ex.inputs, config.task)
     image_w = cfa.SCENES.index(("w", True))  # positions mirrored and facings flipped
     for f in ("labels_BxL", "colours_BxL", "facings_BxL"):
         np.testing.assert_array_equal(getattr(versions, f)[image_w], getattr(mirrored, f))
@@ -82,10 +83,10 @@ def test_the_plain_counterfactual_is_a_no_op():
 @pytest.mark.parametrize("vit_pos", ["learned2d", "rope2d"])
 def test_mirrored_codes_equal_the_position_mirrored_image_token_for_token(vit_pos):
     config, params, view, e = _setup(vit_pos=vit_pos, n_layers=2, lm_n_layers=2)
-    perm = sc.mirror_cells(config.task)
+    perm = bt.mirror_cells(config.task)
     cols = vit2d.read(params, "cell_cols")
     ex = e.inputs
-    moved = sc.mirror_pos(ex, config.task)  # positions mirrored, facings kept
+    moved = bt.mirror_pos(ex, config.task)  # positions mirrored, facings kept
     edits = Edits(vit_cols=config.task.grid_w - 1 - cols)
     out, _ = vit2d.vit_forward(params, ex.labels_BxL, ex.colours_BxL, ex.facings_BxL, edits)
     ref, _ = vit2d.vit_forward(

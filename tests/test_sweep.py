@@ -208,17 +208,17 @@ def test_sweep_identity_compares_values_not_text():
     """A folder written before a field existed matches when that field is at its default."""
     import json
 
-    from jaxmech.sweep import identity, same_sweep
+    from jaxmech.sweep import identity, sweep_difference
 
     ident = identity(_grid())
     old = json.loads(json.dumps(ident))
     del old["config"]["task"]["task_kind"], old["config"]["model"]["vision_pos"]
     for s in old["settings"]:
         del s["epochs"]
-    assert same_sweep(old, ident)
+    assert sweep_difference(old, ident) is None
     old["config"]["model"]["d_model"] = 32
-    assert not same_sweep(old, ident)
-    assert not same_sweep({"format": 1}, ident)
+    assert sweep_difference(old, ident) is not None
+    assert sweep_difference({"format": 1}, ident) is not None
 
 
 def test_preset_is_the_protocol_config_and_flags_override_it():

@@ -4,6 +4,7 @@ before / after, the ViT sees each frame alone and no time, the LM's ids carry it
 
 import os
 
+import batch_twins as bt
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -69,7 +70,7 @@ def test_time_reversed_twins_flip_before_and_after():
         np.testing.assert_array_equal(rev.answer_B, [flip[a] for a in ex.answer_B])
         x = ex.question_BxQ[:, 1] - 10
         np.testing.assert_array_equal(_frames(rev, x), T - 1 - _frames(ex, x))
-        back = video.reverse_time(rev, cfg.task)
+        back = bt.mirror_height(rev, cfg.task)
         np.testing.assert_array_equal(back.labels_BxL, ex.labels_BxL)
         np.testing.assert_array_equal(back.answer_B, ex.answer_B)
         np.testing.assert_array_equal(s.mirror_pos.labels_BxL, rev.labels_BxL)

@@ -121,17 +121,10 @@ __all__ = [
     "sample_batch",
     "build_eval_sets",
     "eval_masks",
-    "mirror",
-    "mirror_pos",
-    "mirror_height",
-    "height_mirror_cells",
-    "flip_facing",
-    "recolour",
     "describe",
     "SceneObjects",
     "render",
     "question_tokens",
-    "mirror_cells",
 ]
 
 SCENE_WORDS = ("?", "is", "left", "right", "above", "below", "yes", "no", "or", "of", "mid")
@@ -232,80 +225,24 @@ def _skip_two(z, lo, hi):
 
 
 # ---------------------------------------------------------------------------
-# counterfactual twins (NumPy or jnp SceneBatch in, the same kind out)
+# counterfactual twins: the spec transforms of `data.spec`, rendered
 
 
-def mirror_cells(task: TaskConfig) -> np.ndarray:
-    """[L] the cell that cell i moves to under a width flip (`data.spec.mirror_cells`)."""
-    return spec.mirror_cells(grid_of(task))
-
-
-def height_mirror_cells(task: TaskConfig) -> np.ndarray:
-    """[L] the cell that cell i moves to under a height flip."""
-    return spec.height_mirror_cells(grid_of(task))
-
-
-def mirror_height(batch: SceneBatch, task: TaskConfig) -> SceneBatch:
-    """The height-flipped scene: positions mirrored (r, c) -> (H - 1 - r, c); facings
-    (left / right) kept, as in an upside-down mirror image; vertical answers flip."""
-    perm = height_mirror_cells(task)
-    ans = batch.answer_B
-    return batch._replace(
-        labels_BxL=batch.labels_BxL[:, perm],
-        colours_BxL=batch.colours_BxL[:, perm],
-        facings_BxL=batch.facings_BxL[:, perm],
-        answer_B=ans + (batch.relation_B == 1) * (TOKEN["above"] + TOKEN["below"] - 2 * ans),
-    )
-
-
-def _flip_horizontal_answers(batch: SceneBatch):
-    """left <-> right on horizontal questions; above / below unchanged."""
-    ans = batch.answer_B
-    return ans + (batch.relation_B == 0) * (TOKEN["left"] + TOKEN["right"] - 2 * ans)
-
-
-def _flip(facings):
-    return (3 - facings) * (facings > 0)
-
-
-def mirror_pos(batch: SceneBatch, task: TaskConfig) -> SceneBatch:
-    """Positions mirrored (cell (r, c) -> (r, W - 1 - c)), facings kept; horizontal
-    answers flip. (The flip is an involution, so gathering by it also scatters.)"""
-    perm = mirror_cells(task)
-    return batch._replace(
-        labels_BxL=batch.labels_BxL[:, perm],
-        colours_BxL=batch.colours_BxL[:, perm],
-        facings_BxL=batch.facings_BxL[:, perm],
-        answer_B=_flip_horizontal_answers(batch),
-    )
-
-
-def flip_facing(batch: SceneBatch, task: TaskConfig | None = None) -> SceneBatch:
-    """Every facing flipped in place (left <-> right); answers unchanged."""
-    del task
-    return batch._replace(facings_BxL=_flip(batch.facings_BxL))
-
-
-def mirror(batch: SceneBatch, task: TaskConfig) -> SceneBatch:
-    """The width-flipped scene: positions mirrored and every facing flipped (the image
-    seen in a mirror); horizontal answers flip, vertical ones stay."""
-    return flip_facing(mirror_pos(batch, task))
-
-
-def recolour(batch: SceneBatch, task: TaskConfig, shift_BxL) -> SceneBatch:
-    """Every object takes another colour than its own: colour c -> (c - 1 + s) mod
-    n_colours + 1 with s = shift_BxL in 1..n_colours - 1 per cell; answers unchanged."""
-    c = batch.colours_BxL
-    return batch._replace(colours_BxL=((c - 1 + shift_BxL) % task.n_colours + 1) * (c > 0))
-
-
-def _twin(name: str, batch: SceneBatch, task: TaskConfig, rng: np.random.Generator):
-    if name == "recolour":
-        shift = rng.integers(1, task.n_colours, batch.colours_BxL.shape)
-        return recolour(batch, task, shift)
-    return {"mirror": mirror, "mirror_pos": mirror_pos, "flip_facing": flip_facing}[name](
-        batch, task
-    )
+def _twins(task: TaskConfig, objects: SceneObjects, rng: np.random.Generator) -> list:
+    """The `TWINS` of the scenes `objects`, each `data.spec`'s transform rendered. The
+    recolour twin's shifts are drawn per cell ([B, L], in 1..n_colours - 1): colour c ->
+    (c - 1 + s) mod n_colours + 1 at each object's cell."""
+    grid = grid_of(task)
+    shift_BxL = rng.integers(1, task.n_colours, (objects.labels_BxK.shape[0], task.image_len))
+    at_cell = np.take_along_axis(shift_BxL, np.maximum(np.asarray(objects.cells_BxK), 0), 1)
+    colours = (np.asarray(objects.colours_BxK) - 1 + at_cell) % task.n_colours + 1
+    twins = {
+        "mirror": spec.mirror(grid, objects),
+        "mirror_pos": spec.mirror_pos(grid, objects),
+        "flip_facing": spec.flip_facing(objects),
+        "recolour": spec.recolour(objects, colours),
+    }
+    return [render(task, twins[name]) for name in TWINS]
 
 
 # ---------------------------------------------------------------------------
@@ -598,7 +535,7 @@ def _eval_set(task: TaskConfig, objects: SceneObjects, pair_Nx2, rank_N, rng) ->
     """Renders a set (host NumPy) and builds its twins."""
     as_np = lambda tree: jax.tree_util.tree_map(np.asarray, tree)  # noqa: E731
     examples = as_np(render(task, objects))
-    twins = [as_np(_twin(name, examples, task, rng)) for name in TWINS]
+    twins = [as_np(t) for t in _twins(task, objects, rng)]
     cells = np.where(objects.labels_BxK > 0, objects.cells_BxK, -1).astype(np.int32)
     i32 = lambda a: np.asarray(a, np.int32)  # noqa: E731
     return SceneEvalSet(examples, *twins, cells, i32(pair_Nx2), i32(rank_N))

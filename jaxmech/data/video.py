@@ -14,7 +14,7 @@ ids of `above` / `below`, so a video question is a vertical scene question and i
 relation id is 1 (`ANSWER_RELATIONS`: metric name `t`).
 
 Time reversal is the video's mirror: frame f -> T - 1 - f, before <-> after
-(`scenes.mirror_height`; facings stay). The eval sets' `mirror` and `mirror_pos` twins
+(`data.spec.mirror_height`; facings stay). The eval sets' `mirror` and `mirror_pos` twins
 are that reversal, so the mirror-swap tools read it unchanged. Model side: with
 `vit_frames` the ViT sees each frame alone and has no row code, and the LM's
 three-part position ids carry the frame in t (`families.toy_vlm.model`).
@@ -87,18 +87,16 @@ def build_tables(task: TaskConfig) -> sc.SceneTables:
     )
 
 
-def reverse_time(batch: sc.SceneBatch, task: TaskConfig) -> sc.SceneBatch:
-    """The time-reversed video: frame f -> T - 1 - f, before <-> after."""
-    return sc.mirror_height(batch, task)
-
-
 def build_eval_sets(task: TaskConfig, tables: sc.SceneTables) -> sc.SceneEvalSets:
-    """The scenes eval sets on the video tables, their mirror twins time-reversed."""
+    """The scenes eval sets on the video tables, their mirror twins time-reversed (the
+    examples' specs, `data.spec.mirror_height`, rendered)."""
     sets = sc.build_eval_sets(task, tables)
     as_np = lambda tree: jax.tree_util.tree_map(np.asarray, tree)  # noqa: E731
+    grid = sc.grid_of(task)
 
     def reversed_twins(s: sc.SceneEvalSet) -> sc.SceneEvalSet:
-        rev = as_np(reverse_time(s.examples, task))
+        examples = sc.eval_specs(task, s)["examples"]
+        rev = as_np(sc.render(task, spec.mirror_height(grid, examples)))
         return s._replace(mirror=rev, mirror_pos=rev)
 
     return sc.SceneEvalSets(*(reversed_twins(s) for s in sets))
