@@ -1,0 +1,98 @@
+"""CV-Bench's 2D relation task (Cambrian-1; published at huggingface.co/datasets/
+nyu-visionx/CV-Bench), read from the user's copy: `test_2d.jsonl` (images under the
+folder at each row's `filename`, e.g. `img/2D/relation/coco_203.png`) or
+`test_2d.parquet` (the image embedded in each row's `image`). Rows whose `task` is
+"Relation" only (650 in the published file).
+
+Each row: `question` ("Considering the relative positions of the book (annotated by
+the red box) and the couch in the image provided, where is the book (annotated by the
+red box) located with respect to the couch?"), `choices` (two words: left / right or
+above / below), `answer` ("(A)" or "(B)"). The question keeps the benchmark's wording;
+its answers are the right choice and the other; X and Y are read from the question (a
+row that does not name them is refused). The red box is drawn into the pixels, so an
+image mirror flips it too. Its `bbox` column is not read (its layout is not stated by
+the card).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from jaxmech.data import questions as q
+
+FILES = ("test_2d.jsonl", "test_2d.parquet")
+_OBJECTS = re.compile(
+    r"relative positions of the (?P<x>.+?) \(annotated by the red box\) and the (?P<y>.+?)"
+    r" in the image",
+    re.IGNORECASE,
+)
+
+
+def load(folder: str, n=None, seed: int = 0) -> q.QuestionSet:
+    path = q.first_file(folder, FILES, "CV-Bench 2D file")
+    rows = _parquet_rows(path) if path.endswith(".parquet") else _jsonl_rows(path)
+    out = [_question(folder, r, where) for r, where in rows if r.get("task") == "Relation"]
+    chosen = q.sample(out, n, seed, f"{path} (Relation)")
+    return q.QuestionSet("cvbench", tuple(chosen), {path: q.sha256(path)},
+                         {"rows": len(rows), "relation": len(out), "n": len(chosen),
+                          "seed": seed})  # fmt: skip
+
+
+def _jsonl_rows(path: str):
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{path}:{i + 1}: not valid JSON ({e})") from None
+            if not isinstance(r, dict):
+                raise q.record_error(f"{path}:{i + 1}", "row", f"expected an object, got {r!r}")
+            rows.append((r, f"{path}:{i + 1}"))
+    return rows
+
+
+def _parquet_rows(path: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow is a dependency
+        raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    table = pq.read_table(path)
+    return [(r, f"{path}:row {i}") for i, r in enumerate(table.to_pylist())]
+
+
+def _question(folder: str, r: dict, where: str) -> q.ImageQuestion:
+    question = q.text_field(r, "question", where)
+    choices = q.pair_field(r, "choices", where)
+    answer = r.get("answer")
+    if answer not in ("(A)", "(B)"):
+        raise q.record_error(where, "answer", f'expected "(A)" or "(B)", got {answer!r}')
+    k = "AB".index(answer[1])
+    m = _OBJECTS.search(question)
+    if m is None:
+        raise q.record_error(where, "question", "names no object pair (the relation template)")
+    right = choices[k].strip().lower()
+    return q.ImageQuestion(_image(folder, r, where), question, (right, choices[1 - k].strip().lower()),
+                           (m["x"], m["y"]), right, None, where)  # fmt: skip
+
+
+def _image(folder: str, r: dict, where: str):
+    """The row's image: its file under `folder`, else the bytes a parquet row embeds."""
+    name = r.get("filename")
+    if isinstance(name, str) and name:
+        for path in (
+            os.path.join(folder, name),
+            os.path.join(folder, "img", "2D", "relation", name),
+        ):
+            if os.path.isfile(path):
+                return path
+    image = r.get("image")
+    if isinstance(image, dict) and isinstance(image.get("bytes"), bytes):
+        return image["bytes"]
+    if isinstance(name, str) and name:
+        raise ValueError(f"{os.path.join(folder, name)}: no such image (row {where})")
+    raise q.record_error(where, "filename", "expected an image file name or embedded image bytes")

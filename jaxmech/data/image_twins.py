@@ -1,0 +1,72 @@
+"""Twins of a photograph's question as image transforms (the drawn scenes' twins are
+`data.spec`'s): the mirror, and the recolour control.
+
+* `mirror_twin`: a left / right question gets the image flipped across its width, an
+  above / below question the image flipped across its height; the answer swaps and the
+  boxes flip with the pixels (so does anything drawn into them, e.g. CV-Bench's red box).
+  A relation a flip does not swap (on / under, in front of / behind) gets no mirror
+  twin: `(None, reason)`.
+* `recolour_twin`: the authors' control (paper 003, `mirror_attr_swapping/
+  attribute_swapping.py`, `recolor_with_random_rainbow`): each pixel's hue mixed, at
+  `strength` 0.75, with a random rainbow gradient (a random direction, 0.8-2.5 cycles
+  across the image, a random phase), saturation x 1.1, brightness kept; layout, names and
+  answer unchanged. The draws come from the `rng` given (the authors' from NumPy's global
+  state), so a seed fixes the twin.
+
+Pixels are uint8 [H, W, 3] RGB (`open_image`).
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from jaxmech.data.questions import OPPOSITE, ImageQuestion
+
+FLIP_AXIS = {"left": 1, "right": 1, "above": 0, "below": 0}  # width: axis 1, height: 0
+
+
+def open_image(image) -> np.ndarray:
+    """uint8 [H, W, 3] RGB of a path or an image file's bytes."""
+    with Image.open(io.BytesIO(image) if isinstance(image, bytes) else image) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def _flip_box(box, axis: int, w: int, h: int):
+    if box is None:
+        return None
+    x, y, bw, bh = box
+    return (w - x - bw, y, bw, bh) if axis == 1 else (x, h - y - bh, bw, bh)
+
+
+def mirror_twin(question: ImageQuestion, pixels: np.ndarray):
+    """(pixels, question) of the mirrored image, or (None, why) where a flip does not
+    swap the relation."""
+    axis = FLIP_AXIS.get(question.relation)
+    if axis is None:
+        return None, f"relation {question.relation!r}: a flip does not swap it (no mirror twin)"
+    h, w = pixels.shape[:2]
+    boxes = question.boxes and tuple(_flip_box(b, axis, w, h) for b in question.boxes)
+    twin = question._replace(answers=question.answers[::-1], relation=OPPOSITE[question.relation],
+                             boxes=boxes)  # fmt: skip
+    return np.ascontiguousarray(np.flip(pixels, axis)), twin
+
+
+def recolour_twin(question: ImageQuestion, pixels: np.ndarray, rng: np.random.Generator,
+                  strength: float = 0.75, sat_boost: float = 1.1):  # fmt: skip
+    """(pixels, question): the rainbow-recoloured image, the question unchanged."""
+    h, w = pixels.shape[:2]
+    theta, freq, phase = rng.uniform(0, 2 * np.pi), rng.uniform(0.8, 2.5), rng.uniform(0, 1)
+    gx, gy = np.meshgrid(
+        np.linspace(0, 1, w, dtype=np.float32), np.linspace(0, 1, h, dtype=np.float32)
+    )
+    u = np.cos(theta) * gx + np.sin(theta) * gy
+    u = (u - u.min()) / max(1e-8, float(u.max() - u.min()))
+    hsv = np.asarray(Image.fromarray(pixels).convert("HSV"), np.float32) / 255.0
+    hue = (1 - strength) * hsv[..., 0] + strength * ((u * freq + phase) % 1.0)
+    sat = np.clip(hsv[..., 1] * sat_boost, 0, 1)
+    out = np.stack([np.clip(hue, 0, 1), sat, hsv[..., 2]], -1)
+    recoloured = Image.fromarray((out * 255).astype(np.uint8), "HSV").convert("RGB")
+    return np.asarray(recoloured), question

@@ -1,0 +1,194 @@
+"""The dataset loaders (`data.questions` and one module per source) on small samples
+written in each dataset's real layout (`tests/fixtures/datasets/make_samples.py`; no
+real dataset is here): what they read, how they sample, and the errors bad records get."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from jaxmech.data import questions as q
+from jaxmech.data.questions import load_questions
+from jaxmech.data.whatsup import parse_caption
+
+DATA = os.path.join(os.path.dirname(__file__), "fixtures", "datasets")
+
+
+def _load(source, folder, **kw):
+    return load_questions(source, os.path.join(DATA, folder), **kw)
+
+
+def test_whatsup_controlled_reads_relations_and_objects_from_file_names():
+    a = _load("whatsup_a", "whatsup")
+    assert [(x.relation, x.answers[1], x.objects) for x in a.questions] == [
+        ("left", "right", ("mug", "plate")), ("right", "left", ("mug", "plate")),
+        ("on", "under", ("book", "table")), ("under", "on", ("book", "table"))]  # fmt: skip
+    assert all(os.path.isfile(x.image) and x.question is None for x in a.questions)
+    b = _load("whatsup_b", "whatsup")
+    assert [x.relation for x in b.questions] == ["left", "front", "behind"]
+    path = os.path.join(DATA, "whatsup", "controlled_images_dataset.json")
+    assert a.files == {path: q.sha256(path)} and a.sample["records"] == 4
+
+
+def test_coco_triples_parse_skip_and_coco_spatial_samples_with_boxes():
+    assert parse_caption("A photo of a dog to the left of a person") == ("dog", "left", "person")
+    assert parse_caption("A photo of an apple on top of the table.") == ("apple", "on", "table")
+    assert parse_caption("A photo of a dog and a cat") is None
+    coco = _load("whatsup_coco", "whatsup")
+    assert coco.sample["skipped"] == 1 and len(coco.questions) == 4
+    cs = _load("coco_spatial", "whatsup", n=3)
+    assert {x.relation for x in cs.questions} == {"left", "right"}
+    boxes = {x.objects: x.boxes for x in cs.questions}
+    assert boxes[("dog", "person")] == ((2.0, 12.0, 19.0, 24.0), (42.0, 12.0, 19.0, 24.0))
+    assert boxes[("cat", "chair")][1] is None and cs.sample["boxes_missing"] == 1
+    assert len(cs.files) == 2  # the triples and the COCO instances file, each hashed
+    # a seeded sample: the same seed draws the same questions, another seed another order
+    again, other = (
+        _load("coco_spatial", "whatsup", n=2),
+        _load("coco_spatial", "whatsup", n=2, seed=5),
+    )
+    first = _load("coco_spatial", "whatsup", n=2)
+    assert first.questions == again.questions
+    assert {x.where for x in other.questions} <= {x.where for x in cs.questions}
+    with pytest.raises(ValueError, match=r"n = 100: .*has only 3"):
+        _load("coco_spatial", "whatsup")  # the paper's default 100 on a 3-question sample
+
+
+def test_cvbench_jsonl_and_parquet_give_the_same_relation_questions():
+    js = _load("cvbench", "cvbench")
+    pq = _load("cvbench", os.path.join("cvbench", "parquet"))
+    assert js.sample["rows"] == 4 and len(js.questions) == 3  # the Count row left out
+    assert [x.answers for x in js.questions] == [
+        ("left", "right"),
+        ("right", "left"),
+        ("below", "above"),
+    ]
+    assert js.questions[0].objects == ("book", "couch")
+    assert "annotated by the red box" in js.questions[0].question
+    for a, b in zip(js.questions, pq.questions):
+        assert (a.question, a.answers, a.objects) == (b.question, b.answers, b.objects)
+        with open(a.image, "rb") as f:
+            assert f.read() == b.image  # the parquet row embeds the same image file
+
+
+def test_a_manifest_needs_no_code():
+    m = _load("manifest", "manifest")
+    a, b = m.questions
+    assert a.question is None and a.boxes == ((2.0, 11.0, 18.0, 22.0), (40.0, 11.0, 18.0, 22.0))
+    assert b.question.startswith("Is the red block") and b.relation == "right"
+    assert b.boxes == (None, None)
+
+
+def _copy(tmp_path, folder):
+    dst = tmp_path / folder
+    shutil.copytree(os.path.join(DATA, folder), dst)
+    return dst
+
+
+def _rewrite_jsonl(path, i, change):
+    lines = path.read_text().splitlines()
+    record = json.loads(lines[i])
+    change(record)
+    lines[i] = json.dumps(record)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_bad_records_are_refused_naming_file_line_and_field(tmp_path):
+    m = _copy(tmp_path, "manifest")
+    _rewrite_jsonl(m / "questions.jsonl", 1, lambda r: r.pop("answers"))
+    with pytest.raises(ValueError, match=r"questions.jsonl:2: field 'answers': expected two"):
+        load_questions("manifest", str(m))
+    _rewrite_jsonl(
+        m / "questions.jsonl", 1, lambda r: r.update(answers=["l", "r"], boxes=[[1, 2, 0, 4], None])
+    )
+    with pytest.raises(ValueError, match=r"questions.jsonl:2: field 'boxes': expected a positive"):
+        load_questions("manifest", str(m))
+    _rewrite_jsonl(m / "questions.jsonl", 0, lambda r: r.update(image="photos/gone.png"))
+    with pytest.raises(ValueError, match=r"photos/gone.png: no such file"):
+        load_questions("manifest", str(m))
+    c = _copy(tmp_path, "cvbench")
+    _rewrite_jsonl(c / "test_2d.jsonl", 2, lambda r: r.update(answer="(C)"))
+    with pytest.raises(ValueError, match=r"test_2d.jsonl:3: field 'answer'"):
+        load_questions("cvbench", str(c))
+    w = _copy(tmp_path, "whatsup")
+    recs = json.loads((w / "controlled_images_dataset.json").read_text())
+    recs[1]["caption_options"] = recs[1]["caption_options"][:3]
+    (w / "controlled_images_dataset.json").write_text(json.dumps(recs))
+    with pytest.raises(
+        ValueError, match=r"controlled_images_dataset.json: record 2: field 'caption_options'"
+    ):
+        load_questions("whatsup_a", str(w))
+    (w / "coco_qa_two_obj.json").write_text(json.dumps([[139, "A photo of a dog"]]))
+    with pytest.raises(ValueError, match=r"coco_qa_two_obj.json: record 1: field 'record'"):
+        load_questions("whatsup_coco", str(w))
+    os.remove(w / "val2017" / "000000000139.jpg")
+    (w / "coco_qa_two_obj.json").write_text(
+        json.dumps([[139, "A photo of a dog above a cat", "x"]])
+    )
+    with pytest.raises(ValueError, match=r"000000000139.jpg: no such file"):
+        load_questions("whatsup_coco", str(w))
+
+
+def test_bad_sources_and_folders_are_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"questions_from = 'coco'"):
+        load_questions("coco", DATA)
+    with pytest.raises(ValueError, match=r"data = .*not a folder"):
+        load_questions("manifest", str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"no CV-Bench 2D file"):
+        load_questions("cvbench", str(tmp_path))
+    with pytest.raises(ValueError, match=r"n = 0"):
+        load_questions("manifest", os.path.join(DATA, "manifest"), n=0)
+
+
+def _crop(pixels, box):
+    x, y, w, h = (int(v) for v in box)
+    return pixels[y : y + h, x : x + w]
+
+
+def test_the_mirror_twin_flips_pixels_boxes_and_answer():
+    from jaxmech.data.image_twins import mirror_twin, open_image
+
+    (question,) = [
+        x for x in _load("coco_spatial", "whatsup", n=3).questions if x.objects[0] == "dog"
+    ]
+    pixels = open_image(question.image)
+    flipped, twin = mirror_twin(question, pixels)
+    assert twin.answers == ("right", "left") and twin.relation == "right"
+    np.testing.assert_array_equal(flipped, pixels[:, ::-1])
+    for box, moved in zip(question.boxes, twin.boxes):  # each box holds the same pixels, flipped
+        np.testing.assert_array_equal(_crop(flipped, moved), _crop(pixels, box)[:, ::-1])
+    back, again = mirror_twin(twin, flipped)
+    np.testing.assert_array_equal(back, pixels)
+    assert again == question
+    vertical = question._replace(relation="above", answers=("above", "below"))
+    up, vtwin = mirror_twin(vertical, pixels)
+    np.testing.assert_array_equal(up, pixels[::-1])
+    assert vtwin.answers == ("below", "above") and vtwin.boxes[0][1] == 48 - 12 - 24
+    on = _load("whatsup_a", "whatsup").questions[2]
+    assert on.relation == "on"
+    none, why = mirror_twin(on, open_image(on.image))
+    assert none is None and "no mirror twin" in why
+    # a parquet row's embedded image opens as its file does
+    js, pq = (
+        _load("cvbench", f).questions[0] for f in ("cvbench", os.path.join("cvbench", "parquet"))
+    )
+    np.testing.assert_array_equal(open_image(js.image), open_image(pq.image))
+
+
+def test_the_recolour_twin_changes_hue_not_layout_and_is_seeded():
+    from jaxmech.data.image_twins import open_image, recolour_twin
+
+    question = _load("manifest", "manifest").questions[0]
+    pixels = open_image(question.image)
+    out, same = recolour_twin(question, pixels, np.random.default_rng(0))
+    again, _ = recolour_twin(question, pixels, np.random.default_rng(0))
+    other, _ = recolour_twin(question, pixels, np.random.default_rng(1))
+    assert same == question and out.shape == pixels.shape and out.dtype == np.uint8
+    np.testing.assert_array_equal(out, again)
+    assert (out != other).any()
+    grey = (pixels == 128).all(-1)  # no saturation: the hue does not show
+    assert np.abs(out[grey].astype(int) - 128).max() <= 2
+    red = (pixels[..., 0] > 200) & (pixels[..., 2] < 60)
+    assert np.abs(out[red].astype(int) - pixels[red].astype(int)).max() > 40
