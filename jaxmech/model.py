@@ -104,7 +104,7 @@ def init(kind: str, config, key) -> Model:
     """A trained family's model of `kind` (`model_kind`) with fresh params from `key`;
     `config` its `config.Config` (what `init_params` reads)."""
     family = get_family(kind)
-    if not hasattr(family, "loss"):
+    if family.kind != "trained":
         raise ValueError(f"kind = {kind!r} is a checkpoint family: open a folder with "
                          "jaxmech.load(folder)")  # fmt: skip
     return Model(family, config, family.init_params(config, key))

@@ -109,11 +109,7 @@ def setup(kind: str, n_images: int, dtype, layers=None, family: str | None = Non
     """The table of the stand-in `kind` ("bench" or "real") of checkpoint family `family`
     (`registry.stand_in_family`) on `n_images` random pictures, random weights in
     `dtype`; `layers` None: every LM layer."""
-    fam = stand_in_family(family)
-    make, size = fam.stand_in.configs[kind]
-    with tempfile.TemporaryDirectory() as folder:
-        config = make(fam.stand_in.tokenizer(folder))
-        view = fam.view(folder, config, Grid(4, 4), size)
+    fam, config, view = _stand_in_view(family, kind)
     params = fam.init_params(config, jax.random.key(0), dtype)
     specs = pair_questions(view.grid, n_images, view.n_labels, view.n_colours)
     ex = examples(view, specs["examples"])
@@ -128,12 +124,19 @@ def real_layers(family: str | None = None) -> tuple[str, int]:
     """(the real model's name, its LM blocks) of the family's "real" stand-in, for
     checking a layer range before any weight is made (a checkpoint view answers
     `n_lm_blocks` from its config: `families.contract`)."""
+    fam, _, view = _stand_in_view(family, "real")
+    return fam.stand_in.real_name or fam.name, view.n_lm_blocks(None)
+
+
+def _stand_in_view(family: str | None, kind: str):
+    """(the family, its stand-in config `kind`, that config's view of 4 x 4 scenes at the
+    stand-in's picture size), the processor read from a temporary folder."""
     fam = stand_in_family(family)
-    make, size = fam.stand_in.configs["real"]
+    make, size = fam.stand_in.configs[kind]
     with tempfile.TemporaryDirectory() as folder:
         config = make(fam.stand_in.tokenizer(folder))
         view = fam.view(folder, config, Grid(4, 4), size)
-    return fam.stand_in.real_name or fam.name, view.n_lm_blocks(None)
+    return fam, config, view
 
 
 def batched_call(t: Table, batch: int | None):

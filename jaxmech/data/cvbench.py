@@ -16,7 +16,6 @@ the card).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -32,28 +31,12 @@ _OBJECTS = re.compile(
 
 def load(folder: str, n=None, seed: int = 0) -> q.QuestionSet:
     path = q.first_file(folder, FILES, "CV-Bench 2D file")
-    rows = _parquet_rows(path) if path.endswith(".parquet") else _jsonl_rows(path)
+    rows = _parquet_rows(path) if path.endswith(".parquet") else q.read_jsonl(path)
     out = [_question(folder, r, where) for r, where in rows if r.get("task") == "Relation"]
     chosen = q.sample(out, n, seed, f"{path} (Relation)")
     return q.QuestionSet("cvbench", tuple(chosen), {path: q.sha256(path)},
                          {"rows": len(rows), "relation": len(out), "n": len(chosen),
                           "seed": seed})  # fmt: skip
-
-
-def _jsonl_rows(path: str):
-    rows = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError as e:
-                raise ValueError(f"{path}:{i + 1}: not valid JSON ({e})") from None
-            if not isinstance(r, dict):
-                raise q.record_error(f"{path}:{i + 1}", "row", f"expected an object, got {r!r}")
-            rows.append((r, f"{path}:{i + 1}"))
-    return rows
 
 
 def _parquet_rows(path: str):

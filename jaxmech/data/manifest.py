@@ -14,7 +14,6 @@ worded by the report's template), `relation` (default: the right answer) and `bo
 from __future__ import annotations
 
 import glob
-import json
 import os
 
 from jaxmech.data import questions as q
@@ -24,11 +23,7 @@ FIELDS = ("image", "answers", "objects", "question", "relation", "boxes")
 
 def load(folder: str, n=None, seed: int = 0) -> q.QuestionSet:
     path = _manifest(folder)
-    out = []
-    with open(path) as f:
-        for i, line in enumerate(f):
-            if line.strip():
-                out.append(_question(os.path.dirname(path), line, f"{path}:{i + 1}"))
+    out = [_question(os.path.dirname(path), r, where) for r, where in q.read_jsonl(path)]
     if not out:
         raise ValueError(f"{path}: no questions (n = 0)")
     chosen = q.sample(out, n, seed, path)
@@ -46,13 +41,7 @@ def _manifest(folder: str) -> str:
     return found[0]
 
 
-def _question(root: str, line: str, where: str) -> q.ImageQuestion:
-    try:
-        r = json.loads(line)
-    except ValueError as e:
-        raise ValueError(f"{where}: not valid JSON ({e})") from None
-    if not isinstance(r, dict):
-        raise q.record_error(where, "record", f"expected an object, got {r!r}")
+def _question(root: str, r: dict, where: str) -> q.ImageQuestion:
     unknown = sorted(set(r) - set(FIELDS))
     if unknown:
         raise q.record_error(

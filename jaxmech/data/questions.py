@@ -116,6 +116,27 @@ def first_file(folder: str, names: tuple[str, ...], what: str) -> str:
     raise ValueError(f"no {what} in {folder!r} (looked for {tried})")
 
 
+def read_jsonl(path: str) -> list[tuple[dict, str]]:
+    """[(record, "file:line")] of a JSON-lines file (blank lines skipped); a line that is
+    not a JSON object is an error naming the file and the line."""
+    import json
+
+    rows = []
+    with open(path) as f:
+        for i, line in enumerate(f):
+            if not line.strip():
+                continue
+            where = f"{path}:{i + 1}"
+            try:
+                r = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"{where}: not valid JSON ({e})") from None
+            if not isinstance(r, dict):
+                raise record_error(where, "record", f"expected an object, got {r!r}")
+            rows.append((r, where))
+    return rows
+
+
 def text_field(record: dict, field: str, where: str) -> str:
     value = record.get(field)
     if not isinstance(value, str) or not value.strip():

@@ -29,6 +29,8 @@ other two run once on the host.
                                              scene tasks only: one eval set and its
                                                twins as scene specs (`data.spec`), what
                                                the paper 003 / 004 methods render
+  video                                      scene tasks: whether its scenes are videos
+                                               (relation 1 is time: before / after)
 
 What a batch holds is between the task and the model families that train on it: the
 caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is
@@ -78,6 +80,7 @@ class Task(NamedTuple):
     reports: tuple[str, ...] = ()  # the reports its data supports (folder names)
     caption_words: tuple[str, ...] = vocab.WORDS  # caption tasks: the text words
     config: type = relations1d.LineConfig  # its config class (`config.TaskConfig`)
+    video: bool = False  # question tasks: its scenes are videos (relation 1 is time)
 
 
 def caption_sampler(module, positives: Callable | None = None) -> Callable:
@@ -150,6 +153,7 @@ TASKS: dict[str, Task] = {
         eval_specs=video.eval_specs,
         reports=("patching", "spatial_ids", "temporal_ids", "id_loss"),
         config=video.VideoConfig,
+        video=True,
     ),
 }
 for _task in TASKS.values():

@@ -40,10 +40,9 @@ import numpy as np
 import optax
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.chunks import store_for
 from jaxmech.data.spec import SceneSpec, take
-from jaxmech.families.toy_vlm.id_loss import id_cos  # the same cosine as the toy's loss
 from jaxmech.families.vlm_view import examples, margin, resid_site, rows_at
+from jaxmech.models.id_loss import id_cos  # the same cosine as the toy's loss
 from jaxmech.reports.common import LoadedRun, probe_rows, write_csv, write_json
 from jaxmech.train import path_mask
 
@@ -199,30 +198,30 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int | None =
     Returns the tables, the summary and each weight's fine-tuned params."""
     from jaxmech.reports.common import plots_dir
 
-    ckpt = run.subject  # its questions, batch and key: a checkpoint's
-    if ckpt.key is None:
-        raise ValueError("run_id_loss: expected a checkpoint (common.open_checkpoint)")
-    view = ckpt.view(run)
+    folder = plots_dir(out, "id_loss")
+    subject = run.subject.with_chunks(os.path.join(folder, "chunks"))
+    if subject.store("id_loss") is None or getattr(run.family, "trainable", None) is None:
+        raise ValueError("run_id_loss: expected a checkpoint (common.open_checkpoint): "
+                         "its family's `trainable` leaves, each weight's run kept in its "
+                         "chunk store")  # fmt: skip
+    view, questions = subject.view(run), subject.question_specs(run)["examples"]
     params = jax.tree_util.tree_map(lambda x: x[0], run.params)
     site = site_of(view.n_lm_blocks(params), site, log)
     spec = train_only or run.family.trainable(params)
     mask = jax.tree_util.tree_leaves(path_mask(params, spec))  # a bad pattern fails here
-    n = len(ckpt.question_specs(run)["examples"].relation_B)
-    split = np.arange(n) % 4 == 0  # a quarter of the questions held out
-    batch = min(ckpt.batch or 8, 8, int((~split).sum()))
+    split = np.arange(len(questions.relation_B)) % 4 == 0  # a quarter of them held out
+    batch = min(subject.batch or 8, 8, int((~split).sum()))
     cfg = {"steps": steps, "lr": lr, "train_only": spec, "batch": batch, "seed": 0}
-    test = examples(view, take(ckpt.question_specs(run)["examples"], split))
-    train = examples(view, take(ckpt.question_specs(run)["examples"], ~split))
+    test, train = examples(view, take(questions, split)), examples(view, take(questions, ~split))
     probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
     target = targets(view, params, site, probe_rows(run, log))
     evaluate = make_eval(view, test, held, site, target)
     run_steps = make_finetune(view, params, site, target, cfg)
     table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
     table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
-    curves, tuned_by_weight, folder = [], {}, plots_dir(out, "id_loss")
+    curves, tuned_by_weight = [], {}
     for w in weights:
-        store = store_for(os.path.join(folder, "chunks"), {**ckpt.key, **cfg, "site": site,
-                                                          "weight": w})  # fmt: skip
+        store = subject.store("id_loss", **cfg, site=site, weight=w)
         done = store.get(0)
         if done is None:
             tuned, curve = finetune(view, params, w, train, probes, run_steps, cfg)

@@ -139,7 +139,7 @@ class TrainedSubject(NamedTuple):
         return self
 
     def video(self, run) -> bool:
-        return run.config.task.task_kind == "video"
+        return run.task.video  # the task says (`data.tasks.Task.video`)
 
 
 def eval_specs(run: LoadedRun, name: str = "unseen_pair") -> dict:

@@ -153,12 +153,7 @@ def write_stand_in(folder: str, hub: dict = QWEN2_VL_2B, seed: int = 0, log=prin
     ids = word_tokenizer(folder)
     with open(os.path.join(folder, "preprocessor_config.json"), "w") as f:
         json.dump(PREPROCESSOR, f)
-    config = hub | {
-        "image_token_id": ids["<|image_pad|>"],
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-        "vision_end_token_id": ids["<|vision_end|>"],
-    }
+    config = hub_config(ids, hub)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     shapes = {k.split("#")[0]: v[1] for k, v in key_map(from_hf(config)).items()}
@@ -188,17 +183,20 @@ def bench_config(ids: dict) -> QwenVLConfig:
     )  # fmt: skip
 
 
+def hub_config(ids: dict, hub: dict = QWEN2_VL_2B) -> dict:
+    """The config.json of a stand-in: `hub` with the word-level tokenizer's special ids."""
+    return hub | {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
+
+
 def qwen2_vl_2b_config(ids: dict) -> QwenVLConfig:
-    """Qwen2-VL-2B-Instruct's architecture (its config.json; 2.21 B parameters), special
-    ids from `ids`: for random weights at the real size (the GPU script)."""
-    return QwenVLConfig(
-        vit_depth=32, vit_width=1280, vit_heads=16, vit_mlp=5120,
-        lm_vocab=151936, lm_width=1536, lm_layers=28, lm_heads=12, lm_kv_heads=2,
-        lm_mlp=8960, lm_mrope_section=(16, 24, 24), lm_rope_theta=1e6, tie_embeddings=True,
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )  # fmt: skip
+    """Qwen2-VL-2B-Instruct's architecture, read from its config.json (`QWEN2_VL_2B`;
+    2.21 B parameters), special ids from `ids`: random weights at the real size."""
+    return from_hf(hub_config(ids))
 
 
 # the benches' random configs of the real layout: name -> (config of special ids, size)

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from jaxmech.data.scenes import TOKEN, X_SLOT, Y_SLOT, SceneBatch
 from jaxmech.families.toy_vlm import model as ar_vlm
 from jaxmech.families.toy_vlm.vit import read
+from jaxmech.models.id_loss import id_cos
 
 ID_PAIRS = 2  # pairs per training step: 2 L probe rows (32 on a 4 x 4 grid)
 
@@ -90,15 +91,6 @@ def id_states(params, probe: SceneBatch, site: int):
     L = probe.labels_BxL.shape[1]
     h = aux[ar_vlm.site_name(site, ar_vlm.n_lm_blocks(params))][:, L + X_SLOT]
     return h.reshape(-1, L, h.shape[-1])
-
-
-def id_cos(states_PxLxD, target_LxD):
-    """[P, L] cos(ID_pred, ID_true): states centred over the cells against the centred
-    target (a small epsilon keeps the gradient finite at a zero vector)."""
-    pred = states_PxLxD - states_PxLxD.mean(1, keepdims=True)
-    target = target_LxD - target_LxD.mean(0)
-    norm = lambda v: jnp.sqrt((v**2).sum(-1) + 1e-12)  # noqa: E731
-    return (pred * target).sum(-1) / (norm(pred) * norm(target))
 
 
 def id_loss(params, batch: SceneBatch, site: int, n_pairs: int = ID_PAIRS):
