@@ -2,7 +2,7 @@
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.counterfactuals --run=runs/vlm
-    python -m experiments.counterfactuals --checkpoint=Qwen2-VL-2B-Instruct \
+    python -m experiments.counterfactuals --checkpoint=Qwen2-VL-2B-Instruct \\
         --dtype=bfloat16 --out=runs/qwen2vl_2b
 
 Every model answers the unseen-pair questions with the ViT's position codes mirrored
@@ -13,6 +13,11 @@ failures among the errors. Writes RUN/counterfactuals/{table,errors}.csv,
 summary.json, counterfactuals.png (`jaxmech.reports.counterfactuals`); a checkpoint's
 into OUT/counterfactuals/, on pictures of two objects (`data.pictures`), the ViT's
 rotary width positions also mirrored in one block at a time.
+
+On a dataset's photographs instead of drawn scenes (README: where each is published):
+
+    python -m experiments.counterfactuals --checkpoint=Qwen2-VL-2B-Instruct \\
+        --questions_from=cvbench --data=CV-Bench --out=runs/qwen2vl_2b
 """
 
 from absl import flags

@@ -14,6 +14,11 @@ RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png
 objects (`data.pictures`), with the IDs of the first half of the shapes, its intervals
 bootstrapped over its questions (one model), at the sites of --layers (layer L: the
 residual after L blocks; 0..n, layer 0 left out: it has no diagnostics).
+
+On a dataset's photographs instead of drawn scenes (README: where each is published):
+
+    python -m experiments.diagnostics --checkpoint=Qwen2-VL-2B-Instruct \\
+        --questions_from=coco_spatial --data=COCO --out=runs/qwen2vl_2b
 """
 
 from absl import flags

@@ -11,6 +11,11 @@ the answer word when the residual stream there comes from the mirrored image's r
 with the recolour twin as the control; writes RUN/patching/shifts.csv, summary.json and
 shifts.png (`jaxmech.reports.patching`); a checkpoint's into OUT/patching/, on
 `--questions` pictures of two objects (`data.pictures`).
+
+On a dataset's photographs instead of drawn scenes (README: where each is published):
+
+    python -m experiments.patching --checkpoint=Qwen2-VL-2B-Instruct \\
+        --questions_from=coco_spatial --data=COCO --out=runs/qwen2vl_2b
 """
 
 from absl import flags

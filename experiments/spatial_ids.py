@@ -2,7 +2,7 @@
 
     python -m experiments.train --preset=vlm --seeds=8 --out=runs/vlm
     python -m experiments.spatial_ids --run=runs/vlm
-    python -m experiments.spatial_ids --checkpoint=Qwen2-VL-2B-Instruct --dtype=bfloat16 \
+    python -m experiments.spatial_ids --checkpoint=Qwen2-VL-2B-Instruct --dtype=bfloat16 \\
         --out=runs/qwen2vl_2b --layers=6:8 --protocol=authors
 
 Per LM site, the object word's position-dependent state Delta(cell) from probe scenes

@@ -12,6 +12,11 @@ curves (the belief per steered-to cell), and steerability vs accuracy over model
 Writes RUN/steering/{flips,curves}.csv, summary.json, steering.png
 (`jaxmech.reports.steering`); a checkpoint's into OUT/steering/, on pictures of two
 objects (`data.pictures`), with the IDs of the first half of the shapes.
+
+On a dataset's photographs instead of drawn scenes (README: where each is published):
+
+    python -m experiments.steering --checkpoint=Qwen2-VL-2B-Instruct \\
+        --questions_from=coco_spatial --data=COCO --out=runs/qwen2vl_2b
 """
 
 from absl import flags

@@ -14,6 +14,7 @@ from absl import app, flags, logging
 
 from jaxmech import outdir, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
+from jaxmech.data.questions import SOURCES as QUESTION_SOURCES
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid
 
@@ -205,7 +206,13 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
                             "6:16 (both ends included) or 3,5 (default: every one)")  # fmt: skip
     flags.DEFINE_string("grid", "4x4", "the scenes' grid, ROWSxCOLS")
     flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
-    flags.DEFINE_integer("questions", 64, "pair questions asked")
+    flags.DEFINE_integer("questions", None, "questions asked: drawn pair questions per "
+                         "relation (default 64), or at most this many of a dataset's "
+                         "(default: every one; COCO-Spatial's 100)")  # fmt: skip
+    flags.DEFINE_enum("questions_from", "drawn", ["drawn", *QUESTION_SOURCES], "the questions: "
+                      "drawn scenes, or a dataset read from --data (README: where each is "
+                      "published)")  # fmt: skip
+    flags.DEFINE_string("data", None, "the dataset's folder, for --questions_from")
     flags.DEFINE_integer("question_seed", 0, "seed of the questions' scenes")
     flags.DEFINE_integer("batch", None, "questions per compiled call (default: the most "
                          "that fit in --memory, by XLA's memory analysis)")  # fmt: skip
@@ -243,4 +250,5 @@ def checkpoint_options(FLAGS) -> dict:
     layers = parse_layers(FLAGS.layers) if "layers" in FLAGS else None
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
-                dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol)  # fmt: skip
+                dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol,
+                questions_from=FLAGS.questions_from, data=FLAGS.data)  # fmt: skip

@@ -30,7 +30,7 @@ TOL = 1e-4  # the bound in float32; seen: <= 2.4e-5 (BUILD_NOTES.md)
 def checkpoint(request):
     folder = os.path.join(FIXTURES, request.param)
     family, config, p = load_checkpoint(folder)
-    proc = processor.load_processor(folder, config)
+    proc = processor.load_processor(folder, config, resize="pil")  # written by the PIL backend
     return config, p, proc, np.load(os.path.join(folder, "reference.npz"))
 
 
@@ -96,7 +96,7 @@ def test_bfloat16_forward():
     folder = os.path.join(FIXTURES, "qwen2_5_vl")
     _, config, p = load_checkpoint(folder, dtype=jnp.bfloat16)
     ref = np.load(os.path.join(folder, "reference.npz"))
-    enc, _ = encoded(processor.load_processor(folder, config), ref, "single")
+    enc, _ = encoded(processor.load_processor(folder, config, resize="pil"), ref, "single")
     logits, _ = jax.jit(functools.partial(model.forward, config=config))(p, enc.inputs)
     assert logits.dtype == jnp.bfloat16
     err = np.abs(np.asarray(logits, np.float32) - ref["single/logits"]).max()

@@ -149,6 +149,12 @@ def _vit_positions(view: VLMView, params, name: str):
     return vr.at[block].set(mr), vc.at[block].set(mc)
 
 
+def scene_of(name: str) -> int:
+    """The index in `SCENES` of the scene version counterfactual `name` shows."""
+    c = CHANGES.get(name, {})  # a per-block ViT mirror ("vit_w@3") shows the plain scene
+    return SCENES.index((c.get("cells"), c.get("flip", False)))
+
+
 def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counterfactual:
     """The named counterfactuals stacked [C, ...] for one model's params (its default
     positions and LM ids) and the examples' spans (host NumPy in, jnp out)."""
@@ -176,7 +182,7 @@ def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counter
             lm = mirrored_ids(c["ids"])
         order = ident if c.get("order") is None else perm[c["order"]]
         return Counterfactual(
-            jnp.asarray(SCENES.index((c.get("cells"), c.get("flip", False)))),
+            jnp.asarray(scene_of(name)),
             jnp.asarray(vr, jnp.float32), jnp.asarray(vc, jnp.float32),
             jnp.asarray(lm, jnp.float32), jnp.asarray(order),
         )  # fmt: skip

@@ -75,15 +75,23 @@ def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid, batch=None):
 
 
 def _word_coords(view: VLMView, params, state_YxBxD, ex: Examples, probe, probe_pos, slot: int,
-                 batch=None):  # fmt: skip
+                 batch=None, where=None):  # fmt: skip
     """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
-    1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs."""
+    1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs.
+    `where`: ([B, labels] weights over the label centres, [B, L] over the cells) the
+    word's centre and true ID are averaged with (None: its spec label's and cell's;
+    a photograph's: every label alike, its box centre between cells)."""
     delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid, batch)
-    label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
-    cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
+    if where is None:
+        label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
+        cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
+        centre, at = (lambda y: centres[y][label]), (lambda y: delta[y][cell])
+    else:
+        label_w, cell_w = (jnp.asarray(w) for w in where)
+        centre, at = (lambda y: label_w @ centres[y]), (lambda y: cell_w @ delta[y])
     sites = range(1, delta.shape[0])
-    believed = [believed_coords(state_YxBxD[y], centres[y][label], h[y], v[y]) for y in sites]
-    true = [believed_coords(delta[y][cell], 0.0, h[y], v[y]) for y in sites]
+    believed = [believed_coords(state_YxBxD[y], centre(y), h[y], v[y]) for y in sites]
+    true = [believed_coords(at(y), 0.0, h[y], v[y]) for y in sites]
     return jnp.stack(believed), jnp.stack(true)
 
 
@@ -111,7 +119,8 @@ def _per_relation(coords_R, relation_B):
     return jnp.moveaxis(stacked[relation_B, :, jnp.arange(relation_B.shape[0])], 0, 1)
 
 
-def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch=None) -> dict:
+def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch=None,
+             cell_weights=None) -> dict:  # fmt: skip
     """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
@@ -125,6 +134,9 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
         and stacked [O, ...].
       batch: scenes per chunk of every forward, the probes' (`spatial_ids.word_states`)
         and the examples' (`question_states`); None: all at once.
+      cell_weights: [B, 2, L] X's and Y's true positions as weights over the cells (a
+        photograph's box centres, `reports.batches.box_weights`), their words' centres
+        the mean of every label's; None: the spec's cells and labels.
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
@@ -135,8 +147,13 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
     rel = jnp.asarray(ex.spec.relation_B)
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
     for slot in (0, 1):
+        where = None
+        if cell_weights is not None:
+            n_labels = len(np.unique(np.asarray(probes[0][0].label_N)))
+            flat = jnp.full((np.shape(ex.answer_B)[0], n_labels), 1.0 / n_labels)
+            where = (flat, jnp.asarray(cell_weights)[:, slot])
         per = [
-            _word_coords(view, params, states[slot], ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch)
+            _word_coords(view, params, states[slot], ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch, where)
             for pair in probes
         ]  # fmt: skip
         coords.append(tuple(_per_relation([c[i] for c in per], rel) for i in (0, 1)))

@@ -245,13 +245,20 @@ def id_curve(view, params, ex, site, delta_LxD, source_B, alpha, words, clean=No
     return jax.lax.map(to, jnp.arange(delta_LxD.shape[0]))
 
 
-def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int) -> np.ndarray:
+def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int,
+                        first_N=None) -> np.ndarray:  # fmt: skip
     """[N] the cell X is steered to: the far column on the other side of Y in X's row
     (left/right questions), the far row on the other side of Y in X's column
-    (above/below)."""
+    (above/below). Which side Y is on: from the cells; where they tie along the
+    relation (a photograph's box centres in one column), from `first_N` (X is left of /
+    above Y: the answer), when given."""
     (xr, xc), (yr, yc) = np.divmod(cells_Nx3[:, 0], grid_w), np.divmod(cells_Nx3[:, 1], grid_w)
-    h_col = np.where(xc < yc, grid_w - 1, 0)
-    v_row = np.where(xr < yr, grid_h - 1, 0)
+    rel = np.asarray(relation_N)
+    first = np.where(rel == 0, xc < yc, xr < yr)
+    if first_N is not None:
+        first = np.where(np.where(rel == 0, xc == yc, xr == yr), first_N, first)
+    h_col = np.where(first, grid_w - 1, 0)
+    v_row = np.where(first, grid_h - 1, 0)
     return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
 
 

@@ -70,3 +70,46 @@ def recolour_twin(question: ImageQuestion, pixels: np.ndarray, rng: np.random.Ge
     out = np.stack([np.clip(hue, 0, 1), sat, hsv[..., 2]], -1)
     recoloured = Image.fromarray((out * 255).astype(np.uint8), "HSV").convert("RGB")
     return np.asarray(recoloured), question
+
+
+OCCLUDE_KINDS = ("blur", "fill")
+BLUR_RADIUS = 15  # the authors' (`ground_truth_deviation/coco_blur.py`), in image pixels
+
+
+def occluded(pixels: np.ndarray, box, kind: str = "blur", radius: float = BLUR_RADIUS):
+    """uint8 [H, W, 3] `pixels` with box [x, y, w, h] hidden: Gaussian-blurred inside
+    (`radius` px, the authors' occlusion) or filled with the image's mean colour
+    ("fill"). The box is rounded and clipped to the image as the authors' script does."""
+    if kind not in OCCLUDE_KINDS:
+        raise ValueError(f"occlusion = {kind!r}: expected one of {', '.join(OCCLUDE_KINDS)}")
+    H, W = pixels.shape[:2]
+    x, y, w, h = (int(round(v)) for v in box)
+    x, y = max(0, min(x, W - 1)), max(0, min(y, H - 1))
+    w, h = max(1, min(w, W - x)), max(1, min(h, H - y))
+    out = pixels.copy()
+    if kind == "fill":
+        out[y : y + h, x : x + w] = np.round(pixels.reshape(-1, 3).mean(0)).astype(np.uint8)
+        return out
+    from PIL import ImageFilter
+
+    patch = Image.fromarray(pixels[y : y + h, x : x + w]).filter(ImageFilter.GaussianBlur(radius))
+    out[y : y + h, x : x + w] = np.asarray(patch)
+    return out
+
+
+def box_elsewhere(box, width: int, height: int, rng: np.random.Generator, tries: int = 1000):
+    """A box of `box`'s size at a uniform place in the image that does not meet `box`
+    (the authors' off-target control; where none fits in `tries` draws, the corner
+    farthest from it)."""
+    bw, bh = int(round(box[2])), int(round(box[3]))
+    x0, y0 = box[0], box[1]
+    for _ in range(tries):
+        x, y = (
+            int(rng.integers(0, max(0, width - bw) + 1)),
+            int(rng.integers(0, max(0, height - bh) + 1)),
+        )
+        if x + bw <= x0 or x0 + box[2] <= x or y + bh <= y0 or y0 + box[3] <= y:
+            return (float(x), float(y), float(bw), float(bh))
+    far_x = 0 if x0 + box[2] / 2 > width / 2 else max(0, width - bw)
+    far_y = 0 if y0 + box[3] / 2 > height / 2 else max(0, height - bh)
+    return (float(far_x), float(far_y), float(bw), float(bh))

@@ -40,6 +40,18 @@ family's own modules. A family's view:
                                   from a run whose intermediates `aux` hold the sites
                                   `cache_sites` (a causal LM's key / value cache); a
                                   patch then costs only the rows and blocks after it
+  render_images(images, questions, words) -> (inputs, spans)
+                                optional (None: drawn scenes only): photographs (uint8
+                                  [H, W, 3] arrays of one `image_grid`) asked `questions`
+                                  (the final text) whose object words are `words` [(X, Y)]
+                                  through the checkpoint's own processor (its resize);
+                                  `cell_I` on `grid`, as a drawn scene's
+  image_grid(height, width) -> tuple
+                                the processed grid a photograph of that size becomes; one
+                                  compiled call holds photographs of one grid
+  at_image_grid(grid) -> VLMView
+                                the view whose `vit_positions` / `position_basis` are
+                                  those of processed grid `grid` (a photograph bucket's)
 
 Sites, in TransformerLens's words for every family: `lm/resid_pre.{i}`,
 `lm/resid_post.{i}`, `lm/attn_out.{i}`, `lm/v.{i}`, `lm/pattern.{i}` (`[B, H, S, S]`),
@@ -106,6 +118,9 @@ class VLMView(NamedTuple):
     position_basis: Callable
     forward_from: Callable | None = None
     cache_sites: tuple = ()
+    render_images: Callable | None = None
+    image_grid: Callable | None = None
+    at_image_grid: Callable | None = None
 
 
 OUTLINE_ELEMENTS = 2**20  # leaves this large stand in as shapes in `model_outline`

@@ -10,6 +10,7 @@
 * `tables`: CSV / JSON writing, spreads and intervals, ablation tables.
 """
 
+from jaxmech.reports.batches import QuestionBatch, joined  # noqa: F401
 from jaxmech.reports.driver import (  # noqa: F401
     Report,
     across_checkpoints,
@@ -31,12 +32,14 @@ from jaxmech.reports.questions import (  # noqa: F401
     id_labels,
     probe_rows,
     protocol_of,
+    question_batches,
     question_specs,
     relation_questions,
     rows_per_call,
     steered_sites,
     steering_examples,
     table_store,
+    take_examples,
     view_of,
 )
 from jaxmech.reports.subjects import (  # noqa: F401

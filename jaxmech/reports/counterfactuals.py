@@ -29,8 +29,8 @@ import numpy as np
 
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.chunks import run_chunks
-from jaxmech.data.spec import RELATIONS, swap_named
-from jaxmech.families.vlm_view import examples, model_outline, over_models
+from jaxmech.data.spec import RELATIONS
+from jaxmech.families.vlm_view import model_outline, over_models
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -40,9 +40,10 @@ from jaxmech.reports.common import (
     declared,
     fmt_ci,
     fmt_question_ci,
+    joined,
     protocol_of,
+    question_batches,
     question_ci,
-    relation_questions,
     rows_per_call,
     table_store,
     view_of,
@@ -73,28 +74,44 @@ def notes(view, params, config=None) -> dict[str, str]:
 
 def compute(run: LoadedRun, log=print) -> dict:
     """{"margins": [K, C, B], "swapped": [K, B] (the plain run, objects swapped),
-    "relation": [B]}. Every question is rendered at once (one length); a checkpoint's
-    run `batch` at a time through one compiled call (`common.rows_per_call`; finished
-    chunks kept and resumed: `common.table_store`), its counterfactuals one after
-    another (memory); a run's all at once."""
-    view, ex = view_of(run), relation_questions(run)
+    "relation": [B], "names"} over the questions of both relations, in the subject's
+    batches of one shape (`common.question_batches`: drawn scenes are one; a dataset's
+    photographs one per image size, whose scene versions are the plain image and its
+    width and height flips only, so the counterfactuals that need a scene version a
+    photograph has not (positions without facings, facings alone) are left out and
+    named). Each batch runs `batch` at a time through one compiled call
+    (`common.rows_per_call`; finished chunks kept and resumed: `common.table_store`),
+    its counterfactuals one after another on a checkpoint (memory)."""
     first = model_outline(run.params)
-    names = cfa.names_for(view, first)
+    twins = ("swap",) + tuple(f"scene:{i}" for i in range(len(cfa.SCENES)))
+    batches = question_batches(run, (0, 1), twins)
+    names = cfa.names_for(batches[0].view, first)
+    scenes = set(batches[0].scenes)
+    kept = tuple(n for n in names if cfa.scene_of(n) in scenes)
+    if kept != names:
+        log(f"  no scene version for {', '.join(n for n in names if n not in kept)} "
+            "(photographs: plain, width and height flips only): left out")  # fmt: skip
+    if run.subject.layers is not None:  # every counterfactual edits the inputs, no layer
+        log(f"layers {list(run.subject.layers)}: not used by the counterfactual table")
+    out = [_batch_margins(run, b, kept, log) for b in batches]
+    return joined(out, ("margins", "swapped", "relation")) | {"names": kept}
+
+
+def _batch_margins(run: LoadedRun, batch, names, log) -> dict:
+    view, ex, first = batch.view, batch.examples, model_outline(run.params)
     cfs = cfa.build(view, first, ex.spans, names)  # the positions are static: one for all
+    # the swapped question is its own length where a photograph's is reworded
+    sw_cf = cfa.build(view, first, batch.twins["swap"].spans, ("plain",))
     stack = lambda *xs: np.stack(xs)  # noqa: E731
-    rendered = [view.render(s)[0] for s in cfa.scene_versions(view.grid, ex.spec)]
+    rendered = [batch.twins[f"scene:{i}"].inputs for i in range(len(cfa.SCENES))]
     versions = jax.tree_util.tree_map(stack, *rendered)  # [versions, B, ...]
-    swapped = examples(view, swap_named(ex.spec))
-    n, layers = len(ex.answer_B), run.subject.layers
-    if layers is not None:  # every counterfactual edits the inputs, no layer
-        log(f"layers {list(layers)}: not used by the counterfactual table")
+    swapped = batch.twins["swap"]
+    n = len(ex.answer_B)
     one_at_a_time = run.subject.question_chunk
-    per_row = np.ndim(cfs.lm_ids) == 4  # [C, B, 3, S]: left-padded rows, ids per row
 
     @jax.jit
-    def chunk(params_K, versions, answer, other, sw_inputs, sw_answer, sw_other, lm_ids):
-        c = cfs._replace(lm_ids=lm_ids)
-        plain = jax.tree_util.tree_map(lambda x: x[:1], c)  # names[0] is "plain"
+    def chunk(params_K, versions, answer, other, sw_inputs, sw_answer, sw_other, ids, sw_ids):
+        c, plain = cfs._replace(lm_ids=ids), sw_cf._replace(lm_ids=sw_ids)
         sw = jax.tree_util.tree_map(lambda x: x[None], sw_inputs)
 
         def one_model(p):
@@ -110,17 +127,18 @@ def compute(run: LoadedRun, log=print) -> dict:
         take_b = lambda tree, axis=0: jax.tree_util.tree_map(  # noqa: E731
             lambda x: np.take(np.asarray(x), rows, axis=axis), tree
         )
-        lm_ids = take_b(cfs.lm_ids, 1) if per_row else cfs.lm_ids
+        # [C, B, 3, S]: left-padded rows have ids per row
+        ids = [take_b(c.lm_ids, 1) if np.ndim(c.lm_ids) == 4 else c.lm_ids for c in (cfs, sw_cf)]
         return (run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
-                take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), lm_ids)  # fmt: skip
+                take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), *ids)  # fmt: skip
 
-    batch, plan = rows_per_call(
+    batch_rows, plan = rows_per_call(
         run, lambda b: chunk.lower(*args(np.arange(b) % n)).compile(), n, log
     )
-    store = table_store(run, "counterfactuals", names=names)
-    out = run_chunks(lambda rows: jax.device_get(chunk(*args(rows))), n, batch,
-                     chunk_progress(log, batch), store, plan, log)  # fmt: skip
-    return out | {"relation": np.asarray(ex.spec.relation_B), "names": names}
+    store = table_store(run, "counterfactuals", names=names, **batch.key)
+    out = run_chunks(lambda rows: jax.device_get(chunk(*args(rows))), n, batch_rows,
+                     chunk_progress(log, batch_rows), store, plan, log)  # fmt: skip
+    return out | {"relation": np.asarray(ex.spec.relation_B)}
 
 
 def table_rows(res: dict, models) -> list[dict]:
@@ -139,12 +157,17 @@ def table_rows(res: dict, models) -> list[dict]:
                         "model": models[i],
                         "counterfactual": name,
                         "relation": rel,
-                        "agree_mirror": float((x == ref).mean()),
-                        "changed": float((x != plain).mean()),
+                        "agree_mirror": _share(x == ref),
+                        "changed": _share(x != plain),
                         "n": int(w.sum()),
                     }
                 )
     return rows
+
+
+def _share(hits) -> float:
+    """The share of True in `hits`; NaN for none (a relation the questions lack: n = 0)."""
+    return float(hits.mean()) if hits.size else float("nan")
 
 
 def error_rows(res: dict, models) -> list[dict]:
@@ -287,4 +310,5 @@ REPORT = Report(
     figure="counterfactuals.png",
     examples=EXAMPLES,
     per_model=("margins", "swapped"),
+    photos=True,
 )

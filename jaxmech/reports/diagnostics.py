@@ -48,9 +48,12 @@ from jaxmech.reports.common import (
     fmt_ci,
     fmt_interval,
     id_labels,
+    joined,
     probe_rows,
+    protocol_of,
+    question_batches,
     question_ci,
-    relation_questions,
+    take_examples,
     view_of,
 )
 from jaxmech.stats import BOOTSTRAP_DRAWS, correlation_ci, mann_whitney_u, mean_ci
@@ -63,8 +66,21 @@ diagnostics_refusal = declared(
 )  # why the report does not apply to a run (None: it does)
 
 
-def compute(run: LoadedRun, seed: int = 0) -> dict:
-    """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations."""
+OCCLUSION_KIND = {"authors": "blur", "jaxmech": "fill"}  # a photograph's, by protocol
+# where each per-question result keeps its questions (`batches.joined`)
+QUESTION_AXES = {"deviation": -1, "believed": -2, "true": -2, "occluded": -1, "margin": -1,
+                 "relation": -1}  # fmt: skip
+
+
+def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
+    """`diagnostics.diagnose` of every model, stacked [K, ...], with the relations, over
+    the subject's batches (`common.question_batches`). Drawn scenes: X's, Y's or a
+    random free cell blanked. A dataset's photographs with both boxes (the others left
+    out, said): X's box, Y's, or a box of X's size elsewhere blurred (the authors'
+    protocol: radius 15 px) or filled with the image's mean colour (jaxmech's); the
+    true IDs at the box centres, bilinear on the ID grid (`batches.box_weights`), the
+    words' centres the mean of every probed label's (a photograph's object is no drawn
+    label; the authors subtract the question's text-only state instead: not offered)."""
     view = view_of(run)
     labels = id_labels(run)  # the universal IDs: training-pair labels
     # per relation (0 horizontal, 1 vertical), X and Y probes in its own template
@@ -72,23 +88,59 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
         [si.probe(view, labels, named_first=first, relation=r) for first in (True, False)]
         for r in (0, 1)
     ]
-    ex = relation_questions(run)
+    photos = run.subject.source != "drawn"
+    kind = OCCLUSION_KIND[protocol_of(run)]
+    twins = tuple(f"{kind}:{w}" for w in ("x", "y", "random")) if photos else ()
+    out = []
+    for batch in question_batches(run, (0, 1), twins):
+        if batch.cell_weights is not None:
+            batch = _with_boxes(batch, log)
+            if batch is None:
+                continue
+        out.append(_diagnose_batch(run, batch, probes, seed))
+    if not out:
+        raise ValueError("diagnostics: no question has both objects' boxes (n = 0)")
+    out = joined(out, QUESTION_AXES)
+    n_blocks = out["deviation"].shape[1]  # sites 1..n: after every block
+    sites = report_sites(run, n_blocks)
+    for k in ("deviation", "believed", "true"):
+        out[k] = out[k][:, np.asarray(sites) - 1]
+    return out | {"site": np.asarray(sites), "n_blocks": n_blocks}
+
+
+def _with_boxes(batch, log):
+    """The batch's questions whose X and Y boxes are both known (None: none is)."""
+    known = np.flatnonzero((batch.cell_weights.sum(-1) > 0).all(1))
+    if len(known) < len(batch.index):
+        log(f"  {len(batch.index) - len(known)} question(s) without both boxes: left out")
+    if not len(known):
+        return None
+    twins = {k: take_examples(v, known) for k, v in batch.twins.items()}
+    return batch._replace(examples=take_examples(batch.examples, known), twins=twins,
+                          index=batch.index[known], cell_weights=batch.cell_weights[known])  # fmt: skip
+
+
+def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
+    view, ex = batch.view, batch.examples
     keys = jax.random.split(jax.random.PRNGKey(seed), run.k)
     stack = lambda *xs: jnp.stack(xs)  # noqa: E731
+    if batch.cell_weights is None:
+        # X's and Y's occlusions are the same for every model: rendered once
+        fixed = [view.render(s)[0] for s in dg.occlusions(ex.spec, keys[0], view.grid.cells)[:2]]
 
-    # X's and Y's occlusions are the same for every model: rendered once
-    fixed = [view.render(s)[0] for s in dg.occlusions(ex.spec, keys[0], view.grid.cells)[:2]]
+        def occluded(key):
+            rand = dg.occlusions(ex.spec, key, view.grid.cells)[2]
+            return jax.tree_util.tree_map(stack, *fixed, view.render(rand)[0])
 
-    def occluded(key):
-        rand = dg.occlusions(ex.spec, key, view.grid.cells)[2]
-        return jax.tree_util.tree_map(stack, *fixed, view.render(rand)[0])
+        occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
+    else:  # a photograph's occlusions are drawn once per question, for every model
+        one = jax.tree_util.tree_map(stack, *(t.inputs for t in batch.twins.values()))
+        occ = jax.tree_util.tree_map(lambda x: np.broadcast_to(x, (run.k,) + x.shape), one)
 
-    occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
-
-    batch = probe_rows(run)
-
+    batch_rows = probe_rows(run)
     # the rendered inputs are arguments, not constants folded into the program
     inputs = (ex.inputs, [[pr.inputs for pr in pair] for pair in probes])
+    weights = batch.cell_weights
 
     def one_model(args, inputs):
         p, o = args
@@ -96,18 +148,13 @@ def compute(run: LoadedRun, seed: int = 0) -> dict:
             [pr._replace(inputs=x) for pr, x in zip(pair, xs)]
             for pair, xs in zip(probes, inputs[1])
         ]
-        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch)
+        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch_rows, weights)
 
     models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
     n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)
     what = f"diagnostics ({n_probes} probe scenes, {len(ex.answer_B)} questions x 4)"
     out = compiled_call(models, ((run.params, occ), inputs), what)
-    n_blocks = out["deviation"].shape[1]  # sites 1..n: after every block
-    sites = report_sites(run, n_blocks)
-    for k in ("deviation", "believed", "true"):
-        out[k] = out[k][:, np.asarray(sites) - 1]
-    return out | {"relation": np.asarray(ex.spec.relation_B), "site": np.asarray(sites),
-                  "n_blocks": n_blocks}  # fmt: skip
+    return out | {"relation": np.asarray(ex.spec.relation_B)}
 
 
 def report_sites(run: LoadedRun, n_blocks: int, log=None) -> list[int]:
@@ -385,6 +432,7 @@ REPORT = Report(
     check=lambda run, log: check_layers(run, log),  # --layers, before any compute
     examples=EXAMPLES,
     per_model=("margin", "deviation", "believed", "true", "occluded"),
+    photos=True,
 )
 
 

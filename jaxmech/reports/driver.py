@@ -119,6 +119,12 @@ def report_main(report, refusal=None, on_checkpoint=None, video: bool = False):
         if on_checkpoint is not None and "checkpoint" in F and F.checkpoint:
             if F.run:
                 raise app.UsageError("give --run or --checkpoint, not both")
+            source = F["questions_from"].value if "questions_from" in F else "drawn"
+            if source != "drawn" and not (isinstance(report, Report) and report.photos):
+                raise app.UsageError(
+                    f"--questions_from={source}: this report asks drawn scenes only (its "
+                    "probes or edits are cells of a drawn grid); use --questions_from=drawn"
+                )
             return checkpoints_main(F, on_checkpoint, video)
         try:
             runs = check_runs(F.run, refusal)
@@ -226,6 +232,7 @@ class Report(NamedTuple):
     example_words: dict = EXAMPLE_WORDS  # how the printed header names each set
     check: Callable | None = None  # check(run, log): refuses a subject before compute
     video: bool = False  # its checkpoints are opened as videos
+    photos: bool = False  # it takes a dataset's photographs (`--questions_from`)
 
 
 class _Part(NamedTuple):
@@ -314,6 +321,8 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
         for i, p in enumerate(parts):
             log(f"\n--- {'main: ' if i == 0 else 'beside: '}{p.words}")
             summary[p.key] = report.summarise(p.res, p.tables, p.run, log)
+    if run.subject.source != "drawn":  # what was asked: the dataset, its files' sha256
+        summary = {"questions": run.subject.source} | summary
     write_json(os.path.join(out, "summary.json"), summary)
     main = parts[0]
     fig = report.plot(main.res, main.tables, main.run, os.path.join(out, report.figure))

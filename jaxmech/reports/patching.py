@@ -32,9 +32,7 @@ from jaxmech.analysis.patching import (
     table_compile_at,
     token_groups,
 )
-from jaxmech.data.spec import take
 from jaxmech.data.tasks import get_task
-from jaxmech.families.vlm_view import examples
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -44,8 +42,9 @@ from jaxmech.reports.common import (
     chunk_progress,
     declared,
     fmt_interval,
+    joined,
     protocol_of,
-    question_specs,
+    question_batches,
     rows_per_call,
     table_store,
     view_of,
@@ -70,18 +69,23 @@ patching_refusal = declared("patching")  # why the report does not apply to a ru
 
 
 def compute(run: LoadedRun, log=print) -> dict:
-    """{twin: patch_logp over K models} on the questions of `run.examples`
-    (`common.question_specs`) of the patched relation (`patched_relation`), the answer
-    words [B], the word names, the patched LM blocks and the wall time. Every question
-    is rendered at once (one length); they run `batch` at a time (a checkpoint's
-    `common.rows_per_call`; a run's all at once) through one compiled call
-    (`analysis.patching.patch_table`), with progress per chunk, a checkpoint's
-    finished chunks kept and resumed (`common.table_store`)."""
-    view, specs = view_of(run), question_specs(run)
-    rel, words = patched_relation(run, view)
-    asked = np.asarray(specs["examples"].relation_B) == rel
-    ex = examples(view, take(specs["examples"], asked))
-    twins = {t: view.render(take(specs[t], asked), ask=ex.spec)[0] for t in TWINS}
+    """{twin: patch_logp over K models} on the questions of `run.examples` of the
+    patched relation (`patched_relation`), the answer words [B], the word names, the
+    patched LM blocks and the wall time, over the subject's batches of one shape
+    (`common.question_batches`: drawn scenes are one; a dataset's photographs one per
+    image size, their twins the flipped and the rainbow-recoloured photograph). Each
+    batch runs `batch` questions at a time (a checkpoint's `common.rows_per_call`; a
+    run's all at once) through one compiled call (`analysis.patching.patch_table`),
+    with progress per chunk, a checkpoint's finished chunks kept and resumed
+    (`common.table_store`)."""
+    batches = question_batches(run, (patched_relation(run, view_of(run))[0],), TWINS)
+    out = [_batch_logp(run, b, log) for b in batches]
+    return joined(out, ("logp", "answer"))
+
+
+def _batch_logp(run: LoadedRun, batch, log) -> dict:
+    view, ex = batch.view, batch.examples
+    twins = {t: batch.twins[t].inputs for t in TWINS}
     n, n_blocks = len(ex.answer_B), view.n_lm_blocks(run.params)
     layers = run.subject.layers or tuple(range(n_blocks))
     if max(layers) >= n_blocks:
@@ -93,16 +97,16 @@ def compute(run: LoadedRun, log=print) -> dict:
     call = table_call_for(view, run.params, twins, groups, layers, shared)
     t0 = time.perf_counter()
     at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
-    batch, plan = rows_per_call(run, at, n, log)
-    store = table_store(run, "patching", layers=layers)
+    batch_rows, plan = rows_per_call(run, at, n, log)
+    store = table_store(run, "patching", layers=layers, **batch.key)
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
-                       batch=batch, progress=chunk_progress(log, batch), call=call, store=store,
-                       plan=plan)  # fmt: skip
+                       batch=batch_rows, progress=chunk_progress(log, batch_rows), call=call,
+                       store=store, plan=plan)  # fmt: skip
     return {
         "protocol": protocol_of(run),
         "logp": logp,
         "answer": np.asarray(ex.answer_B),
-        "words": words,
+        "words": patched_relation(run, view)[1],
         "layers": layers,
         "wall_s": time.perf_counter() - t0,
     }
@@ -287,4 +291,5 @@ REPORT = Report(
     figure="shifts.png",
     examples=EXAMPLES,
     per_model=("logp", "shifts"),
+    photos=True,
 )

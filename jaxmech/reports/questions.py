@@ -4,6 +4,7 @@ view, the LM sites steered, and how a table is chunked, all asked of the subject
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 
 from jaxmech.analysis.steering import adversarial_targets
@@ -21,6 +22,13 @@ def question_specs(run: LoadedRun) -> dict:
     """{"examples": spec, twin: spec}: the subject's questions as scene specs (a
     trained run's of `run.examples`, `subjects.EXAMPLES`; a checkpoint's drawn set)."""
     return run.subject.question_specs(run)
+
+
+def question_batches(run: LoadedRun, relations, twins=()) -> list:
+    """The subject's questions of relation ids `relations` with the named twins, in
+    batches of one shape (`reports.batches`): drawn scenes are one batch, a dataset's
+    photographs one per processed image size."""
+    return run.subject.question_batches(run, relations, twins)
 
 
 def id_labels(run: LoadedRun) -> range:
@@ -61,13 +69,37 @@ def relation_questions(run: LoadedRun) -> Examples:
     return examples(view_of(run), take(spec, np.asarray(spec.relation_B) < PRESENCE))
 
 
-def steering_examples(run: LoadedRun):
-    """(Examples, source cells, target cells) of `relation_questions`: X steered from
-    its cell to the far edge beyond Y (`analysis.steering.adversarial_targets`)."""
-    ex, grid = relation_questions(run), view_of(run).grid
+def steering_examples(run: LoadedRun, batch=None):
+    """(Examples, source cells, target cells) of `relation_questions` (or of a
+    `QuestionBatch`'s questions whose X and Y cells are known: a photograph's from its
+    boxes' centres): X steered from its cell to the far edge beyond Y
+    (`analysis.steering.adversarial_targets`)."""
+    if batch is None:
+        ex, grid = relation_questions(run), view_of(run).grid
+    else:
+        ex, grid = batch.examples, batch.view.grid
+        named = np.asarray(ex.spec.labels_BxK)[:, :2] > 0  # Y label 0: the image's middle
+        known = ((np.asarray(ex.spec.cells_BxK)[:, :2] >= 0) | ~named).all(1)
+        ex = take_examples(ex, np.flatnonzero(known))
     cells = np.asarray(ex.spec.cells_BxK)
-    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), grid.h, grid.w)
+    target = adversarial_targets(cells, np.asarray(ex.spec.relation_B), grid.h, grid.w,
+                                 first_answer(view_of(run), ex))  # fmt: skip
     return ex, cells[:, 0], target
+
+
+def first_answer(view, ex: Examples) -> np.ndarray:
+    """[B] bool: each question's answer is its relation's first word (left / above)."""
+    words = np.asarray(view.answer_words)[np.asarray(ex.spec.relation_B)]
+    return np.asarray(ex.answer_B) == words[:, 0]
+
+
+def take_examples(ex: Examples, rows) -> Examples:
+    """The questions at `rows` of `ex` (the spans' per-image-token fields kept)."""
+    pick = lambda x: None if x is None else np.asarray(x)[rows]  # noqa: E731
+    spans = ex.spans._replace(**{f: pick(getattr(ex.spans, f)) for f in (
+        "image_BxI", "x_B", "y_B", "question_BxS", "answer_B", "first_B")})  # fmt: skip
+    inputs = jax.tree_util.tree_map(pick, ex.inputs)
+    return Examples(take(ex.spec, rows), inputs, spans, pick(ex.answer_B), pick(ex.other_B))
 
 
 def steered_sites(run: LoadedRun) -> list[int]:

@@ -53,9 +53,11 @@ from jaxmech.reports.common import (
     fmt_ci,
     fmt_interval,
     id_labels,
+    joined,
     needs_depth,
     probe_rows,
     protocol_of,
+    question_batches,
     steered_sites,
     steering_examples,
     view_of,
@@ -68,20 +70,35 @@ def steering_refusal(config, path: str) -> str | None:
     return declared("steering")(config, path) or needs_depth(config, path)
 
 
-def compute(run: LoadedRun, seed: int = 0) -> dict:
+# where each per-question result keeps its questions (`batches.joined`)
+QUESTION_AXES = {"flips": -1, "curves": -2, "curves_paper": -2, "authors": -1, "relation": -1}
+
+
+def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     """`analysis.steering.steer_models` on the relation questions of `run.examples`,
     with the universal IDs of the training-pair labels (`common.id_labels`), at every
-    site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites."""
-    ex, source, target = steering_examples(run)
-    sites = steered_sites(run)
-    what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
-    protocol = protocol_of(run)
-    res = st.steer_models(view_of(run), run.params, ex, source, target, seed, id_labels(run),
-                          sites, probe_rows(run),
-                          lambda fn, args: compiled_call(fn, args, what),
-                          against="answer" if protocol == "authors" else "truth",
-                          factorial=protocol == "authors")  # fmt: skip
-    return res | {"sites": sites, "protocol": protocol}
+    site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites; a dataset's
+    photographs per image size (`common.question_batches`), those whose X and Y boxes
+    are both known (their centres' cells: where X is steered from, and which side Y is
+    on), the IDs from drawn probes as the paper's (the same in every batch)."""
+    sites, protocol, out = steered_sites(run), protocol_of(run), []
+    for batch in question_batches(run, (0, 1)):
+        ex, source, target = steering_examples(run, batch)
+        if len(ex.answer_B) < len(batch.index):
+            log(f"  {len(batch.index) - len(ex.answer_B)} question(s) without both boxes: "
+                "left out (no cell to steer from)")  # fmt: skip
+        if not len(ex.answer_B):
+            continue
+        what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
+        out.append(st.steer_models(
+            batch.view, run.params, ex, source, target, seed, id_labels(run), sites,
+            probe_rows(run), lambda fn, args: compiled_call(fn, args, what),
+            against="answer" if protocol == "authors" else "truth",
+            factorial=protocol == "authors"))  # fmt: skip
+    if not out:
+        raise ValueError("steering: no question has both objects' boxes (n = 0); "
+                         "COCO-Spatial and a manifest with boxes have them")  # fmt: skip
+    return joined(out, QUESTION_AXES) | {"sites": sites, "protocol": protocol}
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -93,7 +110,7 @@ def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> d
     for r, name in enumerate(RELATIONS):
         w = res["relation"] == r
         belief = c[..., 2 * r + 1] - c[..., 2 * r]
-        m = belief[..., w].mean(-1)
+        m = belief[..., w].sum(-1) / w.sum() if w.any() else np.full(belief.shape[:-1], np.nan)
         out[name] = m.reshape(m.shape[:2] + (grid_h, grid_w))
     return out
 
@@ -263,6 +280,7 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str, sites) -> str:
             axes[0].plot(ALPHAS, v.mean(0), ls, color=colour, label=f"{kind} ({rel[0]})")
             axes[0].fill_between(ALPHAS, lo_hi[:, 0], lo_hi[:, 1], color=colour, alpha=0.12)
     axes[0].set_xscale("log")
+    axes[0].set_xlim(min(ALPHAS), max(ALPHAS))  # every rate empty (n = 0): no data limits
     axes[0].set_xlabel("alpha")
     axes[0].set_ylabel("flip rate")
     axes[0].legend(fontsize=6)
@@ -331,4 +349,5 @@ REPORT = Report(
     figure="steering.png",
     examples=EXAMPLES,
     per_model=("flip_rates", "authors_rates", "beliefs", "beliefs_paper", "accuracy"),
+    photos=True,
 )

@@ -4,6 +4,12 @@ A report never tests which kind of subject it has; it asks:
 
   view(run) -> VLMView            the family's VLM view (`families.vlm_view`)
   question_specs(run) -> {"examples": spec, twin: spec}   the questions, as scene specs
+                                  (drawn scenes only; a dataset's subject refuses)
+  question_batches(run, relations, twins) -> [QuestionBatch]
+                                  the questions of those relations rendered, with their
+                                  twins, in batches of one shape (`reports.batches`)
+  source                          what its questions are: "drawn", or a dataset's record
+                                  (`batches.source_record`)
   id_labels(run) -> range         the labels a universal spatial ID averages over
   layers                          the LM layers studied (None: every one)
   protocol                        whose protocol the tables follow ("jaxmech", "authors")
@@ -22,7 +28,8 @@ A report never tests which kind of subject it has; it asks:
 * `TrainedSubject`: a results folder's K models (`open_run`), their task's eval sets as
   questions (`EXAMPLES`: seen or unseen pairs), model groups (`model_groups`);
 * `CheckpointSubject`: a real checkpoint (`open_checkpoint`): one model, its
-  processor's view, drawn pair questions, its memory plan and chunk store;
+  processor's view, drawn pair questions or a dataset's photographs
+  (`--questions_from`), its memory plan and chunk store;
 * `check_run` / `check_runs`: the cheap checks an entry point runs on every folder of
   `--run` before any compute. Diverged models (results.csv `diverged_step >= 0`) are
   left out and named (`excluded_lines`), so no report averages them in.
@@ -121,6 +128,15 @@ class TrainedSubject(NamedTuple):
             raise ValueError(f"{run.path}: no seen-pair question belongs to every model's seen set")
         return {k: take(v, keep) for k, v in specs.items()}
 
+    def question_batches(self, run, relations, twins=()):
+        from jaxmech.reports.batches import drawn_batch
+
+        return [drawn_batch(self.view(run), self.question_specs(run), relations, twins)]
+
+    @property
+    def source(self):
+        return "drawn"
+
     def id_labels(self, run) -> range:
         """The labels every model of the run saw in training pairs (1..min
         n_pair_labels; the validation labels' IDs agree with them only in part)."""
@@ -166,12 +182,40 @@ class CheckpointSubject(NamedTuple):
     over_questions: bool = True  # one model: intervals over its questions
     question_chunk: int = 1  # a per-question table asks one question per call
     questions_word: str = "pair"
+    photos: Any = None  # a dataset's `data.questions.QuestionSet` (None: drawn scenes)
+    source: Any = "drawn"  # "drawn", or the dataset's record (`batches.source_record`)
 
     def view(self, run) -> VLMView:
         return self.vlm_view
 
     def question_specs(self, run) -> dict:
+        if self.photos is not None:
+            raise ValueError(
+                f"--questions_from={self.photos.source}: this table asks drawn scenes (its "
+                "probes or its edits are cells of a drawn grid); use --questions_from=drawn"
+            )
         return self.specs
+
+    def question_batches(self, run, relations, twins=()):
+        """The drawn questions as one batch, or the dataset's photographs one batch per
+        processed grid (`batches.photo_batches`; its twins as image transforms), each
+        logged."""
+        from jaxmech.reports import batches
+
+        if self.photos is None:
+            return [batches.drawn_batch(self.vlm_view, self.specs, relations, twins)]
+        out = batches.photo_batches(self.vlm_view, self.photos, relations, twins,
+                                    self.protocol, self.key["seed"])  # fmt: skip
+        left = len(self.photos.questions) - sum(len(b.index) for b in out)
+        print(
+            f"{self.photos.source}: {sum(len(b.index) for b in out)} question(s) in "
+            f"{len(out)} image size(s) {[b.key['image_grid'][1:] for b in out]}"
+            + (f"; {left} of other relations left out (no mirror twin)" if left else "")
+        )
+        if not out:
+            raise ValueError(f"--questions_from={self.photos.source}: no question of the "
+                             f"relations asked (n = 0)")  # fmt: skip
+        return out
 
     def id_labels(self, run) -> range:
         """The first half of its labels (the other half's IDs are compared with them)."""
@@ -390,7 +434,8 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
                     video: bool = False, memory: str | None = None,
-                    protocol: str = "jaxmech", log=print) -> LoadedRun:  # fmt: skip
+                    protocol: str = "jaxmech", questions_from: str = "drawn",
+                    data: str | None = None, log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the paper 003 / 004
     reports: params stacked [1, ...], its subject a `CheckpointSubject` (the family's VLM view of
     `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
@@ -401,13 +446,17 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     table's rows per call are planned within. `layers`: as the authors index them
     (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n). `protocol`: "authors"
     (their scripts' wording, answer words and table protocols) or "jaxmech"
-    (`protocol_of`). Bad options raise ValueError naming them, before the weights are
-    read."""
+    (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.questions.SOURCES`)
+    read from folder `data`, `questions` of them (None: the source's default: every
+    one, COCO-Spatial's 100) drawn from `seed`. Bad options and malformed records raise
+    ValueError naming them, before the weights are read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
 
+    photos = _photo_questions(questions_from, data, questions, seed, video)
+    questions = 64 if questions is None else questions
     for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
         if v < 1:
             raise ValueError(f"{name} = {v}: expected at least 1")
@@ -436,6 +485,13 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
            "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video,
            "protocol": protocol}  # fmt: skip
+    from jaxmech.reports.batches import source_record
+
+    source = "drawn" if photos is None else source_record(photos, data)
+    if photos is not None:
+        key |= {"source": source, "questions_from": questions_from}
+        log(f"questions: {photos.source} from {data}, {len(photos.questions)} "
+            f"({photos.sample})")  # fmt: skip
     return LoadedRun(
         path=folder,
         config=None,
@@ -455,8 +511,28 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
             key,
             budget=budget,
             protocol=protocol,
+            photos=photos,
+            source=source,
         ),  # fmt: skip
     )
+
+
+def _photo_questions(source: str, data, n, seed: int, video: bool):
+    """The QuestionSet of `--questions_from` (None: drawn scenes), every record checked."""
+    from jaxmech.data.questions import SOURCES, load_questions
+
+    if source == "drawn":
+        if data:
+            raise ValueError(f"data = {data!r}: only read with a dataset's --questions_from")
+        return None
+    if source not in SOURCES:
+        raise ValueError(f"questions_from = {source!r}: expected drawn or one of "
+                         f"{', '.join(SOURCES)}")  # fmt: skip
+    if video:
+        raise ValueError(f"questions_from = {source!r}: a video report asks drawn videos only")
+    if not data:
+        raise ValueError(f"questions_from = {source!r}: give the dataset's folder (--data)")
+    return load_questions(source, data, n=n, seed=seed)
 
 
 def _stacked(x):

@@ -1,13 +1,14 @@
 """Inputs as the Qwen2-VL processor makes them: pixels, the chat prompt, token spans.
 
-Images (`patches`): resized with Pillow's bicubic filter to `smart_resize`'s size (both
-sides multiples of patch x merge = 28, the pixel count within [min_pixels, max_pixels],
-the aspect ratio kept; Python's round, i.e. half to even: 70 x 98 becomes 56 x 112),
-rescaled by 1/255 and normalised with the checkpoint's mean and std (CLIP's by default),
-the single frame repeated over the temporal patch, and flattened in merge-block patch
-order (`positions`), each patch as (C, T, p, p). This is the reference's Pillow backend
-(`Qwen2VLImageProcessorPil`); its default torchvision backend resizes differently by
-1-4 levels of 255 (antialiasing), so the two do not agree pixel for pixel.
+Images (`patches`): resized to `smart_resize`'s size (both sides multiples of patch x
+merge = 28, the pixel count within [min_pixels, max_pixels], the aspect ratio kept;
+Python's round, i.e. half to even: 70 x 98 becomes 56 x 112) as the reference's default
+processor does (torchvision's antialiased bicubic on uint8, `data.resize`; equal level
+for level), or with Pillow's bicubic where the config names the PIL backend's class
+(`Qwen2VLImageProcessorPil`; `ImageSettings.resize`), rescaled by 1/255 and normalised
+with the checkpoint's mean and std (CLIP's by default), the single frame repeated over
+the temporal patch, and flattened in merge-block patch order (`positions`), each patch
+as (C, T, p, p).
 
 Text (`chat_prompt`, `encode`): the Qwen chat template for one user turn holding one
 image then the question, with the default system message and the assistant's
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from PIL import Image
 
+from jaxmech.data.resize import BACKENDS, resize_bicubic
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.qwen2_vl.model import Inputs
@@ -53,6 +55,9 @@ class ImageSettings(NamedTuple):
     temporal_patch_size: int = 2
     mean: tuple = CLIP_MEAN
     std: tuple = CLIP_STD
+    # how a photograph is resized (`data.resize.BACKENDS`): the reference's default
+    # processor's torchvision, or its PIL backend's where the config names that class
+    resize: str = "torchvision"
 
 
 # the video processor's defaults (its frames' pixel bounds differ from an image's)
@@ -77,6 +82,7 @@ def image_settings(folder: str, video: bool = False) -> ImageSettings:
         max_pixels=int(raw.get("max_pixels") or size.get("longest_edge") or d.max_pixels),
         patch_size=int(raw.get("patch_size", d.patch_size)),
         merge_size=int(raw.get("merge_size", d.merge_size)),
+        resize="pil" if str(raw.get("image_processor_type", "")).endswith("Pil") else d.resize,
         temporal_patch_size=int(raw.get("temporal_patch_size", d.temporal_patch_size)),
         mean=tuple(raw.get("image_mean", d.mean)),
         std=tuple(raw.get("image_std", d.std)),
@@ -144,7 +150,9 @@ def patches(image, s: ImageSettings, codes: bool = False):
     x = read_image(image)
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
     h, w = smart_resize(x.shape[0], x.shape[1], p * m, s.min_pixels, s.max_pixels)
-    x = np.asarray(Image.fromarray(x).resize((w, h), Image.BICUBIC)).transpose(2, 0, 1)
+    if (h, w) != x.shape[:2]:
+        x = resize_bicubic(x, h, w, s.resize)
+    x = x.transpose(2, 0, 1)
     gh, gw = h // p, w // p
     x = x.reshape(3, gh // m, m, p, gw // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
     x = np.broadcast_to(x[:, :, :, :, :, None], x.shape[:5] + (T, p, p))
@@ -210,8 +218,10 @@ class Processor(NamedTuple):
     videos: ImageSettings = VIDEO_DEFAULTS
 
 
-def load_processor(folder: str, config: QwenVLConfig) -> Processor:
-    """The folder's tokenizer.json and preprocessor_config.json; errors name the path."""
+def load_processor(folder: str, config: QwenVLConfig, resize: str | None = None) -> Processor:
+    """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
+    `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the config's
+    processor class does, `ImageSettings.resize`)."""
     from tokenizers import Tokenizer
 
     path = os.path.join(folder, "tokenizer.json")
@@ -228,7 +238,12 @@ def load_processor(folder: str, config: QwenVLConfig) -> Processor:
             f"{path}: {VIDEO_PAD} has id {tok.token_to_id(VIDEO_PAD)}, config.json says "
             f"video_token_id = {config.video_token_id}"
         )
-    return Processor(tok, image_settings(folder), config, image_settings(folder, video=True))
+    images = image_settings(folder)
+    if resize is not None:
+        if resize not in BACKENDS:
+            raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
+        images = images._replace(resize=resize)
+    return Processor(tok, images, config, image_settings(folder, video=True))
 
 
 class Encoded(NamedTuple):

@@ -109,10 +109,31 @@ def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, a
             codes=True,
         )
     words = [(x, y or x) for x, y in names]  # presence questions name X only
+    return _placed(enc, words, grid)
+
+
+def _placed(enc, words, grid: Grid):
+    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
     sp = processor.spans(enc, words, cells=(grid.h, grid.w))
     first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
     # placed now, so the host's copy is freed: a report holds its rendered inputs once
     return jax.device_put(enc.inputs), sp._replace(first_B=first)
+
+
+def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
+    """(Inputs, Spans) of photographs (one processed grid: `image_grid`) asked
+    `questions` (the final text), their object words `words` [(X, Y)]; each image goes
+    through the processor's own resize (`processor.patches`)."""
+    enc = processor.encode(proc, list(images), list(questions), codes=True)
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
+def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
+    """(1, h, w) the patch grid a height x width photograph is resized to."""
+    s = proc.images
+    h, w = processor.smart_resize(height, width, s.patch_size * s.merge_size, s.min_pixels,
+                                  s.max_pixels)  # fmt: skip
+    return (1, h // s.patch_size, w // s.patch_size)
 
 
 # the last block's sites that hold every row when that block queries the last row only
@@ -214,12 +235,22 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
     table = processor.pixel_table(proc.videos if video else proc.images)
+    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval, table=table)
+    drawn = functools.partial(render, proc, grid, size, video=video, templates=templates)
+    return _view(grid_thw, drawn, video=video, **parts)
+
+
+def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video) -> VLMView:
+    """The view whose ViT positions are those of patch grid `grid_thw` (its drawn
+    scenes' size, or a photograph bucket's: `at_image_grid`)."""
+    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval,
+                 table=table, video=video)  # fmt: skip
     return VLMView(
         name=config.variant,
         grid=grid,
         n_labels=len(pictures.SHAPES),
         n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, proc, grid, size, video=video, templates=templates),
+        render=drawn,
         forward=functools.partial(forward, config, table),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
@@ -229,4 +260,7 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
         position_basis=lambda params: position_basis(config, grid_thw),
         forward_from=functools.partial(forward_from, config, table),
         cache_sites=model.RESUME_SITES,
+        render_images=None if video else functools.partial(render_images, proc, grid),
+        image_grid=functools.partial(image_grid, proc),
+        at_image_grid=lambda thw: _view(tuple(thw), drawn, **parts),
     )
