@@ -2,7 +2,7 @@
 processor, bucketed by processed grid, their twins as image transforms
 (`reports.batches`), on the tiny Qwen2-VL fixture and the samples in each dataset's
 layout (`tests/fixtures/datasets`). The report runs compile a small program per image
-size; together ~40 s."""
+size; together ~25 s."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ quiet = lambda *_: None  # noqa: E731
 
 def opened(source, **kw):
     n = kw.pop("questions", 3 if source == "coco_spatial" else None)
-    return open_checkpoint(QWEN, grid=(2, 2), size=112, questions=n, batch=4, layers=(0, 1),
+    return open_checkpoint(QWEN, grid=(2, 2), size=112, questions=n, batch=4, layers=(1,),
                            questions_from=source, data=os.path.join(DATA, FOLDERS[source]),
                            log=quiet, **kw)  # fmt: skip
 
