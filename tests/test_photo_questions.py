@@ -169,3 +169,28 @@ def test_occlusions_hide_the_box_only_and_the_control_box_misses_it():
     )
     with pytest.raises(ValueError, match="occlusion = 'erase'"):
         image_twins.occluded(x, box, "erase")
+
+
+def test_a_photographs_words_are_centred_on_their_text_only_states():
+    """The diagnostics read a photograph's word against its state in the question asked
+    without the image: centred on its own state instead, every believed displacement is
+    0; on the text-only run's, not."""
+    import jax
+
+    from jaxmech.analysis import diagnostics as dg
+    from jaxmech.analysis import spatial_ids as si
+
+    run = opened("coco_spatial")
+    batch = run.subject.question_batches(run, (0, 1), ("fill:x", "fill:y", "fill:random", "text"))[
+        0
+    ]
+    view, ex = batch.view, batch.examples
+    assert batch.twins["text"].inputs.image_BxI.shape[1] == 0  # no image tokens
+    probes = [[si.probe(view, range(1, 3), named_first=f, relation=r) for f in (True, False)]
+              for r in (0, 1)]  # fmt: skip
+    occ = jax.tree_util.tree_map(lambda *x: np.stack(x), *(batch.twins[f"fill:{w}"].inputs
+                                                           for w in ("x", "y", "random")))  # fmt: skip
+    params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    go = lambda text: dg.diagnose(view, params, ex, probes, occ, None, batch.cell_weights, text)  # noqa: E731
+    np.testing.assert_allclose(np.asarray(go(ex)["believed"]), 0, atol=1e-5)
+    assert np.abs(np.asarray(go(batch.twins["text"])["believed"])).max() > 1e-3

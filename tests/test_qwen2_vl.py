@@ -319,3 +319,28 @@ def test_video_frames_the_processor_would_resize_are_refused(checkpoint):
         processor.encode_video(proc, [frames], ["Is the red circle to the left?"])
     with pytest.raises(ValueError, match="fps = 0"):
         processor.encode_video(proc, [frames[:, :, :56]], ["q"], fps=0)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_text_only_forward_equals_reference(variant):
+    """A question without an image (the text-only prompt: paper 003's baseline) through
+    `processor.encode_text` and the forward equals the reference's (`make_text_reference.py`):
+    ids, mask, every hidden state, the logits."""
+    folder = os.path.join(FIXTURES, variant)
+    _, config, p = load_checkpoint(folder)
+    ref = np.load(os.path.join(folder, "text_reference.npz"))
+    enc = processor.encode_text(processor.load_processor(folder, config), list(ref["questions"]))
+    np.testing.assert_array_equal(enc.inputs.tokens_BxS, ref["input_ids"])
+    valid = ref["attention_mask"].astype(bool)
+    np.testing.assert_array_equal(enc.inputs.valid_BxS, valid)
+    assert enc.inputs.pixels_BxPxF.shape[1] == 0 and enc.inputs.image_BxI.shape[1] == 0
+    logits, aux = jax.jit(functools.partial(model.forward, config=config, capture=True))(
+        p, enc.inputs
+    )
+    close = lambda ours, theirs: np.testing.assert_allclose(  # noqa: E731
+        np.asarray(ours)[valid], theirs[valid], atol=TOL, rtol=TOL
+    )
+    close(logits, ref["logits"])
+    for i in range(config.lm_layers):
+        close(aux[f"lm/resid_pre.{i}"], ref["hidden"][i])
+    close(aux["lm/final"], ref["hidden"][-1])

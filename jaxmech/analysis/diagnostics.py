@@ -78,17 +78,17 @@ def _word_coords(view: VLMView, params, state_YxBxD, ex: Examples, probe, probe_
                  batch=None, where=None):  # fmt: skip
     """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
     1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs.
-    `where`: ([B, labels] weights over the label centres, [B, L] over the cells) the
-    word's centre and true ID are averaged with (None: its spec label's and cell's;
-    a photograph's: every label alike, its box centre between cells)."""
+    `where`: ([Y, B, D] the word's centre at every site, [B, L] weights over the cells
+    its true ID is averaged with; a photograph's: its text-only state, its box centre
+    between cells), or None: its spec label's centre and its cell's ID."""
     delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid, batch)
     if where is None:
         label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
         cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
         centre, at = (lambda y: centres[y][label]), (lambda y: delta[y][cell])
     else:
-        label_w, cell_w = (jnp.asarray(w) for w in where)
-        centre, at = (lambda y: label_w @ centres[y]), (lambda y: cell_w @ delta[y])
+        own, cell_w = (jnp.asarray(w) for w in where)
+        centre, at = (lambda y: own[y]), (lambda y: cell_w @ delta[y])
     sites = range(1, delta.shape[0])
     believed = [believed_coords(state_YxBxD[y], centre(y), h[y], v[y]) for y in sites]
     true = [believed_coords(at(y), 0.0, h[y], v[y]) for y in sites]
@@ -120,7 +120,7 @@ def _per_relation(coords_R, relation_B):
 
 
 def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch=None,
-             cell_weights=None) -> dict:  # fmt: skip
+             cell_weights=None, text: Examples | None = None) -> dict:  # fmt: skip
     """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
@@ -134,9 +134,11 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
         and stacked [O, ...].
       batch: scenes per chunk of every forward, the probes' (`spatial_ids.word_states`)
         and the examples' (`question_states`); None: all at once.
-      cell_weights: [B, 2, L] X's and Y's true positions as weights over the cells (a
-        photograph's box centres, `reports.batches.box_weights`), their words' centres
-        the mean of every label's; None: the spec's cells and labels.
+      cell_weights, text: a photograph's objects, which are no probed label: [B, 2, L]
+        X's and Y's true positions as weights over the cells (its box centres,
+        `reports.batches.box_weights`) and the questions asked without the image (their
+        words' states the centres, as paper 003's `compute_coco_stats.py`); None: the
+        spec's cells and labels' centres.
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
@@ -146,12 +148,11 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
     plain, states = question_states(view, params, ex, batch=batch)
     rel = jnp.asarray(ex.spec.relation_B)
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
+    text_states = None if text is None else question_states(view, params, text, batch)[1]
     for slot in (0, 1):
         where = None
         if cell_weights is not None:
-            n_labels = len(np.unique(np.asarray(probes[0][0].label_N)))
-            flat = jnp.full((np.shape(ex.answer_B)[0], n_labels), 1.0 / n_labels)
-            where = (flat, jnp.asarray(cell_weights)[:, slot])
+            where = (text_states[slot], jnp.asarray(cell_weights)[:, slot])
         per = [
             _word_coords(view, params, states[slot], ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch, where)
             for pair in probes

@@ -46,6 +46,9 @@ family's own modules. A family's view:
                                   (the final text) whose object words are `words` [(X, Y)]
                                   through the checkpoint's own processor (its resize);
                                   `cell_I` on `grid`, as a drawn scene's
+  render_text(questions, words) -> (inputs, spans)
+                                optional: the questions asked without an image (no
+                                  image tokens), the authors' text-only baseline
   image_grid(height, width) -> tuple
                                 the processed grid a photograph of that size becomes; one
                                   compiled call holds photographs of one grid
@@ -119,6 +122,7 @@ class VLMView(NamedTuple):
     forward_from: Callable | None = None
     cache_sites: tuple = ()
     render_images: Callable | None = None
+    render_text: Callable | None = None
     image_grid: Callable | None = None
     at_image_grid: Callable | None = None
 

@@ -18,6 +18,8 @@ answer words):
   swap        the question with X and Y swapped (its answer swapped); a photograph's
               swapped question is worded by the template (a benchmark's own wording
               cannot be swapped in general: CV-Bench's red box marks X)
+  text        a photograph's question asked without the image (`view.render_text`):
+              the authors' text-only baseline of the diagnostics
   blur:W, fill:W
               a photograph with X's box (W "x"), Y's ("y") or a box of X's size
               elsewhere ("random") blurred or filled (`image_twins.occluded`)
@@ -213,6 +215,10 @@ def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> Questi
             kind, which = t.split(":")
             out[t] = asked([_occluded(q, p, kind, which, np.random.default_rng([seed, 37, int(i)]))
                             for q, p, i in zip(qs, pixels, index)], qs)  # fmt: skip
+        elif t == "text":  # the question without the image
+            texts = [worded(q, r, wording) for q, r in zip(qs, rel)]
+            inputs, spans = view.render_text(texts, [q.objects for q in qs])
+            out[t] = ex._replace(inputs=inputs, spans=spans)
         elif t == "mirror":  # each along its own relation, the answer swapped
             pairs = [image_twins.mirror_twin(q, p) for q, p in zip(qs, pixels)]
             out[t] = asked([p for p, _ in pairs], [q for _, q in pairs])

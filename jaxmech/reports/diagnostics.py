@@ -78,9 +78,9 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     random free cell blanked. A dataset's photographs with both boxes (the others left
     out, said): X's box, Y's, or a box of X's size elsewhere blurred (the authors'
     protocol: radius 15 px) or filled with the image's mean colour (jaxmech's); the
-    true IDs at the box centres, bilinear on the ID grid (`batches.box_weights`), the
-    words' centres the mean of every probed label's (a photograph's object is no drawn
-    label; the authors subtract the question's text-only state instead: not offered)."""
+    true IDs at the box centres, bilinear on the ID grid (`batches.box_weights`), each
+    word centred on its state in the question asked without the image (the authors'
+    text-only baseline: a photograph's object is no probed label)."""
     view = view_of(run)
     labels = id_labels(run)  # the universal IDs: training-pair labels
     # per relation (0 horizontal, 1 vertical), X and Y probes in its own template
@@ -90,7 +90,8 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     ]
     photos = run.subject.source != "drawn"
     kind = OCCLUSION_KIND[protocol_of(run)]
-    twins = tuple(f"{kind}:{w}" for w in ("x", "y", "random")) if photos else ()
+    occlusions = tuple(f"{kind}:{w}" for w in ("x", "y", "random"))
+    twins = occlusions + ("text",) if photos else ()
     out = []
     for batch in question_batches(run, (0, 1), twins):
         if batch.cell_weights is not None:
@@ -134,12 +135,15 @@ def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
 
         occ = jax.tree_util.tree_map(stack, *(occluded(k) for k in keys))  # [K, O, ...]
     else:  # a photograph's occlusions are drawn once per question, for every model
-        one = jax.tree_util.tree_map(stack, *(t.inputs for t in batch.twins.values()))
+        shown = [t.inputs for name, t in batch.twins.items() if name != "text"]
+        one = jax.tree_util.tree_map(stack, *shown)
         occ = jax.tree_util.tree_map(lambda x: np.broadcast_to(x, (run.k,) + x.shape), one)
 
     batch_rows = probe_rows(run)
     # the rendered inputs are arguments, not constants folded into the program
-    inputs = (ex.inputs, [[pr.inputs for pr in pair] for pair in probes])
+    text = batch.twins.get("text")
+    inputs = (ex.inputs, [[pr.inputs for pr in pair] for pair in probes],
+              None if text is None else text.inputs)  # fmt: skip
     weights = batch.cell_weights
 
     def one_model(args, inputs):
@@ -148,7 +152,8 @@ def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
             [pr._replace(inputs=x) for pr, x in zip(pair, xs)]
             for pair, xs in zip(probes, inputs[1])
         ]
-        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch_rows, weights)
+        t = None if text is None else text._replace(inputs=inputs[2])
+        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch_rows, weights, t)
 
     models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
     n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)

@@ -199,12 +199,13 @@ def check_frame_size(height: int, width: int, s: ImageSettings) -> None:
         )
 
 
-def chat_prompt(question: str, system: str = SYSTEM, pad: str = IMAGE_PAD) -> str:
-    """The Qwen chat template for one image (or, `pad` VIDEO_PAD, one video) then
-    `question`, ready for the answer."""
+def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD) -> str:
+    """The Qwen chat template for one image (or, `pad` VIDEO_PAD, one video; None: no
+    image, the text-only prompt) then `question`, ready for the answer."""
+    vision = "" if pad is None else f"<|vision_start|>{pad}<|vision_end|>"
     return (
         f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
-        f"<|vision_start|>{pad}<|vision_end|>{question}<|im_end|>\n<|im_start|>assistant\n"
+        f"{vision}{question}<|im_end|>\n<|im_start|>assistant\n"
     )
 
 
@@ -318,6 +319,17 @@ def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
                    time_interval(proc, fps))  # fmt: skip
 
 
+def encode_text(proc: Processor, questions) -> Encoded:
+    """Questions asked without an image (the text-only prompt, `chat_prompt(pad=None)`)
+    -> an `Encoded` batch with no patches and no image tokens: the authors' text-only
+    baseline (paper 003's `coco_deviation.py`: `extract_embeds(query, None, ...)`)."""
+    if isinstance(questions, str) or not len(questions):
+        raise ValueError("questions: expected a non-empty list of strings")
+    F = 3 * proc.images.temporal_patch_size * proc.images.patch_size**2
+    pixels = np.zeros((len(questions), 0, F), np.uint8)
+    return _encode(proc, pixels, (1, 0, 0), questions, None, proc.config.image_token_id)
+
+
 def time_interval(proc: Processor, fps: float) -> float:
     """A video's M-RoPE time ids per temporal patch at `fps`: Qwen2.5-VL's
     tokens_per_second x the seconds a temporal patch spans; 1 where the config has no
@@ -332,9 +344,10 @@ def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,
     n = int(np.prod(grid)) // c.merge_size**2
     prompts, rows, spans = [], [], []
     for q in questions:
-        text = chat_prompt(q, pad=pad).replace(pad, pad * n)
+        text = chat_prompt(q, pad=pad)
+        text = text if pad is None else text.replace(pad, pad * n)
         enc = proc.tokenizer.encode(text, add_special_tokens=False)
-        start = text.index("<|vision_end|>") + len("<|vision_end|>")
+        start = len(text) - len(q) - len("<|im_end|>\n<|im_start|>assistant\n")
         prompts.append(text)
         rows.append((enc.ids, enc.offsets))
         spans.append((start, start + len(q)))
@@ -363,8 +376,9 @@ def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,
 
 def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval: float) -> Inputs:
     B = tokens.shape[0]
-    pos = positions.mrope_ids(tokens, [grid] * B, pad_id, c.merge_size, valid_BxS=valid,
-                              time_intervals=[interval] * B)  # fmt: skip
+    n = int(np.prod(grid) > 0)  # images per row: 0 for a text-only batch
+    pos = positions.mrope_ids(tokens, [grid] * B * n, pad_id, c.merge_size, [n] * B,
+                              valid_BxS=valid, time_intervals=[interval] * B * n)  # fmt: skip
     image = np.stack([np.flatnonzero((row == pad_id) & ok) for row, ok in zip(tokens, valid)])
     rows, cols, frame = positions.patch_grid(grid, c.merge_size)
     window = positions.window_ids(grid, c.merge_size, c.vit_window)

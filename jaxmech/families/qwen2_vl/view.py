@@ -128,6 +128,12 @@ def render_images(proc: processor.Processor, grid: Grid, images, questions, word
     return _placed(enc, [tuple(w) for w in words], grid)
 
 
+def render_text(proc: processor.Processor, grid: Grid, questions, words):
+    """(Inputs, Spans) of `questions` asked without an image (`processor.encode_text`)."""
+    enc = processor.encode_text(proc, list(questions))
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
 def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
     """(1, h, w) the patch grid a height x width photograph is resized to."""
     s = proc.images
@@ -261,6 +267,7 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         forward_from=functools.partial(forward_from, config, table),
         cache_sites=model.RESUME_SITES,
         render_images=None if video else functools.partial(render_images, proc, grid),
+        render_text=functools.partial(render_text, proc, grid),
         image_grid=functools.partial(image_grid, proc),
         at_image_grid=lambda thw: _view(tuple(thw), drawn, **parts),
     )
