@@ -6,23 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models.decoder import POINTS, RESUME_SITES
 from jaxmech.shapes import is_concrete
 
-POINTS = (
-    "resid_pre",
-    "q",
-    "k",
-    "v",
-    "rot_q",
-    "rot_k",
-    "attn_scores",
-    "pattern",
-    "z",
-    "attn_out",
-    "resid_mid",
-    "mlp_out",
-    "resid_post",
-)
 UNSUPPORTED = ("term_keep", "vp_keep", "rope_keep")
 
 
@@ -104,9 +90,6 @@ def check_edits(edits, inputs, c: QwenVLConfig) -> None:
             raise ValueError(f"Edits.image_order: shape {_shape(order)}, expected ({n_image},)")
         if is_concrete(order) and sorted(np.asarray(order).tolist()) != list(range(n_image)):
             raise ValueError(f"Edits.image_order: expected a permutation of 0..{n_image - 1}")
-
-
-RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `model.Resume` reads from its run (every block)
 
 
 def check_resume(resume, inputs, c: QwenVLConfig) -> None:

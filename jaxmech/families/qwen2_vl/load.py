@@ -1,65 +1,45 @@
 """Qwen2-VL / Qwen2.5-VL checkpoints from their folder: `config.json` and safetensors.
 
 `load_checkpoint(dir)` reads `config.json` (`config.from_hf`), then `model.safetensors`
-or the shards a `model.safetensors.index.json` names, and returns `(config, params)`
-with params in TransformerLens layout (`params.py`) on the devices.
+or the shards a `model.safetensors.index.json` names (`models.hub`: one tensor at a
+time, checked, cast, placed), and returns `(config, params)` with params in
+TransformerLens layout (`params.py`) on the devices.
 
 * Both key layouts: the Hub's (`visual.*`, `model.*` for the LM, `lm_head.weight`) and
   the one newer `transformers` versions keep in memory and some save
   (`model.visual.*`, `model.language_model.*`).
-* Tensors stored as float32, float16 or bfloat16 (bfloat16 through `ml_dtypes`), cast
-  to `dtype` (float32 by default: what the reference comparison runs in).
-* The files are read one tensor at a time (the safetensors format: an 8-byte
-  little-endian header length, a JSON header of `{name: {dtype, shape, data_offsets}}`,
-  the raw bytes), and each is cast, laid out and put on the devices before the next
-  is read, so the weights are held once, in `dtype` (`Stored`).
-* Placement: on one device when the params fit in its memory, else each matrix split
-  over every device along an axis they divide (`place="auto"`; "one" or "shard" force
-  either).
+* Tensors stored as float32, float16 or bfloat16, cast to `dtype` (float32 by default:
+  what the reference comparison runs in).
 * Errors before anything is read: a folder without `config.json` or weights names the
   path; a missing, unexpected or wrongly shaped tensor names the tensor and both shapes.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import struct
-
-import jax
-import ml_dtypes
 import numpy as np
 
 from jaxmech.config import ConfigError
 from jaxmech.families.qwen2_vl.config import QwenVLConfig, from_hf
+from jaxmech.models.hub import (
+    LoadError,
+    Stored,
+    check_place,
+    check_tensors,
+    place_params,
+    read_json_config,
+    weight_files,
+)
+from jaxmech.models.hub import T as _T
+from jaxmech.models.hub import heads_in as _heads_in
+from jaxmech.models.hub import heads_out as _heads_out
+from jaxmech.models.hub import same as _same
 
-DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
-
-
-class LoadError(ValueError):
-    """A folder that is not a loadable Qwen-VL checkpoint (the message names what)."""
+__all__ = ["LoadError", "Stored", "key_map", "canonical", "read_config", "load_checkpoint",
+           "weight_files"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
 # The key map: canonical HF name -> (our path, the HF shape, transform)
-
-
-def _heads_in(H: int, Dh: int):
-    """Linear [H Dh, D] (out, in) -> [H, D, Dh]."""
-    return lambda w: w.reshape(H, Dh, -1).transpose(0, 2, 1)
-
-
-def _heads_out(H: int, Dh: int):
-    """Linear [D, H Dh] -> W_O [H, Dh, D]."""
-    return lambda w: w.T.reshape(H, Dh, -1)
-
-
-def _T(w):
-    return w.T
-
-
-def _same(w):
-    return w
 
 
 def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
@@ -172,132 +152,9 @@ def canonical(name: str) -> str:
     return name
 
 
-# ---------------------------------------------------------------------------
-# Files
-
-
-def _header(path: str) -> tuple[dict, int]:
-    """A safetensors file's tensor table and where its data start."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise LoadError(f"{path}: not a safetensors file (shorter than its header)")
-        (n,) = struct.unpack("<Q", raw)
-        try:
-            table = json.loads(f.read(n))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise LoadError(f"{path}: not a safetensors file ({e})") from None
-    table.pop("__metadata__", None)
-    return table, 8 + n
-
-
-def weight_files(folder: str) -> list[str]:
-    """The checkpoint's safetensors files (a sharded index's, or model.safetensors)."""
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.exists(index):
-        with open(index) as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        files = [os.path.join(folder, s) for s in shards]
-        for p in files:
-            if not os.path.exists(p):
-                raise LoadError(f"{index}: names the shard {p}, which is missing")
-        return files
-    single = os.path.join(folder, "model.safetensors")
-    if not os.path.exists(single):
-        raise LoadError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-    return [single]
-
-
-class Stored:
-    """The tensors of a checkpoint's files, read one at a time: name -> (file, entry,
-    start). Not memory-mapped: a mapped file's pages count in the process's resident
-    memory until the map closes, so mapping 4.4 GB of weights while placing them held
-    them twice (8.7 GB at the peak for Qwen2-VL-2B in bfloat16)."""
-
-    def __init__(self, files: list[str]):
-        self.entries = {}
-        for p in files:
-            table, start = _header(p)
-            for name, entry in table.items():
-                if entry["dtype"] not in DTYPES:
-                    raise LoadError(
-                        f"{p}: tensor {name} has dtype {entry['dtype']}, "
-                        f"expected one of {', '.join(DTYPES)}"
-                    )
-                self.entries[canonical(name)] = (p, entry, start, name)
-
-    def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self.entries[key][1]["shape"])
-
-    def array(self, key: str) -> np.ndarray:
-        path, entry, start, _ = self.entries[key]
-        lo, hi = entry["data_offsets"]
-        raw = np.fromfile(path, np.uint8, count=hi - lo, offset=start + lo)
-        return raw.view(DTYPES[entry["dtype"]]).reshape(entry["shape"])
-
-
 def read_config(folder: str) -> QwenVLConfig:
     """The folder's config.json as a `QwenVLConfig` (LoadError naming the path)."""
-    if not os.path.isdir(folder):
-        raise LoadError(f"checkpoint = {folder!r}: not a folder")
-    path = os.path.join(folder, "config.json")
-    if not os.path.exists(path):
-        raise LoadError(f"checkpoint = {folder!r}: no config.json (not a checkpoint folder)")
-    with open(path) as f:
-        try:
-            return from_hf(json.load(f))
-        except (KeyError, ConfigError) as e:
-            raise LoadError(f"{path}: {e}") from None
-
-
-def check_tensors(stored: Stored, c: QwenVLConfig) -> dict:
-    """The key map, after every stored tensor was matched (names and shapes)."""
-    m = key_map(c)
-    want = {k.split("#")[0]: v[1] for k, v in m.items()}
-    have = dict(stored.entries)
-    if c.tie_embeddings:
-        have.pop("lm_head.weight", None)  # some tied checkpoints store the copy
-    missing = sorted(set(want) - set(have))
-    if missing:
-        raise LoadError(
-            f"missing tensor {missing[0]} (shape {want[missing[0]]})"
-            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
-        )
-    extra = sorted(set(have) - set(want))
-    if extra:
-        name = stored.entries[extra[0]][3]
-        raise LoadError(
-            f"unexpected tensor {name} (shape {stored.shape(extra[0])}) in {stored.entries[extra[0]][0]}"
-        )
-    for key, shape in want.items():
-        if stored.shape(key) != tuple(shape):
-            raise LoadError(
-                f"tensor {stored.entries[key][3]}: shape {stored.shape(key)} in the file, "
-                f"expected {tuple(shape)} from config.json"
-            )
-    return m
-
-
-# ---------------------------------------------------------------------------
-# Placement
-
-
-def _fits_one(n_bytes: int) -> bool:
-    stats = jax.devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
-    return limit is None or n_bytes < 0.8 * limit
-
-
-def _sharding(shape, devices):
-    """Split the largest axis the device count divides; replicate what none divides."""
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec
-
-    mesh = Mesh(np.asarray(devices), ("d",))
-    axes = [a for a in np.argsort(shape)[::-1] if shape[a] % len(devices) == 0]
-    spec = [None] * len(shape)
-    if axes and len(shape) >= 2:
-        spec[axes[0]] = "d"
-    return NamedSharding(mesh, PartitionSpec(*spec))
+    return read_json_config(folder, from_hf, (KeyError, ConfigError))
 
 
 def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
@@ -308,22 +165,10 @@ def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
       dtype: the params' dtype (float32, bfloat16, float16).
       place: "auto" (one device if the params fit, else sharded), "one" or "shard".
     """
-    if place not in ("auto", "one", "shard"):
-        raise ValueError(f"place = {place!r}: expected 'auto', 'one' or 'shard'")
+    check_place(place)
     config = read_config(folder)
-    stored = Stored(weight_files(folder))
-    m = check_tensors(stored, config)
-    stored_shapes = {k.split("#")[0]: v[1] for k, v in m.items()}  # the fused qkv once
-    n_bytes = sum(np.prod(shape) for shape in stored_shapes.values()) * np.dtype(dtype).itemsize
-    devices = jax.devices()
-    shard = len(devices) > 1 and (place == "shard" or (place == "auto" and not _fits_one(n_bytes)))
-    params: dict = {}
-    for key, (path, _, transform) in m.items():
-        x = np.ascontiguousarray(transform(np.asarray(stored.array(key.split("#")[0]), dtype)))
-        where = _sharding(x.shape, devices) if shard else devices[0]
-        node = params
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = jax.device_put(x, where)
-    return config, params
+    stored = Stored(weight_files(folder), canonical)
+    m = key_map(config)
+    # some tied checkpoints store the unembedding's copy
+    check_tensors(stored, m, ignore=("lm_head.weight",) if config.tie_embeddings else ())
+    return config, place_params(stored, m, dtype, place)

@@ -27,6 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.models.attention import rotary_angles
+from jaxmech.models.decoder import inv_freq
+
+__all__ = ["inv_freq", "lm_angles", "merged_grid", "mrope_ids", "patch_grid", "vit_angles",
+           "window_ids"]  # fmt: skip
 
 
 def patch_grid(grid, merge: int):
@@ -156,9 +160,3 @@ def vit_angles(rows_BxP, cols_BxP, inv_freq):
     freqs = np.concatenate([inv_freq, inv_freq])
     axis = np.repeat(np.arange(2), len(inv_freq))
     return jax.vmap(rotary_angles, (0, None, None))(ids, jnp.asarray(freqs), axis)
-
-
-def inv_freq(dim: int, theta: float) -> np.ndarray:
-    """[dim / 2] float32, theta^(-2i / dim): the LM's pairs (dim = head_dim) or the ViT's
-    per axis (dim = head_dim / 2)."""
-    return (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)

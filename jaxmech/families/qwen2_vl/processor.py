@@ -27,20 +27,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from typing import Any, NamedTuple
 
 import numpy as np
-from PIL import Image
 
+from jaxmech.data import pixels, prompts
+from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, decode_pixels, read_image
 from jaxmech.data.resize import BACKENDS, resize_bicubic
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.qwen2_vl.model import Inputs
 from jaxmech.families.vlm_view import Spans
 
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+__all__ = ["decode_pixels", "read_image"]  # re-exported: what the view and tests read here
 SYSTEM = "You are a helpful assistant."
 IMAGE_PAD, VIDEO_PAD, PAD = "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"
 
@@ -104,44 +103,9 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def read_image(image) -> np.ndarray:
-    """uint8 [H, W, 3] RGB of a path, a PIL image or an array ([H, W, 3] uint8, or floats
-    in [0, 1])."""
-    if isinstance(image, (str, os.PathLike)):
-        if not os.path.exists(image):
-            raise ValueError(f"image = {str(image)!r}: no such file")
-        with Image.open(image) as im:
-            return np.asarray(im.convert("RGB"))
-    if isinstance(image, Image.Image):
-        return np.asarray(image.convert("RGB"))
-    x = np.asarray(image)
-    if x.ndim != 3 or x.shape[-1] != 3:
-        raise ValueError(f"image: shape {x.shape}, expected [H, W, 3]")
-    if x.dtype != np.uint8:
-        if x.min() < 0 or x.max() > 1:
-            raise ValueError("image: float values outside [0, 1]")
-        x = np.rint(x * 255).astype(np.uint8)
-    return x
-
-
 def pixel_table(s: ImageSettings) -> np.ndarray:
-    """float32 [3, 256]: each channel's normalised value of every uint8 level, computed
-    as the reference does (rescale in float64, cast, then (x - mean) / std in float32),
-    so a patch's values are `table[channel, code]` exactly (`decode_pixels`)."""
-    v = (np.arange(256, dtype=np.float64) * (1 / 255)).astype(np.float32)[:, None]
-    return np.ascontiguousarray(
-        ((v - np.asarray(s.mean, np.float32)) / np.asarray(s.std, np.float32)).T
-    )
-
-
-def decode_pixels(codes_BxPxF, table_3x256, features_per_channel: int):
-    """float32 [B, P, F] the normalised patches of uint8 patch codes (`encode(...,
-    codes=True)`; the layout (C, T, p, p) per patch), in or outside jit."""
-    import jax.numpy as jnp
-
-    F = codes_BxPxF.shape[-1]
-    channel_F = jnp.arange(F) // features_per_channel
-    return jnp.asarray(table_3x256)[channel_F, jnp.asarray(codes_BxPxF).astype(jnp.int32)]
+    """float32 [3, 256] the normalised value of each uint8 level (`data.pixels`)."""
+    return pixels.pixel_table(s.mean, s.std)
 
 
 def patches(image, s: ImageSettings, codes: bool = False):
@@ -162,10 +126,7 @@ def patches(image, s: ImageSettings, codes: bool = False):
 def _levels(x_uint8, s: ImageSettings, codes: bool) -> np.ndarray:
     """Patches [P, C T p p] of uint8 levels as they are (`codes`) or normalised."""
     x = np.ascontiguousarray(x_uint8)
-    if codes:
-        return x
-    per_channel = x.shape[-1] // 3
-    return pixel_table(s)[np.arange(x.shape[-1]) // per_channel, x]
+    return x if codes else pixels.normalise(x, s.mean, s.std)
 
 
 def video_patches(frames, s: ImageSettings, codes: bool = False):
@@ -338,34 +299,22 @@ def time_interval(proc: Processor, fps: float) -> float:
     return per_second * proc.videos.temporal_patch_size / fps if per_second else 1.0
 
 
-def _encode(proc: Processor, pixels, grid, questions, pad: str, pad_id: int,
+def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: int,
             interval: float = 1.0) -> Encoded:  # fmt: skip
     c = proc.config
     n = int(np.prod(grid)) // c.merge_size**2
-    prompts, rows, spans = [], [], []
+    texts, spans = [], []
     for q in questions:
         text = chat_prompt(q, pad=pad)
-        text = text if pad is None else text.replace(pad, pad * n)
-        enc = proc.tokenizer.encode(text, add_special_tokens=False)
-        start = len(text) - len(q) - len("<|im_end|>\n<|im_start|>assistant\n")
-        prompts.append(text)
-        rows.append((enc.ids, enc.offsets))
+        texts.append(text if pad is None else text.replace(pad, pad * n))
+        start = len(texts[-1]) - len(q) - len("<|im_end|>\n<|im_start|>assistant\n")
         spans.append((start, start + len(q)))
-    S = max(len(ids) for ids, _ in rows)
     pad_tok = proc.tokenizer.token_to_id(PAD)
-    tokens = np.full((len(rows), S), pad_tok if pad_tok is not None else 0, np.int32)
-    offsets = np.full((len(rows), S, 2), -1, np.int32)
-    valid = np.zeros((len(rows), S), bool)
-    for b, (ids, offs) in enumerate(rows):
-        tokens[b, S - len(ids) :], offsets[b, S - len(ids) :], valid[b, S - len(ids) :] = (
-            ids,
-            offs,
-            True,
-        )
+    rows = prompts.token_rows(proc.tokenizer, texts, pad_tok if pad_tok is not None else 0)
     return Encoded(
-        _inputs(c, tokens, valid, pixels, grid, pad_id, interval),
-        prompts,
-        offsets,
+        _inputs(c, rows.tokens_BxS, rows.valid_BxS, patches_BxPxF, grid, pad_id, interval),
+        texts,
+        rows.offsets_BxSx2,
         np.asarray(spans),
         grid,
         c.merge_size,
@@ -399,19 +348,9 @@ def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval:
     )
 
 
-def _word_range(question: str, word: str) -> tuple[int, int]:
-    m = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", question)
-    if m is None:
-        raise ValueError(f"words: {word!r} is not a word of the question {question!r}")
-    return m.span()
-
-
 def last_subtoken(enc: Encoded, b: int, char_range) -> int:
     """The position of the last token of row b overlapping `char_range` of its prompt."""
-    lo, hi = char_range
-    offs = enc.offsets_BxSx2[b]
-    hit = np.flatnonzero((offs[:, 0] < hi) & (offs[:, 1] > lo))
-    return int(hit[-1])
+    return prompts.last_subtoken(enc.offsets_BxSx2[b], char_range)
 
 
 def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
@@ -424,7 +363,9 @@ def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
     for b, pair in enumerate(words):
         q0 = int(enc.question_Bx2[b, 0])
         question = enc.prompts[b][q0 : enc.question_Bx2[b, 1]]
-        xy.append([last_subtoken(enc, b, np.add(_word_range(question, w), q0)) for w in pair])
+        xy.append(
+            [last_subtoken(enc, b, np.add(prompts.word_range(question, w), q0)) for w in pair]
+        )
     return _spans(enc, np.asarray(xy), cells)
 
 

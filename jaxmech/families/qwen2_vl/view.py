@@ -40,6 +40,7 @@ from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.qwen2_vl import model, positions, processor
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.vlm_view import VLMView
+from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
 
 ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
 # the papers' authors' Qwen scripts read the lower-case words their prompt quotes
@@ -140,28 +141,6 @@ def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
     h, w = processor.smart_resize(height, width, s.patch_size * s.merge_size, s.min_pixels,
                                   s.max_pixels)  # fmt: skip
     return (1, h // s.patch_size, w // s.patch_size)
-
-
-# the last block's sites that hold every row when that block queries the last row only
-WHOLE_UNDER_LAST_ROW = ("resid_pre", "k", "v", "rot_k")
-
-
-def needs_all_rows(capture, n_layers: int) -> bool:
-    """Whether a capture asks for a site of the last LM block that only a run of every
-    query row gives (True: every site; names: any of the last block's but
-    `WHOLE_UNDER_LAST_ROW`, or `lm/final`)."""
-    if capture is True:
-        return True
-    last = n_layers - 1
-    for name in capture or ():
-        part, _, block = name.partition(".")
-        point = part.split("/", 1)[-1]
-        if name == "lm/final" or (
-            part.startswith("lm/") and block in ("", str(last)) and point not in
-            WHOLE_UNDER_LAST_ROW + ("embed",)
-        ):  # fmt: skip
-            return True
-    return False
 
 
 def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=False, resume=None):
@@ -265,7 +244,7 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         vit_blocks=lambda params: config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
         forward_from=functools.partial(forward_from, config, table),
-        cache_sites=model.RESUME_SITES,
+        cache_sites=RESUME_SITES,
         render_images=None if video else functools.partial(render_images, proc, grid),
         render_text=functools.partial(render_text, proc, grid),
         image_grid=functools.partial(image_grid, proc),

@@ -1,0 +1,268 @@
+"""The transformer pieces every loaded checkpoint family shares: pre-norm blocks with
+rotary, grouped-query attention, the MLP (gated or not), RMSNorm / LayerNorm as the
+reference computes them, the site recorder that applies `Edits` and keeps captures, the
+causal LM stack with its resumable run (a key / value cache), and the unembedding.
+
+Numerics as the Hugging Face reference: norms, the rotary rotation and the softmax in
+float32, everything else in the params' dtype. Params in TransformerLens layout: a
+block holds `W_Q, W_K, W_V` [H, D, Dh] (and `b_Q ...` [H, Dh] where the model has
+biases), `W_O` [H, Dh, D], `ln1_w` / `ln2_w` (+ `_b` for LayerNorm), the MLP's `W_in`,
+`W_out` (+ `W_gate` when gated, biases where present). Optional per-head q / k norms
+(`q_norm_w`, `k_norm_w` [Dh], Qwen3's) act before the rotary.
+
+Sites, per block i of a part ("vit", "lm"): `{part}/{point}.{i}` for point in
+`POINTS` (`q, k, v` [B, N, H, Dh]; `attn_scores, pattern` [B, H, N, N]).
+
+Axis names (`jaxmech.shapes`): B sequences, N / S rows, D width, H heads, Dh head
+width, R rotary pairs, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.models.attention import layer_norm as attention_layer_norm
+from jaxmech.models.attention import rotate
+from jaxmech.models.edits import Edits
+from jaxmech.models.order import low_precision, tie
+
+POINTS = (
+    "resid_pre",
+    "q",
+    "k",
+    "v",
+    "rot_q",
+    "rot_k",
+    "attn_scores",
+    "pattern",
+    "z",
+    "attn_out",
+    "resid_mid",
+    "mlp_out",
+    "resid_post",
+)
+RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `Resume` reads from its run (every block)
+
+
+class Sites:
+    """Applies the edits at each named site and keeps what `capture` asks for: True
+    (every site), False (none) or names (a full name like "lm/resid_pre.3", or a name
+    without its block like "lm/resid_pre" for every block)."""
+
+    def __init__(self, edits: Edits, capture):
+        self.edits, self.capture, self.aux = edits, capture, {}
+
+    def __call__(self, name: str, x):
+        x = self.edits(name, x)
+        if self.capture is True or (
+            self.capture and (name in self.capture or name.split(".")[0] in self.capture)
+        ):
+            self.aux[name] = x
+        return x
+
+
+def rms_norm(x, w, eps):
+    """RMSNorm as Qwen2 / Llama: float32 statistics, then the weight in the input's dtype."""
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + eps)
+    return w * h.astype(x.dtype)
+
+
+def layer_norm(x, w, b, eps):
+    """LayerNorm (`models.attention`) in float32, back in the input's dtype."""
+    return attention_layer_norm(x.astype(jnp.float32), w, b, eps).astype(x.dtype)
+
+
+def norm(block, prefix, x, eps):
+    """The block's norm `prefix`: LayerNorm where it has a bias `{prefix}_b`, else RMSNorm."""
+    if f"{prefix}_b" in block:
+        return layer_norm(x, block[f"{prefix}_w"], block[f"{prefix}_b"], eps)
+    return rms_norm(x, block[f"{prefix}_w"], eps)
+
+
+ACT = {
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "silu": jax.nn.silu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+
+
+def _rot(x, angles):
+    """x [B, N, H, Dh] rotated by angles [B, N, R] in float32 (rotate-half layout)."""
+    return rotate(x.astype(jnp.float32), angles[:, :, None, :]).astype(x.dtype)
+
+
+def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=None,
+              q_last=False, eps=1e-6):  # fmt: skip
+    """One attention sublayer: [B, N, D] -> [B, N, D] (grouped-query where W_K has fewer
+    heads than W_Q; biases where the block has them; per-head q / k RMSNorms
+    `q_norm_w` / `k_norm_w` before the rotary where it has them). `angles` [B, N, R]
+    (None: no rotary positions, and no `rot_q` / `rot_k` sites). `cache`: (rotated keys,
+    values) of the positions before these N rows, which the rows also attend to
+    (`Resume`). `q_last`: only the last row queries ([B, 1, D] out)."""
+
+    def at(point, x):
+        return site(f"{part}/{point}.{i}", x)
+
+    def proj(w, x):
+        y = jnp.einsum("bnd,hde->bnhe", x, block[f"W_{w}"])
+        y = y + block[f"b_{w}"] if f"b_{w}" in block else y
+        norm_w = block.get(f"{w.lower()}_norm_w")
+        return y if norm_w is None else rms_norm(y, norm_w, eps)
+
+    q_in = x_in[:, -1:] if q_last else x_in
+    mask_BxNxN = mask_BxNxN[:, -1:] if q_last else mask_BxNxN
+    q, k, v = at("q", proj("Q", q_in)), at("k", proj("K", x_in)), at("v", proj("V", x_in))
+    if angles is not None:
+        q_angles = angles[:, -1:] if q_last else angles
+        q, k = at("rot_q", _rot(q, q_angles)), at("rot_k", _rot(k, angles))
+    if cache is not None:
+        k, v = (jnp.concatenate([c.astype(x.dtype), x], axis=1) for c, x in zip(cache, (k, v)))
+    # grouped-query attention without copying k, v per query head: head h = c G + g
+    # reads key / value head c (as the reference's repeat_kv)
+    B, N, H, E = q.shape
+    C = k.shape[2]
+    qg = q.reshape(B, N, C, H // C, E)
+    scores = jnp.einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
+    scores = at("attn_scores", scores * E**-0.5)
+    logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
+    pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
+    pg = pattern.reshape(B, C, H // C, N, k.shape[1])
+    z = at("z", jnp.einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E))
+    out = jnp.einsum("bqhe,hed->bqd", z, block["W_O"])
+    return out + block["b_O"] if "b_O" in block else out
+
+
+def mlp(block, x, act):
+    """The MLP: W_out(act(x W_gate) * x W_in) when gated, else W_out(act(x W_in)); biases
+    where the block has them."""
+
+    def lin(w, b):
+        y = x @ block[w]
+        return y + block[b] if b in block else y
+
+    h = (
+        act(lin("W_gate", "b_gate")) * lin("W_in", "b_in")
+        if "W_gate" in block
+        else act(lin("W_in", "b_in"))
+    )
+    y = h @ block["W_out"]
+    return y + block["b_out"] if "b_out" in block else y
+
+
+def after(x, weights):
+    """(x, weights), low-precision `weights` computed after `x` (`models.order.tie`):
+    XLA's CPU backend would otherwise convert every block's weights to float32 at the
+    start and hold them all (5.5 GB of scratch at Qwen2-VL-2B's size); tied, each
+    block's copy is made when the block runs. Float32 weights pass untouched."""
+    return (x, tie(weights, x)) if low_precision(weights) else (x, weights)
+
+
+def block_forward(
+    block, x, angles, mask, site, part: str, i: int, eps, act, cache=None, q_last=False
+):
+    """One pre-norm block: x + attn(norm1(x)), then + mlp(norm2(x)), each sublayer's
+    output scaled by a layer scale `ls1` / `ls2` [D] where the block has one
+    (InternViT's); `q_last`: for the last row only ([B, 1, D] out; keys and values from
+    every row)."""
+    x, block = after(site(f"{part}/resid_pre.{i}", x), block)
+    attn = attention(block, norm(block, "ln1", x, eps), angles, mask, site, part, i, cache,
+                     q_last, eps)  # fmt: skip
+    attn = attn * block["ls1"] if "ls1" in block else attn
+    x = x[:, -1:] if q_last else x
+    x = site(f"{part}/resid_mid.{i}", x + site(f"{part}/attn_out.{i}", attn))
+    out = mlp(block, norm(block, "ln2", x, eps), act)
+    out = site(f"{part}/mlp_out.{i}", out * block["ls2"] if "ls2" in block else out)
+    return site(f"{part}/resid_post.{i}", x + out)
+
+
+def place_images(emb_BxSxD, feats_BxIxD, image_BxI):
+    """The LM's input: token embeddings with the image features at their positions."""
+    b = jnp.arange(emb_BxSxD.shape[0])[:, None]
+    return emb_BxSxD.at[b, image_BxI].set(feats_BxIxD.astype(emb_BxSxD.dtype))
+
+
+def lm_mask(valid_BxS):
+    """[B, S, S] causal attention to the valid tokens (and each token to itself, so a
+    padding row stays finite)."""
+    S = valid_BxS.shape[1]
+    causal = jnp.tril(jnp.ones((S, S), bool))
+    return causal & (valid_BxS[:, None, :] | jnp.eye(S, dtype=bool))
+
+
+class Resume(NamedTuple):
+    """Run the LM from block `layer` on the rows from `start` on only, with the rows
+    before them read from a run that is the same there (incremental decoding's cache):
+
+    x_BxTxD: the residual entering block `layer` at rows start..S-1 (T = S - start).
+    aux: a run's intermediates holding `lm/rot_k.{i}` and `lm/v.{i}` of every block i >=
+      layer (`RESUME_SITES`); their rows before `start` serve as those rows' keys and
+      values. Right when the run and this one agree on every row before `start`: a
+      causal LM's rows there do not see the rows changed.
+
+    `layer` and `start` are Python ints (static). The ViT and the blocks before `layer`
+    are not run; the sites of the resumed blocks hold the T rows only."""
+
+    layer: int
+    start: int
+    x_BxTxD: Any
+    aux: dict
+
+
+def inv_freq(dim: int, theta: float) -> np.ndarray:
+    """[dim / 2] float32, theta^(-2i / dim): the rotary pairs' frequencies."""
+    return (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float32) / dim)).astype(np.float32)
+
+
+def run_lm(lm, x, angles_BxSxR, valid_BxS, n_layers: int, eps: float, site, resume=None,
+           last_row: bool = False, act: str = "silu"):  # fmt: skip
+    """[B, S, D] the final-normed residual stream of a causal LM's blocks `lm["block_i"]`
+    and final norm `lm["lnf_w"]` ([B, T, D] rows start.. when resumed; [B, 1, D] the
+    last row with `last_row`: the last block's other rows are not run)."""
+    causal = lm_mask(jnp.asarray(valid_BxS, bool))
+    first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
+    angles, causal = angles_BxSxR[:, s0:], causal[:, s0:]
+    for i in range(first, n_layers):
+        cache = None
+        if resume is not None and s0:
+            cache = tuple(resume.aux[f"{n}.{i}"][:, :s0] for n in RESUME_SITES)
+        q_last = last_row and i == n_layers - 1
+        x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, eps, ACT[act],
+                          cache, q_last)  # fmt: skip
+    return site("lm/final", rms_norm(x, lm["lnf_w"], eps))
+
+
+def unembed(lm, x):
+    """Logits of the rows `x` [..., D]: x W_U, or x E^T for tied embeddings. Not tied to
+    `x` (`after`): a table's runs share one float32 copy of the unembedding, 0.9 GB at
+    Qwen2-VL-2B's size, where tied ones would each make their own."""
+    if "W_U" in lm:
+        return x @ lm["W_U"]
+    return jnp.einsum("...d,vd->...v", x, lm["E"])
+
+
+# the last block's sites that hold every row when that block queries the last row only
+WHOLE_UNDER_LAST_ROW = ("resid_pre", "k", "v", "rot_k")
+
+
+def needs_all_rows(capture, n_layers: int) -> bool:
+    """Whether a capture asks for a site of the last LM block that only a run of every
+    query row gives (True: every site; names: any of the last block's but
+    `WHOLE_UNDER_LAST_ROW`, or `lm/final`)."""
+    if capture is True:
+        return True
+    last = n_layers - 1
+    for name in capture or ():
+        part, _, block = name.partition(".")
+        point = part.split("/", 1)[-1]
+        if name == "lm/final" or (
+            part.startswith("lm/") and block in ("", str(last)) and point not in
+            WHOLE_UNDER_LAST_ROW + ("embed",)
+        ):  # fmt: skip
+            return True
+    return False

@@ -1,0 +1,207 @@
+"""A Hugging Face checkpoint folder's files, for every checkpoint family: `config.json`,
+the safetensors weights read one tensor at a time, checked against the family's key
+map, laid out and placed on the devices.
+
+A family supplies its key map `{canonical name: (our "part/.../name", stored shape,
+transform)}` (a fused tensor appears once per part as `name#0/1/...`) and `canonical`,
+the function that maps a stored name in any of its layouts to the canonical one.
+
+* Tensors stored as float32, float16 or bfloat16 (bfloat16 through `ml_dtypes`), cast
+  to the asked `dtype`.
+* The files are read one tensor at a time (the safetensors format: an 8-byte
+  little-endian header length, a JSON header of `{name: {dtype, shape, data_offsets}}`,
+  the raw bytes), and each is cast, laid out and put on the devices before the next
+  is read, so the weights are held once, in `dtype` (`Stored`).
+* Placement: on one device when the params fit in its memory, else each matrix split
+  over every device along an axis they divide (`place="auto"`; "one" or "shard" force
+  either).
+* Errors before anything is placed: a folder without `config.json` or weights names
+  the path; a missing, unexpected or wrongly shaped tensor names the tensor and both
+  shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Callable
+
+import jax
+import ml_dtypes
+import numpy as np
+
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
+PLACES = ("auto", "one", "shard")
+
+
+class LoadError(ValueError):
+    """A folder that is not a loadable checkpoint (the message names what)."""
+
+
+def read_json_config(folder: str, parse: Callable, errors=(KeyError,)):
+    """`parse(config.json's dict)`; a LoadError naming the folder or the file (with the
+    parse's message for `errors`)."""
+    if not os.path.isdir(folder):
+        raise LoadError(f"checkpoint = {folder!r}: not a folder")
+    path = os.path.join(folder, "config.json")
+    if not os.path.exists(path):
+        raise LoadError(f"checkpoint = {folder!r}: no config.json (not a checkpoint folder)")
+    with open(path) as f:
+        try:
+            return parse(json.load(f))
+        except errors as e:
+            raise LoadError(f"{path}: {e}") from None
+
+
+def _header(path: str) -> tuple[dict, int]:
+    """A safetensors file's tensor table and where its data start."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise LoadError(f"{path}: not a safetensors file (shorter than its header)")
+        (n,) = struct.unpack("<Q", raw)
+        try:
+            table = json.loads(f.read(n))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise LoadError(f"{path}: not a safetensors file ({e})") from None
+    table.pop("__metadata__", None)
+    return table, 8 + n
+
+
+def weight_files(folder: str) -> list[str]:
+    """The checkpoint's safetensors files (a sharded index's, or model.safetensors)."""
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        files = [os.path.join(folder, s) for s in shards]
+        for p in files:
+            if not os.path.exists(p):
+                raise LoadError(f"{index}: names the shard {p}, which is missing")
+        return files
+    single = os.path.join(folder, "model.safetensors")
+    if not os.path.exists(single):
+        raise LoadError(f"{folder}: no model.safetensors or model.safetensors.index.json")
+    return [single]
+
+
+class Stored:
+    """The tensors of a checkpoint's files, read one at a time: canonical name -> (file,
+    entry, start, stored name). Not memory-mapped: a mapped file's pages count in the
+    process's resident memory until the map closes, so mapping 4.4 GB of weights while
+    placing them held them twice (8.7 GB at the peak for Qwen2-VL-2B in bfloat16)."""
+
+    def __init__(self, files: list[str], canonical: Callable[[str], str] = lambda n: n):
+        self.entries = {}
+        for p in files:
+            table, start = _header(p)
+            for name, entry in table.items():
+                if entry["dtype"] not in DTYPES:
+                    raise LoadError(
+                        f"{p}: tensor {name} has dtype {entry['dtype']}, "
+                        f"expected one of {', '.join(DTYPES)}"
+                    )
+                self.entries[canonical(name)] = (p, entry, start, name)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return tuple(self.entries[key][1]["shape"])
+
+    def array(self, key: str) -> np.ndarray:
+        path, entry, start, _ = self.entries[key]
+        lo, hi = entry["data_offsets"]
+        raw = np.fromfile(path, np.uint8, count=hi - lo, offset=start + lo)
+        return raw.view(DTYPES[entry["dtype"]]).reshape(entry["shape"])
+
+
+def check_tensors(stored: Stored, m: dict, ignore=()) -> None:
+    """Every tensor of key map `m` stored with its shape, and nothing else (but the
+    canonical names `ignore`, e.g. a tied checkpoint's stored copy of the unembedding);
+    a LoadError naming the first that is not."""
+    want = {k.split("#")[0]: v[1] for k, v in m.items()}
+    have = {k: v for k, v in stored.entries.items() if k not in ignore}
+    missing = sorted(set(want) - set(have))
+    if missing:
+        raise LoadError(
+            f"missing tensor {missing[0]} (shape {want[missing[0]]})"
+            + (f" and {len(missing) - 1} more" if len(missing) > 1 else "")
+        )
+    extra = sorted(set(have) - set(want))
+    if extra:
+        name = stored.entries[extra[0]][3]
+        raise LoadError(
+            f"unexpected tensor {name} (shape {stored.shape(extra[0])}) in {stored.entries[extra[0]][0]}"
+        )
+    for key, shape in want.items():
+        if stored.shape(key) != tuple(shape):
+            raise LoadError(
+                f"tensor {stored.entries[key][3]}: shape {stored.shape(key)} in the file, "
+                f"expected {tuple(shape)} from config.json"
+            )
+
+
+def _fits_one(n_bytes: int) -> bool:
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    return limit is None or n_bytes < 0.8 * limit
+
+
+def _sharding(shape, devices):
+    """Split the largest axis the device count divides; replicate what none divides."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.asarray(devices), ("d",))
+    axes = [a for a in np.argsort(shape)[::-1] if shape[a] % len(devices) == 0]
+    spec = [None] * len(shape)
+    if axes and len(shape) >= 2:
+        spec[axes[0]] = "d"
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+def check_place(place: str) -> None:
+    if place not in PLACES:
+        raise ValueError(f"place = {place!r}: expected 'auto', 'one' or 'shard'")
+
+
+def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto") -> dict:
+    """The params of key map `m` (already checked: `check_tensors`) from `stored`, each
+    tensor cast to `dtype`, transformed into our layout and placed before the next is
+    read: on one device, or sharded over every device when they do not fit one
+    (`place`: "auto", "one", "shard")."""
+    check_place(place)
+    stored_shapes = {k.split("#")[0]: v[1] for k, v in m.items()}  # a fused tensor once
+    n_bytes = sum(np.prod(shape) for shape in stored_shapes.values()) * np.dtype(dtype).itemsize
+    devices = jax.devices()
+    shard = len(devices) > 1 and (place == "shard" or (place == "auto" and not _fits_one(n_bytes)))
+    params: dict = {}
+    for key, (path, _, transform) in m.items():
+        x = np.ascontiguousarray(transform(np.asarray(stored.array(key.split("#")[0]), dtype)))
+        where = _sharding(x.shape, devices) if shard else devices[0]
+        node = params
+        *parents, leaf = path.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = jax.device_put(x, where)
+    return params
+
+
+# The layout transforms a key map names: a Linear [out, in] -> TransformerLens's
+# per-head [H, D, Dh] / [H, Dh, D], a transpose, or the tensor as it is.
+
+
+def heads_in(H: int, Dh: int):
+    """Linear [H Dh, D] (out, in) -> [H, D, Dh]."""
+    return lambda w: w.reshape(H, Dh, -1).transpose(0, 2, 1)
+
+
+def heads_out(H: int, Dh: int):
+    """Linear [D, H Dh] -> W_O [H, Dh, D]."""
+    return lambda w: w.T.reshape(H, Dh, -1)
+
+
+def T(w):
+    return w.T
+
+
+def same(w):
+    return w
