@@ -205,7 +205,9 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
                             "(layer L: the residual after L blocks, hidden_states[L]), e.g. "
                             "6:16 (both ends included) or 3,5 (default: every one)")  # fmt: skip
     flags.DEFINE_string("grid", "4x4", "the scenes' grid, ROWSxCOLS")
-    flags.DEFINE_integer("size", 448, "picture size in pixels (a multiple of 28 x the grid)")
+    flags.DEFINE_integer("size", None, "drawn pictures' side in pixels (default: the "
+                         "family's: Qwen2-VL / 2.5-VL 448, Qwen3-VL 512, LLaVA-1.5 336, "
+                         "InternVL3 its 448 px tile)")  # fmt: skip
     flags.DEFINE_integer("questions", None, "questions asked: drawn pair questions per "
                          "relation (default 64), or at most this many of a dataset's "
                          "(default: every one; COCO-Spatial's 100)")  # fmt: skip

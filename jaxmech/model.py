@@ -47,10 +47,11 @@ class Model:
         """Every site the forward names (what `capture` and `Edits` accept), in order."""
         return tuple(self.family.sites(self.config, self.params))
 
-    def view(self, grid=(4, 4), size: int = 448, video: bool = False, wording: str = "jaxmech"):
+    def view(self, grid=(4, 4), size: int | None = None, video: bool = False,
+             wording: str = "jaxmech"):  # fmt: skip
         """The VLM view the paper 003 / 004 methods use (`families.vlm_view.VLMView`):
-        a checkpoint's scenes on `grid` drawn `size` pixels square; a trained VLM's
-        from its config (`grid`, `size` are its task's)."""
+        a checkpoint's scenes on `grid` drawn `size` pixels square (None: the family's
+        default); a trained VLM's from its config (`grid`, `size` are its task's)."""
         from jaxmech.data.spec import Grid
 
         if self.folder is not None:

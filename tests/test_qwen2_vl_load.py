@@ -133,8 +133,8 @@ def test_bad_folders(tmp_path):
     with pytest.raises(ValueError, match="not a safetensors file"):
         load_checkpoint(str(folder))
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llava"}))
-    with pytest.raises(ValueError, match="model_type = 'llava' is not supported"):
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
+    with pytest.raises(ValueError, match="model_type = 'gemma3' is not supported"):
         load_checkpoint(str(folder))
     with pytest.raises(ValueError, match="place = 'gpu'"):
         load.load_checkpoint(HUB, place="gpu")

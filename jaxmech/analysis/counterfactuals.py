@@ -10,7 +10,14 @@ in which image tokens enter the LM, each at its identity when unchanged. A table
 them is one vmap over stacked `Counterfactual`s (`margins`), and a table over models
 one `lax.map` around it. Where the ViT's positions act in every block (rotary), they
 are given per block, which adds the localisation (`names_for`): `vit_w@b`, `vit_h@b`
-mirror the positions in block b only. A family enters only through its VLM view.
+mirror the positions in block b only. Where they also enter once through a learned
+table read at the ViT's input (`VLMView.vit_table`: Qwen3-VL), the table is one more
+place (row 0 of the positions), and each mechanism is mirrored alone (`TABLE_CHANGES`):
+`vit_w` / `vit_h` mirror both, `vit_w_table` / `vit_h_table` the table only,
+`vit_w_rotary` / `vit_h_rotary` every block's rotary only, `vit_w@b` block b's rotary
+only, and `vit_half_table` shifts the table's columns by half a patch (read between its
+cells: a real change, where a uniform rotary shift cancels). A family enters only
+through its VLM view.
 
 The names (`COUNTERFACTUALS`; _w: width, _h: height):
 
@@ -86,24 +93,36 @@ CHANGES = {
     "facing_order_ids_w": {"flip": True, "order": "w", "ids": "w"},
 }
 COUNTERFACTUALS = tuple(CHANGES)
+# With a position table beside the rotary (`VLMView.vit_table`): which mechanism a ViT
+# change reaches ("table", "rotary"; the names of `CHANGES` reach both).
+TABLE_CHANGES = {
+    "vit_w_table": {"vit": "w", "at": "table"},
+    "vit_h_table": {"vit": "h", "at": "table"},
+    "vit_w_rotary": {"vit": "w", "at": "rotary"},
+    "vit_h_rotary": {"vit": "h", "at": "rotary"},
+    "vit_half_table": {"vit": "half", "at": "table"},
+}
 # The versions of the scenes a counterfactual shows: (cells, flip) -> index.
 SCENES = ((None, False), ("w", True), ("h", False), ("w", False), (None, True))
 
 
 def names_for(view: VLMView, params) -> tuple[str, ...]:
     """`COUNTERFACTUALS`, and where the ViT's positions act in every block (rotary)
-    the ViT mirrors applied in one block at a time: `vit_w@b`, `vit_h@b` for block b."""
+    the ViT mirrors applied in one block at a time: `vit_w@b`, `vit_h@b` for block b;
+    with a position table as well, `TABLE_CHANGES` (each mechanism alone)."""
     n_blocks = view.vit_blocks(params)
-    return COUNTERFACTUALS + tuple(f"vit_{a}@{b}" for a in "wh" for b in range(n_blocks))
+    table = tuple(TABLE_CHANGES) if n_blocks and view.vit_table else ()
+    return COUNTERFACTUALS + table + tuple(f"vit_{a}@{b}" for a in "wh" for b in range(n_blocks))
 
 
 class Counterfactual(NamedTuple):
     """One counterfactual (or C stacked): what happens to the examples and the forward.
 
     scene [] int: the version of the scenes shown (`SCENES`); vit_rows, vit_cols [P]
-    (per block: [n_blocks, P]) float: the positions the ViT sees; lm_ids [3, S] (or [B,
-    3, S] where rows are left-padded) float: the LM's position ids; order [I] int: the LM reads image token `order[i]` at image
-    slot i.
+    (per block: [n_blocks, P]; with a position table [1 + n_blocks, P]) float: the
+    positions the ViT sees; lm_ids [3, S] (or [B, 3, S] where rows are left-padded)
+    float: the LM's position ids; order [I] int: the LM reads image token `order[i]`
+    at image slot i.
     """
 
     scene: jax.Array
@@ -131,22 +150,28 @@ def token_mirrors(spans: Spans) -> dict:
 
 
 def _vit_positions(view: VLMView, params, name: str):
-    """(rows, cols) the ViT sees under counterfactual `name`: [P], or [n_blocks, P]."""
+    """(rows, cols) the ViT sees under counterfactual `name`: [P], or one row per place
+    positions enter: [n_blocks, P], or [1 + n_blocks, P] with a table (row 0)."""
     rows, cols, (h, w) = view.vit_positions(params)
     mirrored = {"w": (rows, w - 1 - cols), "h": (h - 1 - rows, cols), "half": (rows, cols + 0.5)}
     mirrored["half_mirror"] = (rows, w - 1 - cols + 0.5)
     mirrored["half_roll"] = (rows, jnp.mod(cols + w / 2, w))
     mirrored[None] = (rows, cols)
     n_blocks = view.vit_blocks(params)
-    if "@" not in name:
-        vr, vc = mirrored[CHANGES[name].get("vit")]
-        if not n_blocks:
-            return vr, vc
-        return jnp.tile(vr, (n_blocks, 1)), jnp.tile(vc, (n_blocks, 1))
-    axis, block = name[4], int(name.split("@")[1])  # "vit_w@1"
-    vr, vc = (jnp.tile(x, (n_blocks, 1)) for x in (rows, cols))
-    mr, mc = mirrored[axis]
-    return vr.at[block].set(mr), vc.at[block].set(mc)
+    table = int(bool(n_blocks and view.vit_table))
+    at = np.ones(table + n_blocks, bool)  # the places the change reaches
+    if "@" in name:  # "vit_w@1": block 1's rotary only
+        change = name[4]
+        at = np.arange(table + n_blocks) == table + int(name.split("@")[1])
+    else:
+        c = CHANGES[name] if name in CHANGES else TABLE_CHANGES[name]
+        change = c.get("vit")
+        at[:table] = c.get("at") != "rotary"
+        at[table:] = c.get("at") != "table"
+    vr, vc = mirrored[change]
+    if not n_blocks:
+        return vr, vc
+    return tuple(jnp.where(at[:, None], m, x) for m, x in ((vr, rows), (vc, cols)))
 
 
 def scene_of(name: str) -> int:

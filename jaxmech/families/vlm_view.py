@@ -30,6 +30,10 @@ family's own modules. A family's view:
                                   them (004's mirrors are h - 1 - row, w - 1 - col)
   vit_blocks(params) -> int     blocks whose rotary positions can be set one at a time
                                   (0: positions enter once, at the ViT's input)
+  vit_table                     bool (default False): a rotary ViT whose positions also
+                                  enter once, through a learned table read at the ViT's
+                                  input (Qwen3-VL); its per-block position edits are then
+                                  [1 + vit_blocks, P], row 0 the table's
   position_basis(params) -> [I, F]
                                 the ViT's position features of each image token (the
                                   basis of the spatial IDs' rank-k fits)
@@ -55,6 +59,14 @@ family's own modules. A family's view:
   at_image_grid(grid) -> VLMView
                                 the view whose `vit_positions` / `position_basis` are
                                   those of processed grid `grid` (a photograph bucket's)
+  size                          int or None: the pixels a drawn scene's side is drawn at
+                                  (a checkpoint's; None: a toy's cells are tokens)
+  image_frame(height, width) -> (top, left, h, w)
+                                optional (None: the whole photograph, resized): the
+                                  region of a height x width photograph, in its own
+                                  pixels, that the processed image shows (a centre crop
+                                  cuts it; a pad to a square reaches past it), so boxes
+                                  map onto the cells through it
 
 Sites, in TransformerLens's words for every family: `lm/resid_pre.{i}`,
 `lm/resid_post.{i}`, `lm/attn_out.{i}`, `lm/v.{i}`, `lm/pattern.{i}` (`[B, H, S, S]`),
@@ -125,6 +137,9 @@ class VLMView(NamedTuple):
     render_text: Callable | None = None
     image_grid: Callable | None = None
     at_image_grid: Callable | None = None
+    image_frame: Callable | None = None
+    vit_table: bool = False
+    size: int | None = None
 
 
 OUTLINE_ELEMENTS = 2**20  # leaves this large stand in as shapes in `model_outline`

@@ -220,10 +220,12 @@ def inv_freq(dim: int, theta: float) -> np.ndarray:
 
 
 def run_lm(lm, x, angles_BxSxR, valid_BxS, n_layers: int, eps: float, site, resume=None,
-           last_row: bool = False, act: str = "silu"):  # fmt: skip
+           last_row: bool = False, act: str = "silu", between=None):  # fmt: skip
     """[B, S, D] the final-normed residual stream of a causal LM's blocks `lm["block_i"]`
     and final norm `lm["lnf_w"]` ([B, T, D] rows start.. when resumed; [B, 1, D] the
-    last row with `last_row`: the last block's other rows are not run)."""
+    last row with `last_row`: the last block's other rows are not run). `between(i, x,
+    row0)`: what enters block i + 1 given block i's output x, whose first row is row0 of
+    the sequence (e.g. Qwen3-VL's DeepStack features added at the image tokens)."""
     causal = lm_mask(jnp.asarray(valid_BxS, bool))
     first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
     angles, causal = angles_BxSxR[:, s0:], causal[:, s0:]
@@ -234,6 +236,8 @@ def run_lm(lm, x, angles_BxSxR, valid_BxS, n_layers: int, eps: float, site, resu
         q_last = last_row and i == n_layers - 1
         x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, eps, ACT[act],
                           cache, q_last)  # fmt: skip
+        if between is not None:
+            x = between(i, x, angles_BxSxR.shape[1] - 1 if q_last else s0)
     return site("lm/final", rms_norm(x, lm["lnf_w"], eps))
 
 

@@ -40,7 +40,9 @@ fields above, refuses it by name). A new family's own kind of edit is a `replace
 * `vit_rows`, `vit_cols` float `[P]`: the row / column position each ViT token sees
   (default: its own; `W - 1 - col` mirrors; fractional values interpolate a learned
   table linearly and are evaluated as they are by sin-cos and rotary codes). Windows
-  stay those of the physical tokens. A rotary ViT also takes `[n_blocks, P]`: per block.
+  stay those of the physical tokens. A rotary ViT also takes `[n_blocks, P]`: per block
+  (one that also reads a learned table at its input, `[1 + n_blocks, P]`: row 0 the
+  table's, so each mechanism can be edited alone).
 * `lm_pos_ids` `[S]` (one id per LM token, for every rotary section) or `[3, S]` (time,
   row, column ids per token): the LM's rotary position ids.
 * `image_order` int `[I]`: the LM reads image token `image_order[i]` at image slot i (a

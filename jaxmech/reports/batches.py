@@ -129,6 +129,22 @@ def box_cells(view: VLMView, question, size) -> np.ndarray:
     return np.asarray(out, np.int32)
 
 
+def framed(view: VLMView, question, size):
+    """(question, (h, w)): the question's boxes in the pixels of the region of its
+    photograph that the processed image shows (`view.image_frame`; None: the whole
+    photograph, returned as it is), and that region's size; a box whose centre the
+    region leaves out (a centre crop's cut sides) becomes None (no cell)."""
+    if view.image_frame is None or not question.boxes:
+        return question, size
+    top, left, h, w = view.image_frame(*size)
+    boxes = []
+    for box in question.boxes:
+        x, y = (None, None) if box is None else (box[0] - left, box[1] - top)
+        inside = box is not None and 0 <= x + box[2] / 2 < w and 0 <= y + box[3] / 2 < h
+        boxes.append([x, y, box[2], box[3]] if inside else None)
+    return question._replace(boxes=tuple(boxes)), (h, w)
+
+
 def box_weights(view: VLMView, question, size, authors: bool) -> np.ndarray:
     """[2, L] the weights over the view's grid cells of X's and Y's box centres (zeros:
     no box), bilinear between the four nearest cells. `authors`: as paper 003's
@@ -188,7 +204,7 @@ def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> Questi
     qs = [qset.questions[i] for i in index]
     rel = np.asarray([photo_relation(q) for q in qs], np.int32)
     pixels = [image_twins.open_image(q.image) for q in qs]
-    cells = np.stack([box_cells(view, q, sizes[i]) for q, i in zip(qs, index)])
+    cells = np.stack([box_cells(view, *framed(view, q, sizes[i])) for q, i in zip(qs, index)])
     spec = SceneSpec(cells, np.tile(np.int32([1, 2]), (len(qs), 1)),
                      np.tile(np.int32([1, 2]), (len(qs), 1)), np.zeros((len(qs), 2), np.int32),
                      rel)  # fmt: skip
@@ -225,7 +241,7 @@ def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> Questi
         else:
             out[t] = _flipped(asked, qs, pixels, rel, [FLIPS.get(_scene(t))] * len(qs))
     key = {"image_grid": list(grid)}
-    weights = np.stack([box_weights(view, q, sizes[i], wording == "authors")
+    weights = np.stack([box_weights(view, *framed(view, q, sizes[i]), wording == "authors")
                         for q, i in zip(qs, index)])  # fmt: skip
     return QuestionBatch(ex, out, view, key, PHOTO_SCENES, index, weights)
 

@@ -61,9 +61,13 @@ def notes(view, params, config=None) -> dict[str, str]:
     `config` a run's, None for a checkpoint)}, printed beside its row: under rotary ViT
     positions (set per block) a uniform column shift cancels in q . k (so the offset
     mirror is the plain mirror); a ViT that sees
-    each frame alone has one row per frame, so mirroring rows changes nothing."""
+    each frame alone has one row per frame, so mirroring rows changes nothing. With a
+    position table beside the rotary (Qwen3-VL) the shifts are changes: the table is
+    read between its cells."""
     out = {}
-    if view.vit_blocks(params):
+    if view.vit_blocks(params) and view.vit_table:  # the table reads between its cells
+        out["vit_half"] = "the rotary part cancels in q.k: the table's shift acts"
+    elif view.vit_blocks(params):
         out["vit_half"] = "exact no-op: a uniform shift cancels in rotary q.k"
         # W - 1 - col + 0.5 is vit_w's W - 1 - col shifted uniformly: not a candidate there
         out["vit_half_mirror"] = "identical to vit_w: a uniform shift cancels in rotary q.k"

@@ -431,14 +431,15 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
     )
 
 
-def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int = 64,
+def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questions: int = 64,
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
                     video: bool = False, memory: str | None = None,
                     protocol: str = "jaxmech", questions_from: str = "drawn",
                     data: str | None = None, log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the paper 003 / 004
     reports: params stacked [1, ...], its subject a `CheckpointSubject` (the family's VLM view of
-    `grid` scenes drawn `size` pixels square, `questions` pair questions per spatial
+    `grid` scenes drawn `size` pixels square (None: the family's default size for
+    them, e.g. 448 for Qwen2-VL), `questions` pair questions per spatial
     relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
     config, settings or task. `video`: the scenes drawn as videos (the family's video
     view), asked about time only (relation 1: before / after). `memory`: the budget
@@ -465,6 +466,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int = 448, questions: int
     budget = memory_budget(memory)
     family, config = read_checkpoint_config(folder)
     view = family.view(folder, config, Grid(*grid), size, video=video, wording=protocol)
+    size = view.size
     n = view.n_lm_blocks(None)
     if layers is not None and (not layers or min(layers) < 0 or max(layers) > n):
         raise ValueError(

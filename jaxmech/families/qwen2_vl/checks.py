@@ -14,9 +14,16 @@ UNSUPPORTED = ("term_keep", "vp_keep", "rope_keep")
 
 def site_names(c: QwenVLConfig) -> tuple[str, ...]:
     """Every named site of `c`'s forward (`model` docstring), in order."""
-    vit = [f"vit/{p}.{i}" for i in range(c.vit_depth) for p in POINTS]
-    lm = [f"lm/{p}.{i}" for i in range(c.lm_layers) for p in POINTS]
-    return ("vit/embed", *vit, "merger/out", "lm/embed", *lm, "lm/final")
+    vit = ["vit/embed"] + ["vit/pos_embed"] * bool(c.vit_pos_table)
+    for i in range(c.vit_depth):
+        vit += [f"vit/{p}.{i}" for p in POINTS]
+        if i in c.vit_deepstack:
+            vit.append(f"vit/deepstack.{c.vit_deepstack.index(i)}")
+    lm = []
+    for i in range(c.lm_layers):
+        lm += [f"lm/{p}.{i}" for p in POINTS]
+        lm += [f"lm/resid_post_stack.{i}"] * (i < len(c.vit_deepstack))
+    return (*vit, "merger/out", "lm/embed", *lm, "lm/final")
 
 
 def _shape(x):
@@ -73,11 +80,13 @@ def check_edits(edits, inputs, c: QwenVLConfig) -> None:
     B, S = _shape(inputs.tokens_BxS)
     P = _shape(inputs.pixels_BxPxF)[1]
     n_image = P // c.merge_size**2
+    n = c.vit_depth + bool(c.vit_pos_table)  # the table, then every block
     for field in ("vit_rows", "vit_cols"):
         x = getattr(edits, field)
-        if x is not None and _shape(x) not in ((P,), (c.vit_depth, P)):
+        if x is not None and _shape(x) not in ((P,), (n, P)):
+            per = " (the position table's row, then one per block)" if c.vit_pos_table else ""
             raise ValueError(
-                f"Edits.{field}: shape {_shape(x)}, expected ({P},) or ({c.vit_depth}, {P})"
+                f"Edits.{field}: shape {_shape(x)}, expected ({P},) or ({n}, {P}){per}"
             )
     if edits.lm_pos_ids is not None and _shape(edits.lm_pos_ids) not in ((S,), (3, S), (B, 3, S)):
         raise ValueError(

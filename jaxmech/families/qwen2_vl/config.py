@@ -1,4 +1,5 @@
-"""A Qwen2-VL / Qwen2.5-VL checkpoint's architecture, read from its `config.json`.
+"""A Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint's architecture, read from its
+`config.json`.
 
 One flat frozen config for both variants (`variant`): the vision tower's fields start
 with `vit_`, the merger's with `merge_`, the language model's with `lm_`. `from_hf`
@@ -17,6 +18,19 @@ RMSNorm, SwiGLU MLP with biases, attention within windows of `vit_window` patche
 square except in `vit_full_blocks`. Both LMs are Qwen2 decoders (RMSNorm, grouped-query
 attention with q / k / v biases, SwiGLU) with three-part rotary positions whose
 frequency pairs are split `lm_mrope_section` (t, h, w; t the highest frequencies).
+
+Qwen3-VL (`qwen3_vl`) differs by fields, which the forward reads (not the variant's
+name): the patch embedding's bias (`patch_bias`); a learned `vit_pos_table`-row table
+(a square grid, 2304 = 48 x 48 for the 4B) resampled bilinearly to each image's patch
+grid and added after the patch embedding, besides the 2D rotary; LayerNorm blocks with a
+tanh-GELU MLP (`linear_fc1 / fc2`); DeepStack (`vit_deepstack`: the ViT blocks whose
+outputs go through their own mergers and are added to the LM's residual at the image
+tokens after LM blocks 0, 1, ...); a Qwen3 LM (per-head q / k RMSNorms `lm_qk_norm`, no
+q / k / v biases `lm_qkv_bias`, a head width `lm_head_size` set apart from width /
+heads); M-RoPE interleaved (`lm_mrope_interleaved`: h on frequency pairs 1, 4, 7, ..., w
+on 2, 5, 8, ..., each up to 3 x its section, t on the rest); a chat template without a
+default system message (`chat_system` ""); and videos whose frames are each their own
+block of tokens after a "<t seconds>" timestamp (`video_timestamps`).
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, float_in, int_in
 
-VARIANTS = ("qwen2_vl", "qwen2_5_vl")
+VARIANTS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
 
 
@@ -65,6 +79,16 @@ class QwenVLConfig:
     lm_rope_theta: float = 1000000.0
     lm_mrope_section: tuple[int, ...] = (2, 3, 3)
     tie_embeddings: bool = True
+    # Qwen3-VL's switches (the defaults: Qwen2 / 2.5-VL's)
+    patch_bias: bool = False
+    vit_pos_table: int = 0  # rows of a learned square position table (0: none)
+    vit_deepstack: tuple[int, ...] = ()  # ViT blocks whose outputs enter LM blocks 0, 1, ..
+    lm_head_size: int = 0  # the LM's head width (0: lm_width / lm_heads)
+    lm_qk_norm: bool = False
+    lm_qkv_bias: bool = True
+    lm_mrope_interleaved: bool = False
+    chat_system: str = "You are a helpful assistant."  # "": the template adds none
+    video_timestamps: bool = False  # each temporal patch its own "<t seconds>" block
     # special tokens
     image_token_id: int = 151
     video_token_id: int = 152
@@ -75,6 +99,7 @@ class QwenVLConfig:
     def __post_init__(self):
         object.__setattr__(self, "vit_full_blocks", tuple(self.vit_full_blocks))
         object.__setattr__(self, "lm_mrope_section", tuple(self.lm_mrope_section))
+        object.__setattr__(self, "vit_deepstack", tuple(self.vit_deepstack))
         choice("variant", self.variant, VARIANTS)
         choice("vit_act", self.vit_act, ACTIVATIONS)
         for name in (
@@ -95,6 +120,9 @@ class QwenVLConfig:
         ):
             int_in(name, getattr(self, name), 1)
         int_in("vit_window", self.vit_window, 0)
+        int_in("vit_pos_table", self.vit_pos_table, 0)
+        int_in("lm_head_size", self.lm_head_size, 0)
+        self._check_qwen3()
         for name in ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"):
             float_in(name, getattr(self, name), 0.0, lo_open=True)
         float_in("vit_tokens_per_second", self.vit_tokens_per_second, 0.0)
@@ -109,6 +137,17 @@ class QwenVLConfig:
         if self.vit_window and self.vit_window % self.merge_size:
             fail("vit_window", self.vit_window, f"a multiple of merge_size = {self.merge_size}")
 
+    def _check_qwen3(self):
+        side = self.vit_pos_side
+        if side * side != self.vit_pos_table:
+            fail("vit_pos_table", self.vit_pos_table, "a square number of rows (0: no table)")
+        blocks = self.vit_deepstack
+        if len(set(blocks)) != len(blocks) or any(not 0 <= i < self.vit_depth for i in blocks):
+            fail("vit_deepstack", blocks, f"distinct blocks in [0, {self.vit_depth})")
+        if len(self.vit_deepstack) > self.lm_layers:
+            fail("vit_deepstack", self.vit_deepstack,
+                 f"at most lm_layers = {self.lm_layers} blocks (one per LM block)")  # fmt: skip
+
     def _check_heads(self):
         if self.vit_width % self.vit_heads or (self.vit_width // self.vit_heads) % 4:
             fail(
@@ -116,7 +155,7 @@ class QwenVLConfig:
                 self.vit_width,
                 f"vit_heads = {self.vit_heads} heads of a width divisible by 4 (2D rotary)",
             )
-        if self.lm_width % self.lm_heads:
+        if not self.lm_head_size and self.lm_width % self.lm_heads:
             fail("lm_width", self.lm_width, f"a multiple of lm_heads = {self.lm_heads}")
         if self.lm_heads % self.lm_kv_heads:
             fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
@@ -133,7 +172,22 @@ class QwenVLConfig:
 
     @property
     def lm_head_dim(self) -> int:
-        return self.lm_width // self.lm_heads
+        return self.lm_head_size or self.lm_width // self.lm_heads
+
+    @property
+    def vit_pos_side(self) -> int:
+        """The learned position table's side (48 for Qwen3-VL's 2304 rows; 0: none)."""
+        return int(round(self.vit_pos_table**0.5))
+
+    @property
+    def vit_layer_norm(self) -> bool:
+        """LayerNorm (with biases) in the ViT's blocks and merger; else RMSNorm."""
+        return self.variant != "qwen2_5_vl"
+
+    @property
+    def vit_gated(self) -> bool:
+        """A SwiGLU ViT MLP (Qwen2.5-VL's); else act(x W_in) W_out."""
+        return self.variant == "qwen2_5_vl"
 
     @property
     def patch_features(self) -> int:
@@ -172,6 +226,10 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
         width = int(_get(v, "embed_dim", default=1280))
         mlp = int(width * float(_get(v, "mlp_ratio", default=4)))
         window, full, act = 0, (), _get(v, "hidden_act", default="quick_gelu")
+    elif variant == "qwen3_vl":
+        width = int(_get(v, "hidden_size", default=1152))
+        mlp = int(_get(v, "intermediate_size", default=4304))
+        window, full, act = 0, (), _get(v, "hidden_act", default="gelu_pytorch_tanh")
     else:
         width = int(_get(v, "hidden_size", default=1280))
         mlp = int(_get(v, "intermediate_size", default=3420))
@@ -179,7 +237,8 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
         full = tuple(int(i) for i in _get(v, "fullatt_block_indexes", default=()))
         act = _get(v, "hidden_act", default="silu")
     # the reference's class default (4) where config.json does not say; released: 2
-    per_second = 0.0 if variant == "qwen2_vl" else float(_get(v, "tokens_per_second", default=4))
+    # (Qwen3-VL's videos are timed by timestamps in the text instead)
+    per_second = 0.0 if variant != "qwen2_5_vl" else float(_get(v, "tokens_per_second", default=4))
     out = int(_get(v, "out_hidden_size", default=lm_width) if variant != "qwen2_vl" else lm_width)
     if out != lm_width:
         raise ConfigError(
@@ -198,12 +257,40 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
         vit_full_blocks=full,
         vit_act=act,
         vit_tokens_per_second=per_second,
+        **(_qwen3_vision(v) if variant == "qwen3_vl" else {}),
+    )
+
+
+def _qwen3_vision(v: Mapping[str, Any]) -> dict:
+    """Qwen3-VL's vision switches (the class defaults where config.json is silent)."""
+    rope = _get(v, "rope_parameters", default={}) or {}
+    return dict(
+        patch_bias=True,
+        vit_pos_table=int(_get(v, "num_position_embeddings", default=2304)),
+        vit_deepstack=tuple(
+            int(i) for i in _get(v, "deepstack_visual_indexes", default=(8, 16, 24))
+        ),
+        vit_rope_theta=float(_get(rope, "rope_theta", default=10000.0)),
+    )
+
+
+def _qwen3_text(text: Mapping[str, Any]) -> dict:
+    """Qwen3-VL's LM switches: a Qwen3 decoder, interleaved M-RoPE (the reference
+    interleaves whatever `mrope_interleaved` says), the chat template's and the video
+    prompt's differences."""
+    return dict(
+        lm_head_size=int(_get(text, "head_dim", default=128)),
+        lm_qk_norm=True,
+        lm_qkv_bias=bool(_get(text, "attention_bias", default=False)),
+        lm_mrope_interleaved=True,
+        chat_system="",
+        video_timestamps=True,
     )
 
 
 def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
-    is missing or not a Qwen2-VL / Qwen2.5-VL."""
+    is missing or not a Qwen2-VL / Qwen2.5-VL / Qwen3-VL."""
     model_type = raw.get("model_type")
     variant = model_type
     if variant not in VARIANTS:
@@ -227,6 +314,7 @@ def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
         lm_eps=float(_get(text, "rms_norm_eps", default=1e-6)),
         lm_rope_theta=_rope_theta(text),
         lm_mrope_section=_mrope_section(text),
+        **(_qwen3_text(text) if variant == "qwen3_vl" else {}),
         # tied if either level says so (as transformers 5 reads files that kept it in
         # text_config)
         tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),

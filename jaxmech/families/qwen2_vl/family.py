@@ -1,5 +1,8 @@
-"""The Qwen2-VL / Qwen2.5-VL checkpoint family (`families.contract.CheckpointFamily`):
-what the registry and the model handle (`jaxmech.load`) know of it."""
+"""The Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint family
+(`families.contract.CheckpointFamily`): what the registry and the model handle
+(`jaxmech.load`) know of it. Its variants (`config.VARIANTS`, the `model_type`s it
+reads) share the processor, the M-RoPE ids, the loader and the view; their differences
+are config fields the forward reads (`config` docstring)."""
 
 from __future__ import annotations
 

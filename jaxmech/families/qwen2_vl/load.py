@@ -1,13 +1,15 @@
-"""Qwen2-VL / Qwen2.5-VL checkpoints from their folder: `config.json` and safetensors.
+"""Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints from their folder: `config.json` and
+safetensors.
 
 `load_checkpoint(dir)` reads `config.json` (`config.from_hf`), then `model.safetensors`
 or the shards a `model.safetensors.index.json` names (`models.hub`: one tensor at a
 time, checked, cast, placed), and returns `(config, params)` with params in
 TransformerLens layout (`params.py`) on the devices.
 
-* Both key layouts: the Hub's (`visual.*`, `model.*` for the LM, `lm_head.weight`) and
-  the one newer `transformers` versions keep in memory and some save
-  (`model.visual.*`, `model.language_model.*`).
+* Both key layouts: the Hub's Qwen2 / 2.5-VL files (`visual.*`, `model.*` for the LM,
+  `lm_head.weight`) and the one newer `transformers` versions keep in memory and save
+  (`model.visual.*`, `model.language_model.*`), which is also the Hub's Qwen3-VL layout
+  (its reference has no conversion mapping).
 * Tensors stored as float32, float16 or bfloat16, cast to `dtype` (float32 by default:
   what the reference comparison runs in).
 * Errors before anything is read: a folder without `config.json` or weights names the
@@ -49,7 +51,7 @@ def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
         b + "norm1.weight": (out + "ln1_w", (E,), _same),
         b + "norm2.weight": (out + "ln2_w", (E,), _same),
     }
-    if c.variant == "qwen2_vl":
+    if c.vit_layer_norm:
         m |= {
             b + "norm1.bias": (out + "ln1_b", (E,), _same),
             b + "norm2.bias": (out + "ln2_b", (E,), _same),
@@ -69,11 +71,11 @@ def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
         b + "attn.proj.weight": (out + "W_O", (E, E), _heads_out(H, Dh)),
         b + "attn.proj.bias": (out + "b_O", (E,), _same),
     }
-    names = (
-        {"fc1": "in", "fc2": "out"}
-        if c.variant == "qwen2_vl"
-        else {"gate_proj": "gate", "up_proj": "in", "down_proj": "out"}
-    )
+    names = {
+        "qwen2_vl": {"fc1": "in", "fc2": "out"},
+        "qwen2_5_vl": {"gate_proj": "gate", "up_proj": "in", "down_proj": "out"},
+        "qwen3_vl": {"linear_fc1": "in", "linear_fc2": "out"},
+    }[c.variant]
     for hf, ours in names.items():
         shape = (E, M) if ours == "out" else (M, E)
         m[b + f"mlp.{hf}.weight"] = (out + f"W_{ours}", shape, _T)
@@ -94,11 +96,15 @@ def _lm_block_map(c: QwenVLConfig, i: int) -> dict:
             (n * Dh, D),
             _heads_in(n, Dh),
         )
-        m[b + f"self_attn.{w}_proj.bias"] = (
-            out + f"b_{w.upper()}",
-            (n * Dh,),
-            lambda x, n=n: x.reshape(n, Dh),
-        )
+        if c.lm_qkv_bias:
+            m[b + f"self_attn.{w}_proj.bias"] = (
+                out + f"b_{w.upper()}",
+                (n * Dh,),
+                lambda x, n=n: x.reshape(n, Dh),
+            )
+    if c.lm_qk_norm:
+        for w in "qk":
+            m[b + f"self_attn.{w}_norm.weight"] = (out + f"{w}_norm_w", (Dh,), _same)
     m[b + "self_attn.o_proj.weight"] = (out + "W_O", (D, H * Dh), _heads_out(H, Dh))
     for hf, ours, shape in (
         ("gate_proj", "W_gate", (M, D)),
@@ -113,20 +119,16 @@ def key_map(c: QwenVLConfig) -> dict:
     """{canonical HF name: (our "part/.../name", HF shape, transform)}; canonical names
     start `visual.`, `lm.` (the LM's `model.` / `model.language_model.`) or `lm_head.`;
     a fused qkv tensor appears once per part as `name#0/1/2`."""
-    E, D, W = c.vit_width, c.lm_width, c.merge_width
+    E, D = c.vit_width, c.lm_width
     patch = (E, c.vit_in_chans, c.temporal_patch_size, c.patch_size, c.patch_size)
     m = {"visual.patch_embed.proj.weight": ("vit/W_patch", patch, lambda w: w.reshape(E, -1).T)}
+    if c.patch_bias:
+        m["visual.patch_embed.proj.bias"] = ("vit/b_patch", (E,), _same)
+    if c.vit_pos_table:
+        m["visual.pos_embed.weight"] = ("vit/pos_table", (c.vit_pos_table, E), _same)
     for i in range(c.vit_depth):
         m |= _vit_block_map(c, i)
-    m |= {
-        "visual.merger.ln_q.weight": ("merger/ln_w", (E,), _same),
-        "visual.merger.mlp.0.weight": ("merger/W1", (W, W), _T),
-        "visual.merger.mlp.0.bias": ("merger/b1", (W,), _same),
-        "visual.merger.mlp.2.weight": ("merger/W2", (D, W), _T),
-        "visual.merger.mlp.2.bias": ("merger/b2", (D,), _same),
-    }
-    if c.variant == "qwen2_vl":
-        m["visual.merger.ln_q.bias"] = ("merger/ln_b", (E,), _same)
+    m |= _merger_map(c)
     m |= {
         "lm.embed_tokens.weight": ("lm/E", (c.lm_vocab, D), _same),
         "lm.norm.weight": ("lm/lnf_w", (D,), _same),
@@ -135,6 +137,32 @@ def key_map(c: QwenVLConfig) -> dict:
         m |= _lm_block_map(c, i)
     if not c.tie_embeddings:
         m["lm_head.weight"] = ("lm/W_U", (c.lm_vocab, D), _T)
+    return m
+
+
+def _merger_map(c: QwenVLConfig) -> dict:
+    """The merger's (and Qwen3-VL's DeepStack mergers') names: Qwen2 / 2.5-VL's
+    `merger.{ln_q, mlp.0, mlp.2}`, Qwen3-VL's `merger.{norm, linear_fc1, linear_fc2}` and
+    `deepstack_merger_list.{k}.*` (their norms over 4E, after the shuffle)."""
+    E, D, W = c.vit_width, c.lm_width, c.merge_width
+    names = ("ln_q", "mlp.0", "mlp.2")
+    if c.variant == "qwen3_vl":
+        names = ("norm", "linear_fc1", "linear_fc2")
+    parts = [("visual.merger.", "merger/", E)]
+    parts += [(f"visual.deepstack_merger_list.{k}.", f"deepstack/merger_{k}/", W)
+              for k in range(len(c.vit_deepstack))]  # fmt: skip
+    m = {}
+    for hf, ours, n in parts:
+        norm, fc1, fc2 = (hf + x for x in names)
+        m |= {
+            norm + ".weight": (ours + "ln_w", (n,), _same),
+            fc1 + ".weight": (ours + "W1", (W, W), _T),
+            fc1 + ".bias": (ours + "b1", (W,), _same),
+            fc2 + ".weight": (ours + "W2", (D, W), _T),
+            fc2 + ".bias": (ours + "b2", (D,), _same),
+        }
+        if c.vit_layer_norm:
+            m[norm + ".bias"] = (ours + "ln_b", (n,), _same)
     return m
 
 
@@ -158,7 +186,8 @@ def read_config(folder: str) -> QwenVLConfig:
 
 
 def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of a Qwen2-VL / Qwen2.5-VL checkpoint folder (module docstring).
+    """(config, params) of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder (module
+    docstring).
 
     Args:
       folder: holds config.json and model.safetensors (or a sharded index).

@@ -2,14 +2,20 @@
 
   vit/     W_patch [F, E]           the Conv3d over one (C, T, p, p) patch as a matmul
                                     (F = C T p p, flattened in that order)
+           b_patch [E]              its bias (Qwen3-VL's)
+           pos_table [N, E]         Qwen3-VL's learned position table, N = n x n cells
+                                    row-major
            block_{i}/ ln1_w, ln2_w [E] (+ ln1_b, ln2_b: Qwen2-VL's LayerNorm)
                       W_Q, W_K, W_V [H, E, Dh]  b_Q, b_K, b_V [H, Dh]  W_O [H, Dh, E]  b_O [E]
                       W_in [E, M] b_in [M]  W_out [M, E] b_out [E]  (+ W_gate, b_gate:
                       Qwen2.5-VL's SwiGLU: W_out(silu(x W_gate) * x W_in))
   merger/  ln_w [E] (+ ln_b)  W1 [4E, 4E] b1 [4E]  W2 [4E, D] b2 [D]
+  deepstack/ merger_{k}/ ln_w, ln_b [4E]  W1 [4E, 4E] b1 [4E]  W2 [4E, D] b2 [D]
+                      (Qwen3-VL: DeepStack merger k, its norm after the 2 x 2 shuffle)
   lm/      E [V, D]
            block_{i}/ ln1_w, ln2_w [D]  W_Q [H, D, Dh] b_Q [H, Dh]  W_K, W_V [Hkv, D, Dh]
                       b_K, b_V [Hkv, Dh]  W_O [H, Dh, D]  W_gate, W_in [D, M]  W_out [M, D]
+                      (Qwen3-VL: no b_Q, b_K, b_V; q_norm_w, k_norm_w [Dh])
            lnf_w [D]   W_U [D, V] (untied checkpoints only; tied ones read E^T)
 
 E, H, Dh, M: the ViT's width, heads, head width and MLP width; D, Hkv: the LM's width and
@@ -29,7 +35,7 @@ from jaxmech.families.qwen2_vl.config import QwenVLConfig
 def _vit_block(c: QwenVLConfig) -> dict:
     E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
     s = {"ln1_w": (E,), "ln2_w": (E,)}
-    if c.variant == "qwen2_vl":
+    if c.vit_layer_norm:
         s |= {"ln1_b": (E,), "ln2_b": (E,)}
     for w in "QKV":
         s |= {f"W_{w}": (H, E, Dh), f"b_{w}": (H, Dh)}
@@ -41,42 +47,44 @@ def _vit_block(c: QwenVLConfig) -> dict:
         "W_out": (M, E),
         "b_out": (E,),
     }
-    if c.variant == "qwen2_5_vl":
+    if c.vit_gated:
         s |= {"W_gate": (E, M), "b_gate": (M,)}
     return s
 
 
 def _lm_block(c: QwenVLConfig) -> dict:
     D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    return {
-        "ln1_w": (D,),
-        "ln2_w": (D,),
-        "W_Q": (H, D, Dh),
-        "b_Q": (H, Dh),
-        "W_K": (K, D, Dh),
-        "b_K": (K, Dh),
-        "W_V": (K, D, Dh),
-        "b_V": (K, Dh),
-        "W_O": (H, Dh, D),
-        "W_gate": (D, M),
-        "W_in": (D, M),
-        "W_out": (M, D),
-    }
+    s = {"ln1_w": (D,), "ln2_w": (D,)}
+    for w, n in (("Q", H), ("K", K), ("V", K)):
+        s |= {f"W_{w}": (n, D, Dh)} | ({f"b_{w}": (n, Dh)} if c.lm_qkv_bias else {})
+    if c.lm_qk_norm:
+        s |= {"q_norm_w": (Dh,), "k_norm_w": (Dh,)}
+    return s | {"W_O": (H, Dh, D), "W_gate": (D, M), "W_in": (D, M), "W_out": (M, D)}
+
+
+def _merger(c: QwenVLConfig, post_shuffle: bool = False) -> dict:
+    """A merger's shapes: its norm over E before the shuffle, or over 4E after it
+    (`post_shuffle`, DeepStack's)."""
+    E, D, W = c.vit_width, c.lm_width, c.merge_width
+    n = W if post_shuffle else E
+    s = {"ln_w": (n,), "W1": (W, W), "b1": (W,), "W2": (W, D), "b2": (D,)}
+    return s | ({"ln_b": (n,)} if c.vit_layer_norm else {})
 
 
 def param_shapes(c: QwenVLConfig) -> dict:
     """{part: {name or block_i: shape or {name: shape}}}: every parameter's shape."""
-    E, D, W = c.vit_width, c.lm_width, c.merge_width
-    vit = {"W_patch": (c.patch_features, E)}
+    E, D = c.vit_width, c.lm_width
+    vit = {"W_patch": (c.patch_features, E)} | ({"b_patch": (E,)} if c.patch_bias else {})
+    vit |= {"pos_table": (c.vit_pos_table, E)} if c.vit_pos_table else {}
     vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
-    merger = {"ln_w": (E,), "W1": (W, W), "b1": (W,), "W2": (W, D), "b2": (D,)}
-    if c.variant == "qwen2_vl":
-        merger["ln_b"] = (E,)
     lm = {"E": (c.lm_vocab, D), "lnf_w": (D,)}
     lm |= {f"block_{i}": _lm_block(c) for i in range(c.lm_layers)}
     if not c.tie_embeddings:
         lm["W_U"] = (D, c.lm_vocab)
-    return {"vit": vit, "merger": merger, "lm": lm}
+    out = {"vit": vit, "merger": _merger(c), "lm": lm}
+    if c.vit_deepstack:
+        out["deepstack"] = {f"merger_{k}": _merger(c, True) for k in range(len(c.vit_deepstack))}
+    return out
 
 
 def is_shape(x) -> bool:
@@ -102,7 +110,6 @@ def init_params(c: QwenVLConfig, key, dtype=jnp.float32) -> dict:
         name = path[-1].key
         x = (0.1 if name == "W_patch" else 0.02) * flat[at : at + n].reshape(shape)
         at += n
-        out.append(
-            jnp.asarray(1.0 + x if name.startswith("ln") and name.endswith("_w") else x, dtype)
-        )
+        is_norm = name.endswith("_w") and (name.startswith("ln") or "norm" in name)
+        out.append(jnp.asarray(1.0 + x if is_norm else x, dtype))
     return jax.tree_util.tree_unflatten(treedef, out)

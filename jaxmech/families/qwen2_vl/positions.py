@@ -14,8 +14,15 @@ text after it resumes at s + max(h, w) / merge_size, as the reference does for v
 too (the ids are not the token count). Rotary angles: frequency pair i of the LM
 (R = head_dim / 2 pairs, f_i = theta^(-2i / head_dim)) turns by the id of the section
 it falls in (`mrope_section`, e.g. [16, 24, 24]: t the highest frequencies, then h, then
-w). The ViT's pairs: the first head_dim / 4 turn by the patch row, the rest by the
-column, at f_i = theta^(-4i / head_dim).
+w), or, interleaved (Qwen3-VL's, `mrope_axes`), h on pairs 1, 4, 7, ... and w on 2, 5,
+8, ... below 3 x their sections, t on the rest. The ViT's pairs: the first head_dim / 4
+turn by the patch row, the rest by the column, at f_i = theta^(-4i / head_dim).
+
+Qwen3-VL's learned position table (`table_taps`): an n x n grid of vectors read at each
+patch's (row, col) mapped onto it as `linspace(0, n - 1, h)[row]` (the corners onto the
+corners: row * (n - 1) / (h - 1)), bilinearly from the four nearest cells, clamped at
+the border. A fractional or mirrored (row, col) is read the same way, so a shift by half
+a patch moves the vector read.
 
 Axis names (`jaxmech.shapes`): P patches, I merged image tokens, S LM tokens, R pairs.
 """
@@ -29,8 +36,8 @@ import numpy as np
 from jaxmech.models.attention import rotary_angles
 from jaxmech.models.decoder import inv_freq
 
-__all__ = ["inv_freq", "lm_angles", "merged_grid", "mrope_ids", "patch_grid", "vit_angles",
-           "window_ids"]  # fmt: skip
+__all__ = ["inv_freq", "lm_angles", "merged_grid", "mrope_axes", "mrope_ids", "patch_grid",
+           "table_taps", "vit_angles", "window_ids"]  # fmt: skip
 
 
 def patch_grid(grid, merge: int):
@@ -147,9 +154,22 @@ def _row_ids(S: int, runs, grids, merge: int, steps):
     return ids
 
 
-def lm_angles(pos_Bx3xS, inv_freq_R, section):
-    """[B, S, R] float32, the LM's rotary angles: pair i turned by the id of its section."""
-    axis = np.repeat(np.arange(3), np.asarray(section))
+def mrope_axes(section, interleaved: bool = False) -> np.ndarray:
+    """[R] which id (0 t, 1 h, 2 w) turns each of the R = sum(section) frequency pairs:
+    contiguous sections, or interleaved (h on pairs 1::3 and w on 2::3, each below 3 x
+    its section; t on the rest), as the reference's `apply_interleaved_mrope`."""
+    section = [int(n) for n in section]
+    if not interleaved:
+        return np.repeat(np.arange(3), section)
+    axis = np.zeros(sum(section), np.int64)
+    for a in (1, 2):
+        axis[a : min(3 * section[a], len(axis)) : 3] = a
+    return axis
+
+
+def lm_angles(pos_Bx3xS, inv_freq_R, section, interleaved: bool = False):
+    """[B, S, R] float32, the LM's rotary angles: pair i turned by its id (`mrope_axes`)."""
+    axis = mrope_axes(section, interleaved)
     pos = jnp.asarray(pos_Bx3xS, jnp.float32)
     return jax.vmap(rotary_angles, (0, None, None))(pos, jnp.asarray(inv_freq_R), axis)
 
@@ -160,3 +180,25 @@ def vit_angles(rows_BxP, cols_BxP, inv_freq):
     freqs = np.concatenate([inv_freq, inv_freq])
     axis = np.repeat(np.arange(2), len(inv_freq))
     return jax.vmap(rotary_angles, (0, None, None))(ids, jnp.asarray(freqs), axis)
+
+
+def _axis_taps(x, size, side: int):
+    """Per patch the two table cells along one axis and their weights ([..., 2] each):
+    position x of `size` mapped to x (side - 1) / (size - 1), clamped at the border."""
+    src = x.astype(jnp.float32) * (side - 1) / jnp.maximum(size - 1, 1).astype(jnp.float32)
+    low = jnp.floor(src)
+    offset = jnp.arange(2, dtype=jnp.float32)
+    taps = jnp.clip(low[..., None] + offset, 0, side - 1).astype(jnp.int32)
+    return taps, jnp.maximum(1.0 - jnp.abs(src[..., None] - low[..., None] - offset), 0.0)
+
+
+def table_taps(rows_BxP, cols_BxP, extent_Bx2, side: int):
+    """(index [B, P, 4] int32, weight [B, P, 4] float32): the cells of a row-major
+    side x side table each patch reads at (rows, cols) (floats: edited positions) and
+    their bilinear weights, for images of extent (h, w) patches (module docstring)."""
+    extent = jnp.asarray(extent_Bx2)
+    hi, hw = _axis_taps(jnp.asarray(rows_BxP), extent[:, :1], side)
+    wi, ww = _axis_taps(jnp.asarray(cols_BxP), extent[:, 1:], side)
+    index = hi[..., :, None] * side + wi[..., None, :]
+    weight = hw[..., :, None] * ww[..., None, :]
+    return index.reshape(index.shape[:-2] + (4,)), weight.reshape(weight.shape[:-2] + (4,))

@@ -11,10 +11,17 @@ the temporal patch, and flattened in merge-block patch order (`positions`), each
 as (C, T, p, p).
 
 Text (`chat_prompt`, `encode`): the Qwen chat template for one user turn holding one
-image then the question, with the default system message and the assistant's
-generation prompt; `<|image_pad|>` expanded to the image's merged-token count; the
-checkpoint's own `tokenizer.json` (the `tokenizers` package); rows left-padded to one
-length with `<|endoftext|>`.
+image then the question, with the default system message (Qwen2 / 2.5-VL's; Qwen3-VL's
+template adds none: `QwenVLConfig.chat_system`) and the assistant's generation prompt;
+`<|image_pad|>` expanded to the image's merged-token count; the checkpoint's own
+`tokenizer.json` (the `tokenizers` package); rows left-padded to one length with
+`<|endoftext|>`.
+
+Videos (`encode_video`): Qwen2 / 2.5-VL's one vision block of every frame's tokens, or
+Qwen3-VL's (`QwenVLConfig.video_timestamps`) one block per temporal patch, each after
+its timestamp "<t seconds>" (t the mean of its frames' times, one decimal), whose
+M-RoPE ids are those of an image each (the text between them counts on); Qwen3-VL's
+video processor also counts the frames in its pixel budget (`video_smart_resize`).
 
 Spans (`spans`): where the image tokens are, with their (t, row, col) in the merged grid
 and the cell of a `cells`-sized grid they fall in; each object word's last sub-token
@@ -57,6 +64,8 @@ class ImageSettings(NamedTuple):
     # how a photograph is resized (`data.resize.BACKENDS`): the reference's default
     # processor's torchvision, or its PIL backend's where the config names that class
     resize: str = "torchvision"
+    # a video's pixel budget counts its frames (Qwen3-VL's video processor)
+    frames_in_budget: bool = False
 
 
 # the video processor's defaults (its frames' pixel bounds differ from an image's)
@@ -103,6 +112,30 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
+def video_smart_resize(frames: int, height: int, width: int, s: ImageSettings):
+    """(h, w) Qwen3-VL's video processor resizes `frames` frames of height x width to:
+    `smart_resize`'s rounding, with the budget [min_pixels, max_pixels] over every frame
+    (their count rounded to the temporal patch), small frames first scaled up."""
+    factor, T = s.patch_size * s.merge_size, s.temporal_patch_size
+    if frames < T:
+        raise ValueError(f"video: {frames} frame(s), expected at least {T} (the temporal patch)")
+    if min(height, width) < factor:
+        scale = max(factor / height, factor / width)
+        height, width = int(height * scale), int(width * scale)
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"video: frames of {height} x {width}, expected an aspect ratio <= 200")
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    t = round(frames / T) * T
+    if t * h * w > s.max_pixels:
+        beta = math.sqrt(frames * height * width / s.max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif t * h * w < s.min_pixels:
+        beta = math.sqrt(s.min_pixels / (frames * height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] the normalised value of each uint8 level (`data.pixels`)."""
     return pixels.pixel_table(s.mean, s.std)
@@ -138,7 +171,7 @@ def video_patches(frames, s: ImageSettings, codes: bool = False):
     x = np.asarray(frames)
     if x.ndim != 4 or x.shape[-1] != 3 or x.dtype != np.uint8:
         raise ValueError(f"video: shape {x.shape} {x.dtype}, expected uint8 [F, H, W, 3]")
-    check_frame_size(x.shape[1], x.shape[2], s)
+    check_frame_size(x.shape[1], x.shape[2], s, len(x))
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
     x = np.concatenate([x, np.repeat(x[-1:], -len(x) % T, 0)]).transpose(0, 3, 1, 2)
     t, gh, gw = len(x) // T, x.shape[2] // p, x.shape[3] // p
@@ -146,12 +179,15 @@ def video_patches(frames, s: ImageSettings, codes: bool = False):
     return _levels(x.reshape(t * gh * gw, 3 * T * p * p), s, codes), (t, gh, gw)
 
 
-def check_frame_size(height: int, width: int, s: ImageSettings) -> None:
+def check_frame_size(height: int, width: int, s: ImageSettings, frames: int = 2) -> None:
     """Refuses (ValueError) video frames the video processor would resize: its resize
     (torchvision's antialiased bicubic) is not reproduced here, so frames must come at
-    a size it keeps."""
+    a size it keeps (`frames`: how many, where the budget counts them)."""
     unit = s.patch_size * s.merge_size
-    kept = smart_resize(height, width, unit, s.min_pixels, s.max_pixels)
+    if s.frames_in_budget:
+        kept = video_smart_resize(frames, height, width, s)
+    else:
+        kept = smart_resize(height, width, unit, s.min_pixels, s.max_pixels)
     if kept != (height, width):
         raise ValueError(
             f"video: frames of {height} x {width} would be resized to {kept[0]} x {kept[1]} "
@@ -162,12 +198,11 @@ def check_frame_size(height: int, width: int, s: ImageSettings) -> None:
 
 def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD) -> str:
     """The Qwen chat template for one image (or, `pad` VIDEO_PAD, one video; None: no
-    image, the text-only prompt) then `question`, ready for the answer."""
+    image, the text-only prompt) then `question`, ready for the answer; `system` "": no
+    system turn (Qwen3-VL's template adds no default one)."""
     vision = "" if pad is None else f"<|vision_start|>{pad}<|vision_end|>"
-    return (
-        f"<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n"
-        f"{vision}{question}<|im_end|>\n<|im_start|>assistant\n"
-    )
+    turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    return f"{turn}<|im_start|>user\n{vision}{question}<|im_end|>\n<|im_start|>assistant\n"
 
 
 class Processor(NamedTuple):
@@ -205,7 +240,8 @@ def load_processor(folder: str, config: QwenVLConfig, resize: str | None = None)
         if resize not in BACKENDS:
             raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
         images = images._replace(resize=resize)
-    return Processor(tok, images, config, image_settings(folder, video=True))
+    videos = image_settings(folder, video=True)._replace(frames_in_budget=config.video_timestamps)
+    return Processor(tok, images, config, videos)
 
 
 class Encoded(NamedTuple):
@@ -276,8 +312,19 @@ def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
     if len({g for _, g in out}) > 1:
         raise ValueError(f"videos: different patch grids {sorted({g for _, g in out})}")
     pixels, grid = np.stack([p for p, _ in out]), out[0][1]
+    stamps = None
+    if proc.config.video_timestamps:
+        stamps = frame_times(len(videos[0]), fps, proc.videos.temporal_patch_size)
     return _encode(proc, pixels, grid, questions, VIDEO_PAD, proc.config.video_token_id,
-                   time_interval(proc, fps))  # fmt: skip
+                   time_interval(proc, fps), stamps)  # fmt: skip
+
+
+def frame_times(frames: int, fps: float, T: int) -> list[float]:
+    """The time in seconds of each temporal patch of `frames` frames at `fps` (the mean
+    of its first and last frame's; the last frame repeated to a multiple of T), as
+    Qwen3-VL's processor stamps them."""
+    index = list(range(frames)) + [frames - 1] * (-frames % T)
+    return [(index[i] / fps + index[i + T - 1] / fps) / 2 for i in range(0, len(index), T)]
 
 
 def encode_text(proc: Processor, questions) -> Encoded:
@@ -299,20 +346,32 @@ def time_interval(proc: Processor, fps: float) -> float:
     return per_second * proc.videos.temporal_patch_size / fps if per_second else 1.0
 
 
+def _vision_text(pad: str, n: int, stamps=None) -> str:
+    """The vision block of n merged tokens, or one per timestamp (`stamps`, seconds)."""
+    if stamps is None:
+        return f"<|vision_start|>{pad * n}<|vision_end|>"
+    per = n // len(stamps)
+    return "".join(f"<{t:.1f} seconds><|vision_start|>{pad * per}<|vision_end|>" for t in stamps)
+
+
 def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: int,
-            interval: float = 1.0) -> Encoded:  # fmt: skip
+            interval: float = 1.0, stamps=None) -> Encoded:  # fmt: skip
     c = proc.config
     n = int(np.prod(grid)) // c.merge_size**2
     texts, spans = [], []
     for q in questions:
-        text = chat_prompt(q, pad=pad)
-        texts.append(text if pad is None else text.replace(pad, pad * n))
+        text = chat_prompt(q, c.chat_system, pad=pad)
+        block = f"<|vision_start|>{pad}<|vision_end|>"
+        texts.append(text if pad is None else text.replace(block, _vision_text(pad, n, stamps)))
         start = len(texts[-1]) - len(q) - len("<|im_end|>\n<|im_start|>assistant\n")
         spans.append((start, start + len(q)))
     pad_tok = proc.tokenizer.token_to_id(PAD)
     rows = prompts.token_rows(proc.tokenizer, texts, pad_tok if pad_tok is not None else 0)
+    per_frame = stamps is not None
+    inputs = _inputs(c, rows.tokens_BxS, rows.valid_BxS, patches_BxPxF, grid, pad_id, interval,
+                     per_frame)  # fmt: skip
     return Encoded(
-        _inputs(c, rows.tokens_BxS, rows.valid_BxS, patches_BxPxF, grid, pad_id, interval),
+        inputs,
         texts,
         rows.offsets_BxSx2,
         np.asarray(spans),
@@ -323,10 +382,15 @@ def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: i
     )
 
 
-def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval: float) -> Inputs:
+def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval: float,
+            per_frame: bool = False) -> Inputs:  # fmt: skip
+    """The forward's `Inputs`; `per_frame`: each temporal patch its own block of tokens,
+    whose M-RoPE ids are an image's (Qwen3-VL's timestamped videos)."""
     B = tokens.shape[0]
     n = int(np.prod(grid) > 0)  # images per row: 0 for a text-only batch
-    pos = positions.mrope_ids(tokens, [grid] * B * n, pad_id, c.merge_size, [n] * B,
+    blocks = [(1, *grid[1:])] * grid[0] if per_frame else [grid]
+    n *= len(blocks)
+    pos = positions.mrope_ids(tokens, blocks * B * (n > 0), pad_id, c.merge_size, [n] * B,
                               valid_BxS=valid, time_intervals=[interval] * B * n)  # fmt: skip
     image = np.stack([np.flatnonzero((row == pad_id) & ok) for row, ok in zip(tokens, valid)])
     rows, cols, frame = positions.patch_grid(grid, c.merge_size)

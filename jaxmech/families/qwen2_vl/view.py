@@ -1,11 +1,17 @@
-"""A Qwen2-VL / Qwen2.5-VL checkpoint's VLM view (`families.vlm_view`): scene specs drawn
-as pictures (`data.pictures`), asked in the papers' wording through the checkpoint's
-own processor, and its forward, sites and positions.
+"""A Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint's VLM view (`families.vlm_view`): scene
+specs drawn as pictures (`data.pictures`), asked in the papers' wording through the
+checkpoint's own processor, and its forward, sites and positions.
 
 One picture size per view (`size`, default 448: 32 x 32 patches, 16 x 16 merged
 tokens). It must be a size the processor keeps as it is (no resize, so each merged
 token covers one cell's pixels only) and a multiple of 28 x the grid (each cell whole
-merged tokens); the view refuses others by name.
+merged tokens; Qwen3-VL's patches are 16 px: 32 x the grid, e.g. 512 for 4 x 4 cells);
+the view refuses others by name.
+
+Qwen3-VL: its ViT reads positions twice, from a learned table at its input and by
+rotary in every block, so its position edits are [1 + blocks, P] (`vit_table`; the
+counterfactual table mirrors each mechanism alone and both); its resumed runs
+(`forward_from`) before a DeepStack injection rerun the rows before `start`.
 
 Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "Below",
 "Yes" / "No" in the checkpoint's tokenizer, capitalised and without a leading space:
@@ -77,7 +83,10 @@ def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = F
             f"size = {size}: must be a multiple of {unit} x the grid's {rows} x {grid.w} "
             "(each cell whole merged tokens)"
         )
-    kept = processor.smart_resize(size, size, unit, s.min_pixels, s.max_pixels)
+    if video and s.frames_in_budget:  # each scene row one frame, over a temporal patch
+        kept = processor.video_smart_resize(grid.h * s.temporal_patch_size, size, size, s)
+    else:
+        kept = processor.smart_resize(size, size, unit, s.min_pixels, s.max_pixels)
     if kept != (size, size):
         what = "video processor" if video else "processor"
         raise ValueError(
@@ -162,25 +171,46 @@ def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=Fal
 
 
 def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
-    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
+    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`).
+    Before a DeepStack injection (Qwen3-VL, layer < len(vit_deepstack)) the rows before
+    `start` are not taken from `aux`'s cache: the later blocks add these inputs'
+    DeepStack features at the image tokens, which `aux`'s run (a twin's) may not have
+    had; they are rerun from `aux`'s `lm/resid_pre.{layer}` instead, with the ViT."""
+    if layer < len(config.vit_deepstack) and start:
+        name = f"lm/resid_pre.{layer}"
+        if name not in aux:
+            raise ValueError(f"aux: lacks {name!r}, which a run resumed before a DeepStack "
+                             "injection reads (capture it)")  # fmt: skip
+        x_BxTxD = jnp.concatenate([aux[name][:, :start].astype(x_BxTxD.dtype), x_BxTxD], 1)
+        start = 0
     resume = model.Resume(layer, start, x_BxTxD, aux)
     return forward(config, table, params, inputs, resume=resume)[0]
 
 
-def lm_position_ids(config: QwenVLConfig, spans, interval: float = 1.0) -> np.ndarray:
+def lm_position_ids(config: QwenVLConfig, spans, interval: float = 1.0,
+                    per_frame: bool = False) -> np.ndarray:  # fmt: skip
     """[B, 3, S] the M-RoPE ids of rendered scenes, from their spans (module docstring);
-    `interval`: a video's time ids per frame (`positions.mrope_ids`)."""
+    `interval`: a video's time ids per frame (`positions.mrope_ids`); `per_frame`: each
+    frame its own block of tokens with an image's ids (Qwen3-VL's timestamped videos),
+    the text between them counting on."""
     image, trc = np.asarray(spans.image_BxI), np.asarray(spans.image_trc_Ix3)
     B, S = np.asarray(spans.question_BxS).shape
     first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
     out = np.zeros((B, 3, S), np.int64)
     extent = int(trc[:, 1:].max()) + 1
+    t = np.zeros(len(trc)) if per_frame else np.floor(trc[:, 0] * interval)
+    runs = [np.arange(len(trc))]  # the image tokens' blocks: one, or one per frame
+    if per_frame:
+        runs = np.split(runs[0], np.flatnonzero(np.diff(trc[:, 0])) + 1)
     for b in range(B):
-        s0, s1 = int(image[b, 0]), int(image[b, -1]) + 1
-        base = s0 - first[b]
-        out[b, :, first[b] : s0] = np.arange(base)
-        out[b, :, s0:s1] = base + np.stack([np.floor(trc[:, 0] * interval), trc[:, 1], trc[:, 2]])
-        out[b, :, s1:] = base + extent + np.arange(S - s1)
+        pos, next_id = first[b], 0
+        for run in runs:
+            s0, s1 = int(image[b, run[0]]), int(image[b, run[-1]]) + 1
+            out[b, :, pos:s0] = next_id + np.arange(s0 - pos)
+            next_id += s0 - pos
+            out[b, :, s0:s1] = next_id + np.stack([t[run], trc[run, 1], trc[run, 2]])
+            next_id, pos = next_id + extent, s1
+        out[b, :, pos:] = next_id + np.arange(S - pos)
     return out.astype(np.int32)
 
 
@@ -192,18 +222,43 @@ def vit_positions(grid_thw, merge: int):
 
 def position_basis(config: QwenVLConfig, grid_thw) -> jnp.ndarray:
     """[I, F] each merged token's ViT position features: cos / sin of every rotary angle
-    of its merge_size^2 patches, side by side."""
+    of its merge_size^2 patches, side by side; with a position table (Qwen3-VL), then
+    the weight its patches give each of the table's n x n cells (summed), the table's
+    rows being the codes those weights mix (params-free: a checkpoint's table is not
+    read here)."""
     rows, cols, _ = positions.patch_grid(grid_thw, config.merge_size)
     freq = positions.inv_freq(config.vit_head_dim // 2, config.vit_rope_theta)
     angles = positions.vit_angles(jnp.asarray(rows)[None], jnp.asarray(cols)[None], freq)[0]
     feats = jnp.concatenate([jnp.cos(angles), jnp.sin(angles)], axis=1)
-    return feats.reshape(feats.shape[0] // config.merge_size**2, -1)
+    unit = config.merge_size**2
+    feats = feats.reshape(feats.shape[0] // unit, -1)
+    if not config.vit_pos_table:
+        return feats
+    extent = jnp.asarray([grid_thw[1:]])
+    index, weight = positions.table_taps(rows[None], cols[None], extent, config.vit_pos_side)
+    cells = (
+        jnp.zeros((len(rows), config.vit_pos_table))
+        .at[jnp.arange(len(rows))[:, None], index[0]]
+        .add(weight[0])
+    )
+    return jnp.concatenate([feats, cells.reshape(-1, unit, cells.shape[1]).sum(1)], 1)
 
 
-def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int = 448,
+DEFAULT_SIZE = 448  # pixels: the papers' Qwen2-VL pictures (16 x 16 merged tokens)
+
+
+def default_size(proc: processor.Processor, grid: Grid, video: bool = False) -> int:
+    """The smallest size >= DEFAULT_SIZE whose cells are whole merged tokens: 448 for
+    14 px patches (28 px tokens) on a 4 x 4 grid, 512 for Qwen3-VL's 16 px patches."""
+    s = proc.videos if video else proc.images
+    unit = s.patch_size * s.merge_size * int(np.lcm(1 if video else grid.h, grid.w))
+    return -(-DEFAULT_SIZE // unit) * unit
+
+
+def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: int | None = None,
                     video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
-    scenes on `grid` drawn `size` pixels square; `video`: as videos of grid.h frames
+    scenes on `grid` drawn `size` pixels square (None: `default_size`); `video`: as videos of grid.h frames
     (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). `wording` "authors":
     pictures asked in the papers' authors' words (`pictures.AUTHORS_TEMPLATES`), the
     lower-case answer words read (`AUTHORS_ANSWERS`); videos keep jaxmech's. Raises
@@ -211,6 +266,7 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     if wording not in WORDINGS:
         raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
     proc = processor.load_processor(folder, config)
+    size = default_size(proc, grid, video) if size is None else size
     check_size(proc, grid, size, video)
     authors = wording == "authors" and not video
     answers = VIDEO_ANSWERS if video else AUTHORS_ANSWERS if authors else ANSWERS
@@ -222,7 +278,7 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     table = processor.pixel_table(proc.videos if video else proc.images)
     parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval, table=table)
     drawn = functools.partial(render, proc, grid, size, video=video, templates=templates)
-    return _view(grid_thw, drawn, video=video, **parts)
+    return _view(grid_thw, drawn, video=video, **parts)._replace(size=size)
 
 
 def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video) -> VLMView:
@@ -239,7 +295,9 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         forward=functools.partial(forward, config, table),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: lm_position_ids(config, spans, interval),
+        lm_position_ids=lambda params, spans: lm_position_ids(
+            config, spans, interval, video and config.video_timestamps
+        ),
         vit_positions=lambda params: vit_positions(grid_thw, config.merge_size),
         vit_blocks=lambda params: config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
@@ -249,4 +307,5 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         render_text=functools.partial(render_text, proc, grid),
         image_grid=functools.partial(image_grid, proc),
         at_image_grid=lambda thw: _view(tuple(thw), drawn, **parts),
+        vit_table=bool(config.vit_pos_table),
     )

@@ -1,0 +1,139 @@
+"""Batches for the InternVL forward: images and questions through the processor
+(`processor.py`) into `model.Inputs`, and where each part landed (`spans`).
+
+A batch holds images of one tile grid (the reference concatenates any; one compiled
+shape here): a batch whose images tile differently is refused, naming the grids.
+Text-only batches (`encode_text`) have no tiles and no image tokens.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from jaxmech.data import prompts
+from jaxmech.families.internvl import positions
+from jaxmech.families.internvl.model import Inputs
+from jaxmech.families.internvl.processor import (
+    CONTEXT,
+    PAD,
+    TAIL,
+    Processor,
+    chat_prompt,
+    patches,
+)
+from jaxmech.families.vlm_view import Spans
+
+
+class Encoded(NamedTuple):
+    """A batch ready for `model.forward`, with what `spans` needs: the prompts (image
+    tokens expanded), each token's character offsets [B, S, 2] (-1 at padding), the
+    question's character range in each prompt [B, 2]; the tile grid (cols, rows) of
+    its images, the tiles per image (with the thumbnail), patches per tile side, the
+    patch size."""
+
+    inputs: Inputs
+    prompts: list
+    offsets_BxSx2: np.ndarray
+    question_Bx2: np.ndarray
+    grid: tuple
+    n_tiles: int
+    side: int
+    patch_size: int
+
+    def describe(self) -> str:
+        """One line for logs: the tiles, the image tokens and the tokens."""
+        cols, rows = self.grid
+        tile = self.side * self.patch_size
+        thumb = " + thumbnail" if self.n_tiles > cols * rows else ""
+        return (f"{self.n_tiles} tile(s) of {tile} px ({cols} x {rows}{thumb}), "
+                f"{self.inputs.image_BxI.shape[1]} image tokens, "
+                f"{self.inputs.tokens_BxS.shape[1]} tokens")  # fmt: skip
+
+
+def _check_batch(images, questions):
+    if isinstance(questions, str) or not len(questions):
+        raise ValueError("questions: expected a non-empty list of strings")
+    if len(images) != len(questions):
+        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
+
+
+def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
+    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
+    (`codes`: its pixels as uint8 levels, `decode_pixels` before `model.forward`)."""
+    _check_batch(images, questions)
+    out = [patches(im, proc.images, proc.config.patch_size, codes) for im in images]
+    grids = sorted({g for _, g in out})
+    if len(grids) > 1:
+        raise ValueError(f"images: they tile differently (cols x rows {grids}); a batch holds "
+                         "images of one tile grid")  # fmt: skip
+    return _encode(proc, np.stack([p for p, _ in out]), out[0][1], questions)
+
+
+def encode_text(proc: Processor, questions) -> Encoded:
+    """Questions asked without an image (`chat_prompt(n_image=None)`) -> an `Encoded`
+    batch with no tiles and no image tokens: the authors' text-only baseline."""
+    if isinstance(questions, str) or not len(questions):
+        raise ValueError("questions: expected a non-empty list of strings")
+    side = proc.images.size // proc.config.patch_size
+    px = np.zeros((len(questions), 0, side * side, proc.config.patch_features), np.uint8)
+    return _encode(proc, px, (0, 0), questions)
+
+
+def _encode(proc: Processor, pixels_BxTxPxF, grid, questions) -> Encoded:
+    c = proc.config
+    B, T, P, _ = pixels_BxTxPxF.shape
+    n_image = T * P // 4
+    texts, spans = [], []
+    for q in questions:
+        texts.append(chat_prompt(q, n_image if T else None))
+        start = len(texts[-1]) - len(q) - len(TAIL)
+        spans.append((start, start + len(q)))
+    pad = proc.tokenizer.token_to_id(PAD)
+    rows = prompts.token_rows(proc.tokenizer, texts, pad if pad is not None else 0)
+    context = proc.tokenizer.token_to_id(CONTEXT)
+    image = [np.flatnonzero((r == context) & v) for r, v in zip(rows.tokens_BxS, rows.valid_BxS)]
+    if any(len(i) != n_image for i in image):
+        raise ValueError(f"questions: a question holds {CONTEXT} tokens of its own")
+    inputs = Inputs(rows.tokens_BxS, pixels_BxTxPxF, positions.text_positions(rows.valid_BxS),
+                    np.stack(image).astype(np.int32).reshape(B, n_image), rows.valid_BxS)  # fmt: skip
+    return Encoded(inputs, texts, rows.offsets_BxSx2, np.asarray(spans), grid, T,
+                   positions.tile_side(P), c.patch_size)  # fmt: skip
+
+
+def last_subtoken(enc: Encoded, b: int, char_range) -> int:
+    """The position of the last token of row b overlapping `char_range` of its prompt."""
+    return prompts.last_subtoken(enc.offsets_BxSx2[b], char_range)
+
+
+def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
+    """The VLM interface's `Spans` of a batch of one tile per image (or none); `words`
+    are each row's (first, second) object words as they appear in its question; `cells`
+    the (rows, cols) of the scene grid that `cell_I` indexes (row-major)."""
+    if len(words) != len(enc.prompts):
+        raise ValueError(f"words: {len(words)} pairs for {len(enc.prompts)} questions")
+    if enc.n_tiles > 1:
+        raise ValueError(f"images: {enc.n_tiles} tiles; the view reads one tile per image")
+    xy = []
+    for b, pair in enumerate(words):
+        q0 = int(enc.question_Bx2[b, 0])
+        question = enc.prompts[b][q0 : enc.question_Bx2[b, 1]]
+        xy.append([last_subtoken(enc, b, np.add(prompts.word_range(question, w), q0))
+                   for w in pair])  # fmt: skip
+    xy = np.asarray(xy, np.int32)
+    h = enc.side // 2
+    r, col = positions.token_grid(enc.side) if enc.n_tiles else (np.zeros(0, int),) * 2
+    cell = (r * cells[0] // h) * cells[1] + col * cells[1] // h
+    offs, q = enc.offsets_BxSx2, enc.question_Bx2
+    question = ((offs[..., 0] >= q[:, None, 0]) & (offs[..., 1] <= q[:, None, 1])
+                & (offs[..., 1] > offs[..., 0]))  # fmt: skip
+    return Spans(
+        enc.inputs.image_BxI,
+        np.stack([0 * r, r, col], 1).astype(np.int32),
+        cell.astype(np.int32),
+        xy[:, 0],
+        xy[:, 1],
+        question,
+        np.full(len(xy), offs.shape[1] - 1, np.int32),
+    )

@@ -1,0 +1,161 @@
+"""InternVL (-hf) checkpoints from their folder: `config.json` and safetensors.
+
+`load_checkpoint(dir)` reads `config.json` (`config.from_hf`), then `model.safetensors`
+or the shards a `model.safetensors.index.json` names (`models.hub`: one tensor at a
+time, checked against the key map before any is read, cast, laid out, placed), and
+returns `(config, params)` with params in TransformerLens layout (`params.py`).
+
+* Both key layouts: the -hf Hub files' (`vision_tower.*`, `multi_modal_projector.*`,
+  `language_model.model.*`, `language_model.lm_head.weight`) and the one transformers 5
+  saves (`model.vision_tower.*`, `model.multi_modal_projector.*`,
+  `model.language_model.*`, `lm_head.weight`). The original OpenGVLab layout
+  (`vision_model.*`, `mlp1.*`, fused qkv) is refused by `config.from_hf` (its
+  model_type) and, without that, as unexpected tensors.
+* A stored unembedding is used even where config.json says the embeddings are tied
+  (as transformers does when the two differ); none stored and tied: E^T.
+* Tensors stored as float32, float16 or bfloat16, cast to `dtype`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxmech.config import ConfigError
+from jaxmech.families.internvl.config import InternVLConfig, from_hf
+from jaxmech.models.hub import (
+    LoadError,
+    Stored,
+    T,
+    check_place,
+    check_tensors,
+    heads_in,
+    heads_out,
+    place_params,
+    read_json_config,
+    same,
+    weight_files,
+)
+
+__all__ = ["LoadError", "canonical", "key_map", "load_checkpoint", "read_config"]
+
+
+def _vit_block_map(c: InternVLConfig, i: int) -> dict:
+    E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
+    b, out = f"vision_tower.encoder.layer.{i}.", f"vit/block_{i}/"
+    m = {
+        b + "layernorm_before.weight": (out + "ln1_w", (E,), same),
+        b + "layernorm_before.bias": (out + "ln1_b", (E,), same),
+        b + "layernorm_after.weight": (out + "ln2_w", (E,), same),
+        b + "layernorm_after.bias": (out + "ln2_b", (E,), same),
+        b + "lambda_1": (out + "ls1", (E,), same),
+        b + "lambda_2": (out + "ls2", (E,), same),
+        b + "attention.projection_layer.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
+        b + "attention.projection_layer.bias": (out + "b_O", (E,), same),
+        b + "mlp.fc1.weight": (out + "W_in", (M, E), T),
+        b + "mlp.fc1.bias": (out + "b_in", (M,), same),
+        b + "mlp.fc2.weight": (out + "W_out", (E, M), T),
+        b + "mlp.fc2.bias": (out + "b_out", (E,), same),
+    }
+    for w in "qkv":
+        m[b + f"attention.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
+        if c.vit_qkv_bias:
+            m[b + f"attention.{w}_proj.bias"] = (
+                out + f"b_{w.upper()}", (E,), lambda x: x.reshape(H, Dh))  # fmt: skip
+    return m
+
+
+def _lm_block_map(c: InternVLConfig, i: int) -> dict:
+    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
+    b, out = f"language_model.layers.{i}.", f"lm/block_{i}/"
+    m = {
+        b + "input_layernorm.weight": (out + "ln1_w", (D,), same),
+        b + "post_attention_layernorm.weight": (out + "ln2_w", (D,), same),
+        b + "self_attn.o_proj.weight": (out + "W_O", (D, H * Dh), heads_out(H, Dh)),
+        b + "mlp.gate_proj.weight": (out + "W_gate", (M, D), T),
+        b + "mlp.up_proj.weight": (out + "W_in", (M, D), T),
+        b + "mlp.down_proj.weight": (out + "W_out", (D, M), T),
+    }
+    for w, n in (("q", H), ("k", K), ("v", K)):
+        m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (n * Dh, D),
+                                               heads_in(n, Dh))  # fmt: skip
+        m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (n * Dh,),
+                                             lambda x, n=n: x.reshape(n, Dh))  # fmt: skip
+    return m
+
+
+def key_map(c: InternVLConfig) -> dict:
+    """{canonical name: (our "part/.../name", stored shape, transform)}; canonical names
+    start `vision_tower.`, `multi_modal_projector.`, `language_model.` (the LM's body)
+    or `lm_head.`; the position table appears once per part (`#0` the CLS row, `#1` the
+    n x n grid)."""
+    E, D, W, n = c.vit_width, c.lm_width, c.proj_width, c.table_side
+    p, emb = c.patch_size, "vision_tower.embeddings."
+    table = (1, 1 + n * n, E)
+    m = {
+        emb + "patch_embeddings.projection.weight": (
+            "vit/W_patch", (E, c.vit_in_chans, p, p), lambda w: w.reshape(E, -1).T),
+        emb + "patch_embeddings.projection.bias": ("vit/b_patch", (E,), same),
+        emb + "cls_token": ("vit/cls", (1, 1, E), lambda w: w.reshape(E)),
+        emb + "position_embeddings#0": ("vit/pos_cls", table, lambda w: w[0, 0]),
+        emb + "position_embeddings#1": ("vit/pos", table, lambda w: w[0, 1:].reshape(n, n, E)),
+    }  # fmt: skip
+    for i in range(c.vit_depth):
+        m |= _vit_block_map(c, i)
+    pj = "multi_modal_projector."
+    m |= {
+        pj + "layer_norm.weight": ("proj/ln_w", (W,), same),
+        pj + "layer_norm.bias": ("proj/ln_b", (W,), same),
+        pj + "linear_1.weight": ("proj/W1", (D, W), T),
+        pj + "linear_1.bias": ("proj/b1", (D,), same),
+        pj + "linear_2.weight": ("proj/W2", (D, D), T),
+        pj + "linear_2.bias": ("proj/b2", (D,), same),
+        "language_model.embed_tokens.weight": ("lm/E", (c.lm_vocab, D), same),
+        "language_model.norm.weight": ("lm/lnf_w", (D,), same),
+    }
+    for i in range(c.lm_layers):
+        m |= _lm_block_map(c, i)
+    if not c.tie_embeddings:
+        m["lm_head.weight"] = ("lm/W_U", (c.lm_vocab, D), T)
+    return m
+
+
+PREFIXES = (  # stored prefix -> canonical, the longest first
+    ("model.language_model.", "language_model."),
+    ("model.vision_tower.", "vision_tower."),
+    ("model.multi_modal_projector.", "multi_modal_projector."),
+    ("language_model.model.", "language_model."),
+    ("language_model.lm_head.", "lm_head."),
+)
+
+
+def canonical(name: str) -> str:
+    """A stored tensor's name in either layout -> its canonical name (`key_map`)."""
+    for prefix, to in PREFIXES:
+        if name.startswith(prefix):
+            return to + name[len(prefix) :]
+    return name
+
+
+def read_config(folder: str) -> InternVLConfig:
+    """The folder's config.json as an `InternVLConfig` (LoadError naming the path)."""
+    return read_json_config(folder, from_hf, (KeyError, ConfigError))
+
+
+def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
+    """(config, params) of an InternVL -hf checkpoint folder (module docstring).
+
+    Args:
+      folder: holds config.json and model.safetensors (or a sharded index).
+      dtype: the params' dtype (float32, bfloat16, float16).
+      place: "auto" (one device if the params fit, else sharded), "one" or "shard".
+    """
+    check_place(place)
+    config = read_config(folder)
+    stored = Stored(weight_files(folder), canonical)
+    if "lm_head.weight" in stored.entries and config.tie_embeddings:
+        config = dataclasses.replace(config, tie_embeddings=False)  # the stored one wins
+    m = key_map(config)
+    check_tensors(stored, m)
+    return config, place_params(stored, m, dtype, place)

@@ -1,0 +1,192 @@
+"""An InternVL checkpoint's VLM view (`families.vlm_view`): scene specs drawn as pictures
+(`data.pictures`), asked through the checkpoint's own processor, and its forward,
+sites and positions.
+
+One picture per scene, drawn at the tile size (`size` must equal the image processor's
+tile, 448 for the -hf checkpoints): a square picture of one tile, which the
+reference's default processor keeps whole (no resize, no tiling, no thumbnail), each
+cell whole LM tokens (448 px: 32 x 32 patches, 16 x 16 tokens; a 4 x 4 grid's cell is 4
+x 4 tokens). The view refuses other sizes by name.
+
+Photographs (`render_images`) are squashed to one tile (the processor with
+`tiles=False`; the reference's default would tile them, up to 12 tiles and a
+thumbnail): every photograph is then one 448 x 448 token grid (`image_grid` is the same
+for every size, so the reports hold them in one batch) and a box maps to cells by
+scaling. `render_text`: the question without an image (the authors' text-only
+baseline).
+
+Positions, as the paper 004 methods read them: `vit_positions` are the (row, col) each
+patch of the tile reads on the learned position table (s x s, s = size / patch), patches
+row-major, so a mirror is s - 1 - col (a permutation of the table's columns, the CLS
+row fixed) and a half-cell shift interpolates the table (`positions.read_table`);
+`vit_blocks` is 0 (positions enter once). `image_trc_Ix3` are the LM tokens' (0, row,
+col) on the (s / 2) x (s / 2) token grid in the LM's order; each token packs the 2 x 2
+patches (2 row + m, 2 col + k) in channel block 2m + k (`positions`), so a token-order
+mirror (`image_order`, the counterfactuals' order_w) moves whole tokens and keeps each
+token's blocks as packed, where the picture's mirror (image_w) also swaps them.
+`position_basis` is each LM token's four patches' table rows side by side in that
+block order: the pixel shuffle of the table. `lm_position_ids` are the 1-D rotary ids
+(each row's real tokens counted from 0) as [B, 3, S], three equal rows.
+
+Answer words as the Qwen view's: the first token of "Left" / "Right", "Above" /
+"Below", "Yes" / "No" (jaxmech's wording), or of "left" / "right" ... (`wording=
+"authors"`, their prompt 'Answer "left" or "right" only.').
+
+Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I LM image tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.data import pictures
+from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.families.internvl import encode, model, positions, processor
+from jaxmech.families.internvl.config import InternVLConfig
+from jaxmech.families.vlm_view import VLMView
+from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
+
+ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
+AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
+WORDINGS = ("jaxmech", "authors")
+GRID = Grid(4, 4)
+
+
+def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
+    """[3, 2] the first token id of each relation's answer words. Raises ValueError when
+    a relation's two words begin with the same token."""
+    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
+           for pair in answers]  # fmt: skip
+    for rel, (a, b) in enumerate(ids[:2]):
+        if a == b:
+            raise ValueError(f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} "
+                             f"begin with the same token {a}, so their logits cannot tell "
+                             "the answers apart")  # fmt: skip
+    return np.asarray(ids, np.int32)
+
+
+def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
+    """Refuses (ValueError naming `size`) a picture that is not one whole tile, or whose
+    cells are not whole LM tokens."""
+    tile, patch = proc.images.size, proc.config.patch_size
+    if size != tile:
+        raise ValueError(f"size = {size}: expected the tile size {tile} (a picture of one "
+                         "tile, which the processor keeps as it is)")  # fmt: skip
+    tokens = size // patch // 2
+    if tokens % grid.h or tokens % grid.w:
+        raise ValueError(f"size = {size}: its {tokens} x {tokens} LM tokens do not split "
+                         f"into the grid's {grid.h} x {grid.w} cells")  # fmt: skip
+
+
+def _placed(enc, words, grid: Grid):
+    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
+    sp = encode.spans(enc, words, cells=(grid.h, grid.w))
+    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
+    return jax.device_put(enc.inputs), sp._replace(first_B=first)
+
+
+def render(proc, grid: Grid, size: int, specs: SceneSpec, ask=None, templates=pictures.TEMPLATES):
+    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
+    asked (default `specs`'), so a twin keeps its example's question."""
+    ask = specs if ask is None else ask
+    enc = encode.encode(proc, list(pictures.draw(grid, specs, size)),
+                        pictures.questions(ask, templates), codes=True)  # fmt: skip
+    words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
+    return _placed(enc, words, grid)
+
+
+def render_images(proc, grid: Grid, images, questions, words):
+    """(Inputs, Spans) of photographs asked `questions`, their object words `words`
+    [(X, Y)]; `proc` squashes each to one tile."""
+    enc = encode.encode(proc, list(images), list(questions), codes=True)
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
+def render_text(proc, grid: Grid, questions, words):
+    """(Inputs, Spans) of `questions` asked without an image (`encode.encode_text`)."""
+    enc = encode.encode_text(proc, list(questions))
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
+def forward(config: InternVLConfig, table, params, inputs, edits=None, capture=False,
+            resume=None):  # fmt: skip
+    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
+    row, uint8 pixel levels normalised by `table` first. The last block runs that row
+    only unless the capture asks for one of its sites that needs every row."""
+    if inputs.pixels_BxTxPxF.dtype == np.uint8:
+        inputs = inputs._replace(pixels_BxTxPxF=processor.decode_pixels(
+            inputs.pixels_BxTxPxF, table, config.patch_size**2))  # fmt: skip
+    whole = needs_all_rows(capture, config.lm_layers)
+    B, S = inputs.tokens_BxS.shape
+    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
+    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
+                         resume=resume, last_row=not whole)  # fmt: skip
+
+
+def forward_from(config: InternVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
+    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
+    return forward(config, table, params, inputs, resume=model.Resume(layer, start, x_BxTxD,
+                                                                      aux))[0]  # fmt: skip
+
+
+def lm_position_ids(spans) -> np.ndarray:
+    """[B, 3, S] the rotary ids of rendered scenes (each row's real tokens from 0, three
+    equal rows)."""
+    B, S = np.asarray(spans.question_BxS).shape
+    first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
+    ids = positions.text_positions(np.arange(S)[None] >= first[:, None])
+    return np.repeat(ids[:, None], 3, 1)
+
+
+def position_basis(params, side: int) -> jnp.ndarray:
+    """[I, 4E] each LM token's ViT position features: its four patches' table rows in
+    the pixel shuffle's block order."""
+    table = positions.resample_table(params["vit"]["pos"], side)
+    return positions.pixel_shuffle(table.reshape(1, side * side, -1), side)[0]
+
+
+def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size: int | None = None,
+                    video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
+    """The view of the checkpoint in `folder` (module docstring), scenes drawn `size`
+    pixels square (None: the processor's tile, the only size allowed). Raises ValueError
+    naming `video`, `size`, `wording` or the tokenizer before any compute."""
+    if video:
+        raise ValueError("video = True: the internvl family has no video view")
+    if wording not in WORDINGS:
+        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
+    proc = processor.load_processor(folder, config)
+    size = proc.images.size if size is None else size
+    check_size(proc, grid, size)
+    authors = wording == "authors"
+    words = answer_words(proc, AUTHORS_ANSWERS if authors else ANSWERS)
+    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
+    side = size // config.patch_size
+    table = processor.pixel_table(proc.images)
+    one_tile = proc._replace(images=proc.images._replace(tiles=False))
+    rows, cols = positions.patch_grid(side)
+    view = VLMView(
+        name="internvl",
+        grid=grid,
+        n_labels=len(pictures.SHAPES),
+        n_colours=len(pictures.COLOURS),
+        render=functools.partial(render, proc, grid, size, templates=templates),
+        forward=functools.partial(forward, config, table),
+        answer_words=words,
+        n_lm_blocks=lambda params: config.lm_layers,
+        lm_position_ids=lambda params, spans: lm_position_ids(spans),
+        vit_positions=lambda params: (rows, cols, (side, side)),
+        vit_blocks=lambda params: 0,
+        position_basis=lambda params: position_basis(params, side),
+        forward_from=functools.partial(forward_from, config, table),
+        cache_sites=RESUME_SITES,
+        render_images=functools.partial(render_images, one_tile, grid),
+        render_text=functools.partial(render_text, proc, grid),
+        image_grid=lambda height, width: (1, side, side),
+        size=size,
+    )
+    full = view._replace(at_image_grid=lambda thw: full)  # one tile: every grid the same
+    return full

@@ -1,0 +1,199 @@
+"""A LLaVA-1.5 checkpoint's architecture, read from its `config.json`.
+
+One flat frozen config: the CLIP vision tower's fields start with `vit_`, the
+projector's with `proj_`, the Llama language model's with `lm_`. `from_hf` reads both
+layouts met so far and fills what a file leaves out with the reference's class
+defaults (transformers 5.25's `CLIPVisionConfig`, `LlamaConfig`, `LlavaConfig`), as
+llava-hf's sparse config.json relies on them (its text_config names only the vocabulary,
+the norm's eps and the context length):
+
+* llava-hf's Hub files (transformers 4.36): `torch_dtype`, a sparse `text_config`;
+* transformers 5 saves: every field, `rope_parameters`, `dtype`.
+
+Supported: features from one ViT layer (`vision_feature_layer`, an int) with the CLS
+token dropped (`vision_feature_select_strategy` "default"), a Linear-GELU-Linear
+projector, Llama blocks with the default rotary positions (no rope scaling). Others
+are refused by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+
+ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlavaConfig:
+    """One checkpoint's architecture (module docstring); defaults: a tiny LLaVA. Not a
+    `config.ModelConfig`: a checkpoint family is loaded, not trained."""
+
+    # vision tower (CLIP ViT)
+    vit_depth: int = 2
+    vit_width: int = 32
+    vit_heads: int = 2
+    vit_mlp: int = 64
+    vit_in_chans: int = 3
+    image_size: int = 28  # the ViT's input side in pixels (its position table's extent)
+    patch_size: int = 7
+    vit_eps: float = 1e-5
+    vit_act: str = "quick_gelu"
+    # the hidden state the projector reads (Hugging Face's index: 0 the embeddings after
+    # pre_layrnorm, i the output of block i - 1; negative from the end)
+    feature_layer: int = -2
+    # projector
+    proj_act: str = "gelu"
+    proj_bias: bool = True
+    # language model (Llama)
+    lm_vocab: int = 64
+    lm_width: int = 32
+    lm_layers: int = 2
+    lm_heads: int = 4
+    lm_kv_heads: int = 2
+    lm_head_dim: int = 8
+    lm_mlp: int = 64
+    lm_eps: float = 1e-5
+    lm_rope_theta: float = 10000.0
+    lm_act: str = "silu"
+    lm_attention_bias: bool = False
+    lm_mlp_bias: bool = False
+    tie_embeddings: bool = False
+    image_token_id: int = 60
+    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
+
+    def __post_init__(self):
+        for name in ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans",
+                     "image_size", "patch_size", "lm_vocab", "lm_width", "lm_layers",
+                     "lm_heads", "lm_kv_heads", "lm_head_dim", "lm_mlp"):  # fmt: skip
+            int_in(name, getattr(self, name), 1)
+        for name in ("vit_eps", "lm_eps", "lm_rope_theta"):
+            float_in(name, getattr(self, name), 0.0, lo_open=True)
+        for name in ("vit_act", "proj_act", "lm_act"):
+            choice(name, getattr(self, name), ACTIVATIONS)
+        int_in("image_token_id", self.image_token_id, 0, self.lm_vocab - 1)
+        if not -(self.vit_depth + 1) <= self.feature_layer <= self.vit_depth:
+            fail("feature_layer", self.feature_layer,
+                 f"a hidden-state index in [{-(self.vit_depth + 1)}, {self.vit_depth}]")  # fmt: skip
+        if self.image_size % self.patch_size:
+            fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
+        if self.vit_width % self.vit_heads:
+            fail("vit_width", self.vit_width, f"a multiple of vit_heads = {self.vit_heads}")
+        if self.lm_heads % self.lm_kv_heads:
+            fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
+        if self.lm_head_dim % 2:
+            fail("lm_head_dim", self.lm_head_dim, "an even width (rotary pairs)")
+
+    @property
+    def grid(self) -> int:
+        """Patches per side of the ViT's input (24 for LLaVA-1.5's 336 px at 14 px)."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        """P, the ViT's patch tokens (its CLS token not counted): the image tokens."""
+        return self.grid**2
+
+    @property
+    def vit_head_dim(self) -> int:
+        return self.vit_width // self.vit_heads
+
+    @property
+    def patch_features(self) -> int:
+        """One flattened patch's length: C x patch x patch, channel first."""
+        return self.vit_in_chans * self.patch_size**2
+
+    @property
+    def feature_block(self) -> int:
+        """How many ViT blocks the projector's features have been through."""
+        return self.feature_layer % (self.vit_depth + 1)
+
+
+def _get(d: Mapping[str, Any], *names, default=None):
+    for n in names:
+        if n in d and d[n] is not None:
+            return d[n]
+    return default
+
+
+def _rope_theta(text: Mapping[str, Any]) -> float:
+    """The LM's rotary base; a ConfigError for a scaled rotary (not reproduced)."""
+    rope = _get(text, "rope_parameters", "rope_scaling", default={}) or {}
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind != "default":
+        raise ConfigError(f"config.json: text_config rope type {kind!r} is not supported "
+                          "(only the default rotary positions)")  # fmt: skip
+    return float(_get(rope, "rope_theta", default=_get(text, "rope_theta", default=10000.0)))
+
+
+def _check_features(raw: Mapping[str, Any]) -> int:
+    layer = raw.get("vision_feature_layer", -2)
+    if not isinstance(layer, int):
+        raise ConfigError(f"config.json: vision_feature_layer = {layer!r} is not supported "
+                          "(one layer, an int)")  # fmt: skip
+    select = raw.get("vision_feature_select_strategy", "default")
+    if select != "default":
+        raise ConfigError(f"config.json: vision_feature_select_strategy = {select!r} is not "
+                          "supported (only 'default': the CLS token dropped)")  # fmt: skip
+    return layer
+
+
+# the reference's class defaults for what a config.json leaves out (module docstring)
+VISION_DEFAULTS = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                       num_attention_heads=12, num_channels=3, image_size=224, patch_size=32,
+                       hidden_act="quick_gelu", layer_norm_eps=1e-5)  # fmt: skip
+# LlavaConfig's when config.json has no vision_config at all: CLIP ViT-L/14-336
+LLAVA_VISION = VISION_DEFAULTS | dict(hidden_size=1024, intermediate_size=4096,
+                                      num_hidden_layers=24, num_attention_heads=16,
+                                      image_size=336, patch_size=14)  # fmt: skip
+TEXT_DEFAULTS = dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                     num_hidden_layers=32, num_attention_heads=32, hidden_act="silu",
+                     rms_norm_eps=1e-6, attention_bias=False, mlp_bias=False)  # fmt: skip
+
+
+def _vision_fields(raw: Mapping[str, Any]) -> dict:
+    v = LLAVA_VISION if raw.get("vision_config") is None else VISION_DEFAULTS | raw["vision_config"]
+    if v.get("model_type", "clip_vision_model") != "clip_vision_model":
+        raise ConfigError(f"config.json: vision_config model_type = {v['model_type']!r} is not "
+                          "supported (only 'clip_vision_model')")  # fmt: skip
+    return dict(vit_depth=int(v["num_hidden_layers"]), vit_width=int(v["hidden_size"]),
+                vit_heads=int(v["num_attention_heads"]), vit_mlp=int(v["intermediate_size"]),
+                vit_in_chans=int(v["num_channels"]), image_size=int(v["image_size"]),
+                patch_size=int(v["patch_size"]), vit_eps=float(v["layer_norm_eps"]),
+                vit_act=str(v["hidden_act"]), feature_layer=_check_features(raw))  # fmt: skip
+
+
+def _text_fields(t: Mapping[str, Any]) -> dict:
+    heads = int(t["num_attention_heads"])
+    width = int(t["hidden_size"])
+    return dict(lm_vocab=int(t["vocab_size"]), lm_width=width, lm_layers=int(t["num_hidden_layers"]),
+                lm_heads=heads, lm_kv_heads=int(_get(t, "num_key_value_heads", default=heads)),
+                lm_head_dim=int(_get(t, "head_dim", default=width // heads)),
+                lm_mlp=int(t["intermediate_size"]), lm_eps=float(t["rms_norm_eps"]),
+                lm_rope_theta=_rope_theta(t), lm_act=str(t["hidden_act"]),
+                lm_attention_bias=bool(t["attention_bias"]), lm_mlp_bias=bool(t["mlp_bias"]))  # fmt: skip
+
+
+def from_hf(raw: Mapping[str, Any]) -> LlavaConfig:
+    """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
+    is not a supported LLaVA."""
+    if raw.get("model_type") != "llava":
+        raise ConfigError(f"config.json: model_type = {raw.get('model_type')!r} is not "
+                          "supported: allowed 'llava'")  # fmt: skip
+    text = TEXT_DEFAULTS | (raw.get("text_config") or {})
+    if text.get("model_type", "llama") != "llama":
+        raise ConfigError(f"config.json: text_config model_type = {text['model_type']!r} is "
+                          "not supported (only 'llama')")  # fmt: skip
+    dtype = _get(raw, "dtype", "torch_dtype", default=_get(text, "dtype", "torch_dtype"))
+    return LlavaConfig(
+        **_vision_fields(raw),
+        proj_act=str(raw.get("projector_hidden_act", "gelu")),
+        proj_bias=bool(raw.get("multimodal_projector_bias", True)),
+        **_text_fields(text),
+        # tied if either level says so, as the reference's LlavaConfig reads them
+        tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
+        image_token_id=int(_get(raw, "image_token_index", "image_token_id", default=32000)),
+        dtype=str(dtype or "float32"),
+    )

@@ -1,0 +1,99 @@
+"""The LLaVA params pytree: names and shapes in TransformerLens layout.
+
+  vit/   W_patch [F, E]          the patch Conv2d (no bias) as a matmul over one patch
+                                 flattened (C, p, p)
+         cls [E]                 the class embedding
+         pos [1 + P, E]          the learned position table: row 0 the CLS token's,
+                                 row 1 + r g + c patch (r, c) of the g x g grid's
+         ln_pre_w, ln_pre_b [E]  pre_layrnorm
+         block_{i}/ ln1_w ln1_b ln2_w ln2_b [E]  W_Q W_K W_V [H, E, Dh]  b_Q b_K b_V [H, Dh]
+                    W_O [H, Dh, E] b_O [E]  W_in [E, M] b_in [M]  W_out [M, E] b_out [E]
+  proj/  W1 [E, D]  W2 [D, D]  (+ b1, b2 [D] where the projector has biases)
+  lm/    E [V, D]
+         block_{i}/ ln1_w ln2_w [D]  W_Q [H, D, Dh]  W_K W_V [Hkv, D, Dh]  W_O [H, Dh, D]
+                    W_gate W_in [D, M]  W_out [M, D]  (+ b_Q ..., b_O, b_gate ... where
+                    the config has attention / MLP biases)
+         lnf_w [D]  W_U [D, V] (untied checkpoints only; tied ones read E^T)
+
+E, H, Dh, M: the ViT's width, heads, head width and MLP width; D, Hkv: the LM's width and
+key-value heads (grouped-query attention: query head h reads key-value head
+h // (H / Hkv)). The CLIP tower's `post_layernorm` is stored in checkpoints but never
+read by LLaVA (it acts on the pooled CLS output only), so it is not loaded
+(`load.UNUSED`; counted by `n_stored`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.families.llava.config import LlavaConfig
+
+
+def _vit_block(c: LlavaConfig) -> dict:
+    E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
+    s = {n: (E,) for n in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")}
+    for w in "QKV":
+        s |= {f"W_{w}": (H, E, Dh), f"b_{w}": (H, Dh)}
+    return s | {"W_O": (H, Dh, E), "b_O": (E,), "W_in": (E, M), "b_in": (M,), "W_out": (M, E),
+                "b_out": (E,)}  # fmt: skip
+
+
+def _lm_block(c: LlavaConfig) -> dict:
+    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
+    s = {"ln1_w": (D,), "ln2_w": (D,), "W_Q": (H, D, Dh), "W_K": (K, D, Dh), "W_V": (K, D, Dh),
+         "W_O": (H, Dh, D), "W_gate": (D, M), "W_in": (D, M), "W_out": (M, D)}  # fmt: skip
+    if c.lm_attention_bias:
+        s |= {"b_Q": (H, Dh), "b_K": (K, Dh), "b_V": (K, Dh), "b_O": (D,)}
+    if c.lm_mlp_bias:
+        s |= {"b_gate": (M,), "b_in": (M,), "b_out": (D,)}
+    return s
+
+
+def param_shapes(c: LlavaConfig) -> dict:
+    """{part: {name or block_i: shape or {name: shape}}}: every parameter's shape."""
+    E, D = c.vit_width, c.lm_width
+    vit = {"W_patch": (c.patch_features, E), "cls": (E,), "pos": (1 + c.n_patches, E),
+           "ln_pre_w": (E,), "ln_pre_b": (E,)}  # fmt: skip
+    vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
+    proj = {"W1": (E, D), "W2": (D, D)} | ({"b1": (D,), "b2": (D,)} if c.proj_bias else {})
+    lm = {"E": (c.lm_vocab, D), "lnf_w": (D,)}
+    lm |= {f"block_{i}": _lm_block(c) for i in range(c.lm_layers)}
+    if not c.tie_embeddings:
+        lm["W_U"] = (D, c.lm_vocab)
+    return {"vit": vit, "proj": proj, "lm": lm}
+
+
+def is_shape(x) -> bool:
+    return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
+
+
+def n_params(c: LlavaConfig) -> int:
+    """How many parameters the forward reads (tied embeddings counted once)."""
+    leaves = jax.tree_util.tree_leaves(param_shapes(c), is_leaf=is_shape)
+    return int(sum(np.prod(s) for s in leaves))
+
+
+def n_stored(c: LlavaConfig) -> int:
+    """How many parameters a checkpoint stores: `n_params` and the ViT's unused
+    post_layernorm (the reference's `num_parameters()`)."""
+    return n_params(c) + 2 * c.vit_width
+
+
+def init_params(c: LlavaConfig, key, dtype=jnp.float32) -> dict:
+    """Random params of `c`'s shapes (norm weights near 1, the rest N(0, 0.02^2), the patch
+    embedding and position table wider so tiny images still carry signal): for tests
+    and benchmarks; a real model is loaded (`load.load_checkpoint`). One draw, cut into
+    the leaves (one compiled program however many leaves)."""
+    paths, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(c), is_leaf=is_shape)
+    sizes = [int(np.prod(shape)) for _, shape in paths]
+    flat = np.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
+    out, at = [], 0
+    for (path, shape), n in zip(paths, sizes):
+        name = path[-1].key
+        x = (0.1 if name in ("W_patch", "pos", "cls") else 0.02) * flat[at : at + n].reshape(shape)
+        at += n
+        norm = name.startswith("ln") and name.endswith("_w")
+        out.append(jnp.asarray(1.0 + x if norm else x, dtype))
+    return jax.tree_util.tree_unflatten(treedef, out)

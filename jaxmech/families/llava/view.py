@@ -1,0 +1,192 @@
+"""A LLaVA-1.5 checkpoint's VLM view (`families.vlm_view`): scene specs drawn as pictures
+(`data.pictures`), asked in the papers' wording through the checkpoint's own processor,
+and its forward, sites and positions.
+
+Pictures are drawn at the ViT's own size (config.json's `image_size`: 336 px for
+LLaVA-1.5, 24 x 24 patches), which the processor keeps as it is (a square of the
+shortest edge and the crop), and the scene grid must divide the patch grid (4 x 4: 6 x 6
+patches per cell); other sizes are refused by name. Photographs all become that one size
+(resize and centre crop, or pad to a square: `processor`), so `image_grid` is constant;
+`image_frame(h, w)` gives the region of a photograph the processed image shows, through
+which its boxes map onto the cells.
+
+Positions (paper 004): the ViT's are a learned table added once at the input
+(`vit_blocks` 0); `vit_positions` are each patch's (row, col) on the g x g grid, which
+`Edits.vit_rows / vit_cols` replace (read bilinearly: `positions.table_at`; the CLS row
+fixed), and `position_basis` is the table's row of each image token. The LM's are 1D
+rotary ids, each row's real tokens counted from 0 (`lm_position_ids`: [B, 3, S], the
+three rows equal, as `Edits.lm_pos_ids` takes them).
+
+Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "Below",
+"Yes" / "No" in the checkpoint's tokenizer, the word the model writes after
+"ASSISTANT:"; `wording="authors"` asks in paper 003's authors' words
+(`pictures.AUTHORS_TEMPLATES`, their chat-template scripts) and reads "left" /
+"right" ... (`AUTHORS_ANSWERS`).
+
+Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxmech.data import pictures
+from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.families.llava import model, positions, processor
+from jaxmech.families.llava.config import LlavaConfig
+from jaxmech.families.vlm_view import VLMView
+from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
+
+ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
+AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
+WORDINGS = ("jaxmech", "authors")  # `checkpoint_view(wording=)`
+GRID = Grid(4, 4)  # LLaVA-1.5's 24 x 24 patches: 6 x 6 per cell
+
+
+def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
+    """[3, 2] the first token id of each relation's answer words. Raises ValueError when
+    a relation's two words begin with the same token."""
+    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
+           for pair in answers]  # fmt: skip
+    for rel, (a, b) in enumerate(ids[:2]):
+        if a == b:
+            raise ValueError(f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} begin "
+                             f"with the same token {a}, so their logits cannot tell them apart")  # fmt: skip
+    return np.asarray(ids, np.int32)
+
+
+def check_size(config: LlavaConfig, proc: processor.Processor, grid: Grid, size: int) -> None:
+    """Refuses (ValueError naming `size`) a picture size the processor would resize or
+    cut (it keeps only the ViT's own, if any) or a grid whose cells are not whole
+    patches."""
+    f = processor.frame(size, size, proc.images)
+    if size == config.image_size and (f.resized, f.top, f.left) != ((size, size), 0, 0):
+        raise ValueError(f"size = {size}: the processor (preprocessor_config.json) resizes or "
+                         "cuts even the ViT's own size, so no drawn scene reaches it as drawn")  # fmt: skip
+    if size != config.image_size:
+        raise ValueError(f"size = {size}: the processor makes every picture {config.image_size} "
+                         f"x {config.image_size} px (the ViT's size), resizing or cutting "
+                         f"others; draw at size = {config.image_size}")  # fmt: skip
+    g = config.grid
+    if g % grid.h or g % grid.w:
+        raise ValueError(f"grid = {grid.h} x {grid.w}: must divide the ViT's {g} x {g} patches "
+                         "(each cell whole patches)")  # fmt: skip
+
+
+def _placed(enc, words, grid: Grid):
+    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
+    sp = processor.spans(enc, words, cells=(grid.h, grid.w))
+    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
+    return jax.device_put(enc.inputs), sp._replace(first_B=first)
+
+
+def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
+           templates=pictures.TEMPLATES):  # fmt: skip
+    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
+    asked (default `specs`'), so a twin keeps its example's question."""
+    ask = specs if ask is None else ask
+    enc = processor.encode(proc, list(pictures.draw(grid, specs, size)),
+                           pictures.questions(ask, templates), codes=True)  # fmt: skip
+    words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
+    return _placed(enc, words, grid)
+
+
+def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
+    """(Inputs, Spans) of photographs asked `questions`, their object words `words`."""
+    enc = processor.encode(proc, list(images), list(questions), codes=True)
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
+def render_text(proc: processor.Processor, grid: Grid, questions, words):
+    """(Inputs, Spans) of `questions` asked without an image (`processor.encode_text`)."""
+    enc = processor.encode_text(proc, list(questions))
+    return _placed(enc, [tuple(w) for w in words], grid)
+
+
+def forward(config: LlavaConfig, table, params, inputs, edits=None, capture=False, resume=None):
+    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
+    row, rendered uint8 levels normalised by `table` first (`processor.decode_pixels`).
+    The last block runs that row only unless the capture asks for one of its sites
+    that needs every row (`needs_all_rows`)."""
+    if inputs.pixels_BxPxF.dtype == np.uint8:
+        pixels = processor.decode_pixels(inputs.pixels_BxPxF, table, config.patch_size**2)
+        inputs = inputs._replace(pixels_BxPxF=pixels)
+    whole = needs_all_rows(capture, config.lm_layers)
+    B, S = inputs.tokens_BxS.shape
+    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
+    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
+                         resume=resume, last_row=not whole)  # fmt: skip
+
+
+def forward_from(config: LlavaConfig, table, params, inputs, layer, start, x_BxTxD, aux):
+    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
+    resume = model.Resume(layer, start, x_BxTxD, aux)
+    return forward(config, table, params, inputs, resume=resume)[0]
+
+
+def lm_position_ids(spans) -> np.ndarray:
+    """[B, 3, S] the LM's position ids of rendered rows (each row's real tokens from 0,
+    the three rows equal), as `Edits.lm_pos_ids` takes them."""
+    B, S = np.asarray(spans.question_BxS).shape
+    first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
+    ids = np.maximum(np.arange(S)[None] - first[:, None], 0)
+    return np.repeat(ids[:, None], 3, 1).astype(np.int32)
+
+
+def vit_positions(config: LlavaConfig):
+    """(rows [P], cols [P], (g, g)): each patch's (row, col) in the position table."""
+    rows, cols = positions.patch_grid(config.grid)
+    return rows, cols, (config.grid, config.grid)
+
+
+def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: int | None = None,
+                    video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
+    """The view of the checkpoint in `folder` (its tokenizer and image settings), with
+    scenes on `grid` drawn `size` pixels square (None: the ViT's image size, the only
+    one allowed). `wording` "authors": the papers' authors' words and lower-case answer
+    words. Raises ValueError naming `size`, `grid`, `video`, `wording` or the tokenizer
+    before any compute."""
+    if video:
+        raise ValueError("video = True: the llava family has no video view (one image per "
+                         "question)")  # fmt: skip
+    if wording not in WORDINGS:
+        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
+    size = config.image_size if size is None else size
+    proc = processor.load_processor(folder, config)
+    check_size(config, proc, grid, size)
+    authors = wording == "authors"
+    words = answer_words(proc, AUTHORS_ANSWERS if authors else ANSWERS)
+    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
+    table = processor.pixel_table(proc.images)
+    g = config.grid
+    view = VLMView(
+        name="llava",
+        grid=grid,
+        n_labels=len(pictures.SHAPES),
+        n_colours=len(pictures.COLOURS),
+        render=functools.partial(render, proc, grid, size, templates=templates),
+        forward=functools.partial(forward, config, table),
+        answer_words=words,
+        n_lm_blocks=lambda params: config.lm_layers,
+        lm_position_ids=lambda params, spans: lm_position_ids(spans),
+        vit_positions=lambda params: vit_positions(config),
+        vit_blocks=lambda params: 0,
+        position_basis=lambda params: params["vit"]["pos"][1:],
+        forward_from=functools.partial(forward_from, config, table),
+        cache_sites=RESUME_SITES,
+        render_images=functools.partial(render_images, proc, grid),
+        render_text=functools.partial(render_text, proc, grid),
+        image_grid=lambda height, width: (1, g, g),
+        image_frame=lambda height, width: processor.frame(height, width, proc.images).window(),
+        size=size,
+    )
+    return _one_grid(view)
+
+
+def _one_grid(view: VLMView) -> VLMView:
+    """`view` as every photograph bucket's: all become the ViT's size, one grid."""
+    return view._replace(at_image_grid=lambda thw: _one_grid(view))
