@@ -22,6 +22,7 @@ from jaxmech.families.internvl import encode, load, model, params, positions, pr
 from jaxmech.families.internvl.checks import site_names
 from jaxmech.families.internvl.config import from_hf
 from jaxmech.models.edits import Edits
+from jaxmech.models.positions import edited_ids, rotary_angles
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "internvl")
 FOLDER = os.path.join(HERE, "internvl")
@@ -128,12 +129,12 @@ def test_forward_equals_reference(checkpoint, case):
 def test_next_token_equals_reference(checkpoint):
     """`next_token` (what `experiments.ask` prints): the log-softmax of the reference's
     logits after each prompt (the text-only case: the cheapest program)."""
-    from jaxmech.families.internvl.next_token import next_token_logprobs
+    from jaxmech.families.internvl.family import FAMILY
 
     config, p, ref = checkpoint
     _, enc = encoded(config, ref, "text")
     want = np.asarray(jax.nn.log_softmax(ref["text/logits"][:, -1]))
-    np.testing.assert_allclose(next_token_logprobs(config, p, enc), want, atol=TOL, rtol=TOL)
+    np.testing.assert_allclose(FAMILY.next_token(config, p, enc), want, atol=TOL, rtol=TOL)
 
 
 def test_pixel_shuffle_order_and_the_mirror():
@@ -210,8 +211,8 @@ def test_no_op_edits_are_exact_and_the_table_reads(checkpoint):
         np.testing.assert_array_equal(np.asarray(model.position_codes(vit, 8, e)), plain)
     ids = Edits(lm_pos_ids=np.repeat(x.pos_BxS[:, None], 3, 1).astype(np.float32))
     freq = np.float32([1.0, 0.1, 0.01, 0.001])
-    np.testing.assert_array_equal(positions.lm_angles(model._lm_pos(x, ids), freq),
-                                  positions.lm_angles(x.pos_BxS, freq))  # fmt: skip
+    np.testing.assert_array_equal(rotary_angles(edited_ids(x.pos_BxS, ids.lm_pos_ids), freq),
+                                  rotary_angles(x.pos_BxS, freq))  # fmt: skip
     feats = np.random.default_rng(0).normal(size=(2, 16, 4)).astype(np.float32)
     np.testing.assert_array_equal(np.asarray(jnp.asarray(feats)[:, jnp.arange(16)]), feats)
     table = np.asarray(vit["pos"])

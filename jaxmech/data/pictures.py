@@ -67,6 +67,21 @@ VIDEO_TEMPLATES = (
     "Is there {a} {x} in the video? Answer with one word.",
 )
 MIDDLE = "centre of the image"  # what a question names when Y's label is 0
+# the words each wording's answers begin with, by relation: jaxmech's capitalised (the
+# answer starts the assistant's turn, where a chat model writes a capital), the authors'
+# the lower-case words their prompt quotes; a video's relation 1 is time
+ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))
+AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
+VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))
+WORDINGS = {"jaxmech": (TEMPLATES, ANSWERS), "authors": (AUTHORS_TEMPLATES, AUTHORS_ANSWERS)}
+
+
+def wording(name: str) -> tuple[tuple, tuple]:
+    """(question templates, answer words) of a checkpoint view's `wording` (`WORDINGS`:
+    "jaxmech" or the papers' authors'); ValueError naming `wording` otherwise."""
+    if name not in WORDINGS:
+        raise ValueError(f"wording = {name!r}: expected one of {', '.join(WORDINGS)}")
+    return WORDINGS[name]
 
 
 def _glyph(name: str, x, y):
@@ -199,3 +214,15 @@ def questions(spec: SceneSpec, templates=TEMPLATES) -> list[str]:
         templates[int(rel)].format(x=x, y=y, a="an" if x[:1] in "aeiou" else "a")
         for (x, y), rel in zip(object_names(spec), np.asarray(spec.relation_B))
     ]
+
+
+def asked(grid: Grid, spec: SceneSpec, size: int, ask: SceneSpec | None = None,
+          templates=TEMPLATES) -> tuple[list, list, list]:  # fmt: skip
+    """(pictures [B], questions [B], object words [B] (X, Y)) of `spec` drawn at `size`
+    and asked the questions of `ask` (default: `spec`'s own, so a twin keeps its
+    example's question) in `templates`' wording: what a checkpoint view's `render` feeds
+    its processor, as it feeds photographs (a presence question's Y is X: it names one
+    object)."""
+    ask = spec if ask is None else ask
+    words = [(x, y or x) for x, y in object_names(ask)]
+    return list(draw(grid, spec, size)), questions(ask, templates), words

@@ -1,8 +1,9 @@
 """A photograph as a checkpoint's processor reads it, for every checkpoint family: uint8
 RGB (`read_image`), the normalisation as a table of every uint8 level's value per
-channel (`pixel_table`, computed as the reference does), and patches kept as uint8
-levels until the device decodes them (`decode_pixels`: a quarter of the bytes held
-while a report's questions wait for their chunk)."""
+channel (`pixel_table`, `fused_pixel_table`: the reference's two ways of computing it),
+and patches kept as uint8 levels until the device decodes them (`decode_pixels`,
+`decoded`: a quarter of the bytes held while a report's questions wait for their
+chunk)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ def pixel_table(mean, std) -> np.ndarray:
     )
 
 
+def fused_pixel_table(mean, std) -> np.ndarray:
+    """float32 [3, 256]: the value of every uint8 level as the reference's torchvision
+    image processors compute it, rescale and normalise fused in float32: (level - 255
+    mean) / (255 std), mean and std taken to float32 first (LLaVA's and InternVL's
+    default processors; Qwen's rescales first: `pixel_table`)."""
+    mean = np.asarray(mean, np.float32) * np.float32(255)
+    std = np.asarray(std, np.float32) * np.float32(255)
+    return (np.arange(256, dtype=np.float32)[None] - mean[:, None]) / std[:, None]
+
+
 def decode_pixels(codes_BxPxF, table_3x256, features_per_channel: int):
     """float32 [B, P, F] the normalised values of uint8 codes whose features run channel
     by channel (`features_per_channel` each), in or outside jit."""
@@ -55,6 +66,16 @@ def decode_pixels(codes_BxPxF, table_3x256, features_per_channel: int):
     F = codes_BxPxF.shape[-1]
     channel_F = jnp.arange(F) // features_per_channel
     return jnp.asarray(table_3x256)[channel_F, jnp.asarray(codes_BxPxF).astype(jnp.int32)]
+
+
+def decoded(inputs, field: str, table_3x256, features_per_channel: int):
+    """`inputs` (a NamedTuple) with its pixels `field` decoded (`decode_pixels`) where
+    they are uint8 codes (a view's rendered batches), else as they are: what every
+    checkpoint view's forward does first."""
+    x = getattr(inputs, field)
+    if x.dtype != np.uint8:
+        return inputs
+    return inputs._replace(**{field: decode_pixels(x, table_3x256, features_per_channel)})
 
 
 def normalise(levels_uint8, mean, std) -> np.ndarray:

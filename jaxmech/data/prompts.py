@@ -1,10 +1,19 @@
-"""Prompts as token rows, for every checkpoint family: a batch of prompt texts tokenized
-with each token's character offsets and left-padded to one length (`token_rows`), and
-where a word of a question lands (`word_range`, `last_subtoken`: the authors read an
-object word's last sub-token)."""
+"""Prompts as token rows, for every checkpoint family: a batch of questions checked
+(`check_batch`) and put in the family's chat template with each question's character
+range (`templated`), tokenized with each token's character offsets and left-padded to
+one length (`token_rows`); where a word of a question lands (`word_range`,
+`last_subtoken`, `word_positions`: the authors read an object word's last sub-token)
+and which tokens are the question's (`question_mask`); the answer words' token ids
+(`answer_ids`); a checkpoint's tokenizer and its special tokens' ids (`read_tokenizer`,
+`check_token_id`).
+
+Shared because every family's processor builds its prompts and spans the same way
+from its tokenizer's character offsets; only the template and the image tokens differ.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import NamedTuple
 
@@ -47,3 +56,81 @@ def last_subtoken(offsets_Sx2, char_range) -> int:
     lo, hi = char_range
     hit = np.flatnonzero((offsets_Sx2[:, 0] < hi) & (offsets_Sx2[:, 1] > lo))
     return int(hit[-1])
+
+
+def check_batch(images, questions) -> None:
+    """ValueError naming `questions` unless a non-empty list of strings, or `images`
+    unless one per question (None: a text-only batch, no images to count)."""
+    if isinstance(questions, str) or not len(questions):
+        raise ValueError("questions: expected a non-empty list of strings")
+    if images is not None and len(images) != len(questions):
+        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
+
+
+def templated(questions, template, tail: str) -> tuple[list, np.ndarray]:
+    """(texts, question_Bx2): each question in a chat template `template(question)`
+    whose text ends with the question then `tail` (what follows it: the end of the
+    user's turn, the assistant's prompt), and the question's [start, end) character
+    range in it."""
+    texts, ranges = [], []
+    for q in questions:
+        texts.append(template(q))
+        start = len(texts[-1]) - len(q) - len(tail)
+        ranges.append((start, start + len(q)))
+    return texts, np.asarray(ranges)
+
+
+def word_positions(texts, question_Bx2, offsets_BxSx2, words) -> np.ndarray:
+    """[B, 2] int32 the last sub-token's position of each row's (first, second) object
+    words `words` [(X, Y)], each found as a whole word in the row's question (its range
+    `question_Bx2` in `texts`; tokens' character ranges `offsets_BxSx2`)."""
+    if len(words) != len(texts):
+        raise ValueError(f"words: {len(words)} pairs for {len(texts)} questions")
+    xy = []
+    for b, pair in enumerate(words):
+        q0, q1 = int(question_Bx2[b, 0]), int(question_Bx2[b, 1])
+        xy.append([last_subtoken(offsets_BxSx2[b], np.add(word_range(texts[b][q0:q1], w), q0))
+                   for w in pair])  # fmt: skip
+    return np.asarray(xy, np.int32)
+
+
+def question_mask(offsets_BxSx2, question_Bx2) -> np.ndarray:
+    """[B, S] bool the tokens inside each row's question (not the template's, not
+    padding, not an empty-range special token)."""
+    offs, q = offsets_BxSx2, question_Bx2
+    return ((offs[..., 0] >= q[:, None, 0]) & (offs[..., 1] <= q[:, None, 1])
+            & (offs[..., 1] > offs[..., 0]))  # fmt: skip
+
+
+def answer_ids(tokenizer, answers) -> np.ndarray:
+    """[3, 2] int32 the first token id of each relation's (first, second) answer words
+    `answers` (`data.pictures.ANSWERS` ...). Raises ValueError when a relation's two
+    words begin with the same token: their logits could not tell the answers apart."""
+    ids = [[tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
+           for pair in answers]  # fmt: skip
+    for rel, (a, b) in enumerate(ids[:2]):
+        if a == b:
+            raise ValueError(f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} begin "
+                             f"with the same token {a}, so their logits cannot tell the "
+                             "answers apart")  # fmt: skip
+    return np.asarray(ids, np.int32)
+
+
+def read_tokenizer(folder: str):
+    """(the checkpoint folder's tokenizer.json as a `tokenizers.Tokenizer`, its path);
+    ValueError naming the folder where it has none."""
+    from tokenizers import Tokenizer
+
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.exists(path):
+        raise ValueError(f"checkpoint = {folder!r}: no tokenizer.json")
+    return Tokenizer.from_file(path), path
+
+
+def check_token_id(tokenizer, path: str, token: str, want: int, field: str,
+                   optional: bool = False) -> None:  # fmt: skip
+    """`token`'s id in `tokenizer` (read from `path`) is config.json's `field` = `want`,
+    or (`optional`) the tokenizer has no such token; ValueError naming both."""
+    got = tokenizer.token_to_id(token)
+    if got != want and not (optional and got is None):
+        raise ValueError(f"{path}: {token} has id {got}, config.json says {field} = {want}")

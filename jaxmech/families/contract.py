@@ -70,6 +70,14 @@ VLM_REPORTS = (
 )
 
 
+def contract_forward(model_forward, params, inputs, *, edits=None, capture=(), config):
+    """The contract's `forward` (module docstring) of a loaded family whose model's is
+    `model_forward(params, inputs, edits, *, config, capture, ...)` (its further keywords,
+    `rows`, `resume`, `last_row`, left at their defaults): a family's `FAMILY.forward`
+    is `functools.partial(contract_forward, model.forward)`."""
+    return model_forward(params, inputs, edits, config=config, capture=capture)
+
+
 class TrainedFamily(NamedTuple):
     """One trained model family's functions (module docstring)."""
 

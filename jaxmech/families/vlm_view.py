@@ -142,6 +142,21 @@ class VLMView(NamedTuple):
     size: int | None = None
 
 
+def placed(inputs, spans: Spans):
+    """(inputs on the device, `spans` with `first_B`, each row's first real token) of a
+    rendered batch of left-padded rows (`inputs.valid_BxS`): what a checkpoint view's
+    `render` / `render_images` / `render_text` return. Placed now so the host's copy is
+    freed: a report holds its rendered inputs once."""
+    first = np.argmax(np.asarray(inputs.valid_BxS), 1).astype(np.int32)
+    return jax.device_put(inputs), spans._replace(first_B=first)
+
+
+def one_image_grid(view: VLMView) -> VLMView:
+    """`view` as every photograph bucket's (`at_image_grid` gives it back): a family
+    whose photographs all become one processed grid (the ViT's one size)."""
+    return view._replace(at_image_grid=lambda grid: one_image_grid(view))
+
+
 OUTLINE_ELEMENTS = 2**20  # leaves this large stand in as shapes in `model_outline`
 
 

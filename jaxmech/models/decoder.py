@@ -1,7 +1,10 @@
 """The transformer pieces every loaded checkpoint family shares: pre-norm blocks with
 rotary, grouped-query attention, the MLP (gated or not), RMSNorm / LayerNorm as the
 reference computes them, the site recorder that applies `Edits` and keeps captures, the
-causal LM stack with its resumable run (a key / value cache), and the unembedding.
+causal LM stack with its resumable run (a key / value cache), the unembedding, and the
+forward's tail every family shares: logits at the asked rows (`logits_at`), at each
+prompt's answer row as a VLM view asks them (`answer_forward`) and as the checkpoint
+contract's `next_token` gives them (`next_token_logprobs`).
 
 Numerics as the Hugging Face reference: norms, the rotary rotation and the softmax in
 float32, everything else in the params' dtype. Params in TransformerLens layout: a
@@ -19,6 +22,7 @@ width, R rotary pairs, V vocabulary.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -46,6 +50,13 @@ POINTS = (
     "resid_post",
 )
 RESUME_SITES = ("lm/rot_k", "lm/v")  # what a `Resume` reads from its run (every block)
+UNROTATED_POINTS = tuple(p for p in POINTS if p not in ("rot_q", "rot_k"))  # a ViT without rotary
+
+
+def block_sites(part: str, n_blocks: int, points=POINTS) -> list[str]:
+    """`{part}/{point}.{i}` for every block i < n_blocks, block by block: a part's sites
+    in the order its forward names them."""
+    return [f"{part}/{p}.{i}" for i in range(n_blocks) for p in points]
 
 
 class Sites:
@@ -270,3 +281,45 @@ def needs_all_rows(capture, n_layers: int) -> bool:
         ):  # fmt: skip
             return True
     return False
+
+
+def logits_at(lm, x_BxSxD, rows=None, resume: Resume | None = None, last_row: bool = False):
+    """The forward's tail, every family's: logits [B, S, V] of the final-normed rows
+    `x_BxSxD` (`run_lm`'s), or [B, V] at `rows` ([B] positions counted from 0, also when
+    resumed from `resume.start`) or at the last row (`last_row`: `run_lm` ran it alone)."""
+    if last_row:
+        x_BxSxD = x_BxSxD[:, -1]
+    elif rows is not None:
+        start = 0 if resume is None else resume.start
+        x_BxSxD = x_BxSxD[jnp.arange(x_BxSxD.shape[0]), jnp.asarray(rows) - start]
+    return unembed(lm, x_BxSxD)
+
+
+def answer_forward(forward, n_layers: int, params, inputs, edits=None, capture=False,
+                   resume: Resume | None = None):  # fmt: skip
+    """(logits [B, V] at each row's last token, the answer's position; aux) of a family's
+    `forward(params, inputs, edits, *, capture, rows, resume, last_row)` (its config
+    bound) with an LM of `n_layers` blocks: the last block runs that row only unless
+    `capture` asks for one of its sites that needs every row (`needs_all_rows`). What a
+    checkpoint's VLM view's `forward` is, for every family (rows left-padded, so the
+    answer is the last row)."""
+    whole = needs_all_rows(capture, n_layers)
+    B, S = inputs.tokens_BxS.shape
+    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
+    return forward(params, inputs, edits, capture=capture, rows=rows, resume=resume,
+                   last_row=not whole)  # fmt: skip
+
+
+@functools.partial(jax.jit, static_argnames=("forward", "config"))
+def _last_row_logprobs(params, inputs, forward, config):
+    logits, _ = forward(params, inputs, config=config, last_row=True)
+    return jax.nn.log_softmax(logits.astype("float32"), -1)
+
+
+def next_token_logprobs(forward, config, params, encoded) -> np.ndarray:
+    """[B, V] log-probabilities of the token after each prompt of `encoded` (a family's
+    processor output; its `inputs`, rows left-padded) under the family's `forward` with
+    `config` (one compiled call; the last block runs the last row only): the checkpoint
+    contract's `next_token`, the first check that a checkpoint loaded right
+    (`experiments.ask`)."""
+    return np.asarray(_last_row_logprobs(params, encoded.inputs, forward, config))

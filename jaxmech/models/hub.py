@@ -18,10 +18,16 @@ the function that maps a stored name in any of its layouts to the canonical one.
 * Errors before anything is placed: a folder without `config.json` or weights names
   the path; a missing, unexpected or wrongly shaped tensor names the tensor and both
   shapes.
+
+`load_checkpoint` is every family's loader (config, tensors checked, placed), given the
+family's pieces: its `from_hf`, `canonical` (`prefix_renamer` where its layouts differ by
+name prefixes, as every family's do) and key map (`lm_key_map` for its LM, the Llama
+layout all three share).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -30,6 +36,8 @@ from typing import Callable
 import jax
 import ml_dtypes
 import numpy as np
+
+from jaxmech.config import ConfigError
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 PLACES = ("auto", "one", "shard")
@@ -52,6 +60,13 @@ def read_json_config(folder: str, parse: Callable, errors=(KeyError,)):
             return parse(json.load(f))
         except errors as e:
             raise LoadError(f"{path}: {e}") from None
+
+
+def read_config(folder: str, from_hf: Callable):
+    """A family's architecture config, `from_hf(config.json's dict)`; a LoadError naming
+    the folder, or the file and what it lacks or what is refused (a KeyError or
+    ConfigError of `from_hf`)."""
+    return read_json_config(folder, from_hf, (KeyError, ConfigError))
 
 
 def _header(path: str) -> tuple[dict, int]:
@@ -185,6 +200,96 @@ def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto")
     return params
 
 
+HEAD = "lm_head.weight"  # the unembedding's canonical name, in every family's key map
+
+
+def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto", *, from_hf: Callable,
+                    canonical: Callable, key_map: Callable, unused=(),
+                    stored_head_wins: bool = False):  # fmt: skip
+    """(config, params) of a checkpoint folder: config.json read (`read_config`), the
+    weights' tables read (`Stored`, names through `canonical`), checked against
+    `key_map(config)` before any tensor is read (`check_tensors`), then placed
+    (`place_params`). Every family's loader, given its pieces.
+
+    Args:
+      folder: holds config.json and model.safetensors (or a sharded index).
+      dtype: the params' dtype (float32, bfloat16, float16).
+      place: "auto" (one device if the params fit, else sharded), "one" or "shard".
+      from_hf, canonical, key_map: the family's config reader, stored name -> canonical
+        name, and config -> key map (module docstring).
+      unused: canonical names stored but never read (not loaded, not refused).
+      stored_head_wins: where config.json says the embeddings are tied (the config's
+        `tie_embeddings`) but an unembedding `HEAD` is stored: False ignores the stored
+        copy (the reference ties); True loads it, the config untied (as transformers
+        does where the two differ).
+    """
+    check_place(place)
+    config = read_config(folder, from_hf)
+    stored = Stored(weight_files(folder), canonical)
+    if stored_head_wins and config.tie_embeddings and HEAD in stored.entries:
+        config = dataclasses.replace(config, tie_embeddings=False)
+    m = key_map(config)
+    check_tensors(stored, m, ignore=tuple(unused) + ((HEAD,) if config.tie_embeddings else ()))
+    return config, place_params(stored, m, dtype, place)
+
+
+def prefix_renamer(prefixes) -> Callable[[str], str]:
+    """`canonical` for a family whose stored layouts differ by name prefixes (the Hub's,
+    the one transformers 5 saves): `prefixes` ((stored prefix, canonical prefix), ...),
+    the first that a name starts with replaced; a name none matches is its own."""
+
+    def canonical(name: str) -> str:
+        for prefix, to in prefixes:
+            if name.startswith(prefix):
+                return to + name[len(prefix) :]
+        return name
+
+    return canonical
+
+
+def decoder_block_map(stored: str, ours: str, lay) -> dict:
+    """The key map of one Llama-layout decoder block (`input_layernorm`,
+    `post_attention_layernorm`, `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`,
+    `mlp.{gate,up,down}_proj`) stored under `stored` (e.g. "lm.layers.3.") to our
+    `ours` (e.g. "lm/block_3/"), of `lay` (`models.layout.LMLayout`: its sizes and
+    which biases / norms it has); shapes as `models.layout.decoder_block_shapes`."""
+    D, H, K, Dh, M = lay.width, lay.heads, lay.kv_heads, lay.head_dim, lay.mlp
+    m = {stored + "input_layernorm.weight": (ours + "ln1_w", (D,), same),
+         stored + "post_attention_layernorm.weight": (ours + "ln2_w", (D,), same),
+         stored + "self_attn.o_proj.weight": (ours + "W_O", (D, H * Dh),
+                                              heads_out(H, Dh))}  # fmt: skip
+    for w, n in (("q", H), ("k", K), ("v", K)):
+        m[stored + f"self_attn.{w}_proj.weight"] = (ours + f"W_{w.upper()}", (n * Dh, D),
+                                                    heads_in(n, Dh))  # fmt: skip
+        if lay.qkv_bias:
+            m[stored + f"self_attn.{w}_proj.bias"] = (ours + f"b_{w.upper()}", (n * Dh,),
+                                                      heads_bias(n, Dh))  # fmt: skip
+    if lay.qk_norm:
+        for w in "qk":
+            m[stored + f"self_attn.{w}_norm.weight"] = (ours + f"{w}_norm_w", (Dh,), same)
+    if lay.o_bias:
+        m[stored + "self_attn.o_proj.bias"] = (ours + "b_O", (D,), same)
+    for hf, name, shape in (("gate_proj", "gate", (M, D)), ("up_proj", "in", (M, D)),
+                            ("down_proj", "out", (D, M))):  # fmt: skip
+        m[stored + f"mlp.{hf}.weight"] = (ours + f"W_{name}", shape, T)
+        if lay.mlp_bias:
+            m[stored + f"mlp.{hf}.bias"] = (ours + f"b_{name}", shape[:1], same)
+    return m
+
+
+def lm_key_map(stored: str, lay) -> dict:
+    """The key map of a Llama-layout LM whose body is stored under `stored` (e.g. "lm.":
+    `embed_tokens`, `layers.{i}.*`, `norm`) to our `lm/` part, with its unembedding
+    `HEAD` where `lay` (`models.layout.LMLayout`) is not tied; shapes as
+    `models.layout.lm_shapes`."""
+    D, V = lay.width, lay.vocab
+    m = {stored + "embed_tokens.weight": ("lm/E", (V, D), same),
+         stored + "norm.weight": ("lm/lnf_w", (D,), same)}  # fmt: skip
+    for i in range(lay.layers):
+        m |= decoder_block_map(f"{stored}layers.{i}.", f"lm/block_{i}/", lay)
+    return m if lay.tied else m | {HEAD: ("lm/W_U", (V, D), T)}
+
+
 # The layout transforms a key map names: a Linear [out, in] -> TransformerLens's
 # per-head [H, D, Dh] / [H, Dh, D], a transpose, or the tensor as it is.
 
@@ -197,6 +302,11 @@ def heads_in(H: int, Dh: int):
 def heads_out(H: int, Dh: int):
     """Linear [D, H Dh] -> W_O [H, Dh, D]."""
     return lambda w: w.T.reshape(H, Dh, -1)
+
+
+def heads_bias(H: int, Dh: int):
+    """A Linear's bias [H Dh] -> per head [H, Dh]."""
+    return lambda b: b.reshape(H, Dh)
 
 
 def T(w):

@@ -28,11 +28,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+from jaxmech.config import ConfigError, choice, fail
+from jaxmech.models import hf_config
+from jaxmech.models.hf_config import get
 
 MODEL_TYPES = ("internvl",)
 ROPE_TYPES = ("default", "dynamic")
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "silu")
+# the config's sizes: ints >= 1 (`hf_config.check_positive`)
+SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "patch_size",
+         "image_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads", "lm_kv_heads",
+         "lm_head_dim", "lm_mlp", "lm_max_positions")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,22 +78,11 @@ class InternVLConfig:
         choice("vit_act", self.vit_act, ACTIVATIONS)
         choice("proj_act", self.proj_act, ACTIVATIONS)
         choice("lm_rope_type", self.lm_rope_type, ROPE_TYPES)
-        for name in ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans",
-                     "patch_size", "image_size", "lm_vocab", "lm_width", "lm_layers",
-                     "lm_heads", "lm_kv_heads", "lm_head_dim", "lm_mlp",
-                     "lm_max_positions"):  # fmt: skip
-            int_in(name, getattr(self, name), 1)
-        for name in ("vit_eps", "lm_eps", "lm_rope_theta"):
-            float_in(name, getattr(self, name), 0.0, lo_open=True)
-        if self.vit_width % self.vit_heads:
-            fail("vit_width", self.vit_width, f"a multiple of vit_heads = {self.vit_heads}")
+        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_rope_theta"))
         if self.image_size % self.patch_size or self.table_side % 2:
             fail("image_size", self.image_size,
                  f"an even number of patches of {self.patch_size} px per side")  # fmt: skip
-        if self.lm_heads % self.lm_kv_heads:
-            fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
-        if self.lm_head_dim % 2:
-            fail("lm_head_dim", self.lm_head_dim, "an even width (rotary pairs)")
+        hf_config.check_heads(self)
 
     @property
     def vit_head_dim(self) -> int:
@@ -109,13 +104,6 @@ class InternVLConfig:
         return 4 * self.vit_width
 
 
-def _get(d: Mapping[str, Any], *names, default=None):
-    for n in names:
-        if n in d and d[n] is not None:
-            return d[n]
-    return default
-
-
 def _side(value, name: str) -> int:
     """An int, or an [h, w] pair with h == w (the reference's tiles are square)."""
     if isinstance(value, (list, tuple)):
@@ -131,7 +119,7 @@ def _refuse(cond: bool, what: str) -> None:
 
 
 def _vision_fields(v: Mapping[str, Any]) -> dict:
-    _refuse(_get(v, "norm_type", default="layer_norm") != "layer_norm",
+    _refuse(get(v, "norm_type", default="layer_norm") != "layer_norm",
             f"vision_config.norm_type = {v.get('norm_type')!r} is not supported: allowed "
             "'layer_norm' (InternViT-300M; InternViT-6B's RMSNorm is not supported)")  # fmt: skip
     _refuse(
@@ -139,34 +127,34 @@ def _vision_fields(v: Mapping[str, Any]) -> dict:
         "vision_config.use_qk_norm = true is not supported (InternViT-6B's q / k norms)",
     )
     _refuse(
-        not _get(v, "use_mean_pooling", default=True),
+        not get(v, "use_mean_pooling", default=True),
         "vision_config.use_mean_pooling = false is not supported (a final LayerNorm)",
     )
     _refuse(
-        not _get(v, "use_absolute_position_embeddings", default=True),
+        not get(v, "use_absolute_position_embeddings", default=True),
         "vision_config.use_absolute_position_embeddings = false is not supported",
     )
     return dict(
-        vit_depth=int(_get(v, "num_hidden_layers", default=24)),
-        vit_width=int(_get(v, "hidden_size", default=1024)),
-        vit_heads=int(_get(v, "num_attention_heads", default=16)),
-        vit_mlp=int(_get(v, "intermediate_size", default=4096)),
-        vit_in_chans=int(_get(v, "num_channels", default=3)),
-        patch_size=_side(_get(v, "patch_size", default=14), "patch_size"),
-        image_size=_side(_get(v, "image_size", default=448), "image_size"),
-        vit_eps=float(_get(v, "layer_norm_eps", default=1e-6)),
-        vit_act=str(_get(v, "hidden_act", default="gelu")),
-        vit_qkv_bias=bool(_get(v, "attention_bias", "qkv_bias", default=False)),
+        vit_depth=int(get(v, "num_hidden_layers", default=24)),
+        vit_width=int(get(v, "hidden_size", default=1024)),
+        vit_heads=int(get(v, "num_attention_heads", default=16)),
+        vit_mlp=int(get(v, "intermediate_size", default=4096)),
+        vit_in_chans=int(get(v, "num_channels", default=3)),
+        patch_size=_side(get(v, "patch_size", default=14), "patch_size"),
+        image_size=_side(get(v, "image_size", default=448), "image_size"),
+        vit_eps=float(get(v, "layer_norm_eps", default=1e-6)),
+        vit_act=str(get(v, "hidden_act", default="gelu")),
+        vit_qkv_bias=bool(get(v, "attention_bias", "qkv_bias", default=False)),
     )
 
 
 def _rope(text: Mapping[str, Any]) -> tuple[str, float]:
-    rope = _get(text, "rope_parameters", "rope_scaling", default={}) or {}
-    kind = str(_get(rope, "rope_type", "type", default="default"))
+    rope = hf_config.rope_params(text)
+    kind = str(get(rope, "rope_type", "type", default="default"))
     _refuse(kind not in ROPE_TYPES,
             f"text_config rope type {kind!r} is not supported: allowed "
             + ", ".join(map(repr, ROPE_TYPES)))  # fmt: skip
-    return kind, float(_get(rope, "rope_theta", default=_get(text, "rope_theta", default=1e4)))
+    return kind, hf_config.rope_theta(rope, text, 1e4)
 
 
 def _text_fields(text: Mapping[str, Any]) -> dict:
@@ -184,13 +172,13 @@ def _text_fields(text: Mapping[str, Any]) -> dict:
         lm_width=width,
         lm_layers=int(text["num_hidden_layers"]),
         lm_heads=heads,
-        lm_kv_heads=int(_get(text, "num_key_value_heads", default=heads)),
-        lm_head_dim=int(_get(text, "head_dim", default=width // heads)),
+        lm_kv_heads=int(get(text, "num_key_value_heads", default=heads)),
+        lm_head_dim=int(get(text, "head_dim", default=width // heads)),
         lm_mlp=int(text["intermediate_size"]),
-        lm_eps=float(_get(text, "rms_norm_eps", default=1e-6)),
+        lm_eps=float(get(text, "rms_norm_eps", default=1e-6)),
         lm_rope_theta=theta,
         lm_rope_type=kind,
-        lm_max_positions=int(_get(text, "max_position_embeddings", default=32768)),
+        lm_max_positions=int(get(text, "max_position_embeddings", default=32768)),
     )
 
 
@@ -222,9 +210,7 @@ def from_hf(raw: Mapping[str, Any]) -> InternVLConfig:
         **_vision_fields(raw.get("vision_config") or {}),
         proj_act=str(raw.get("projector_hidden_act", "gelu")),
         **_text_fields(text),
-        # tied if either level says so; a stored lm_head wins at load (as transformers)
-        tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
+        tie_embeddings=hf_config.tied(raw, text),  # a stored lm_head wins at load (as transformers)
         image_token_id=int(raw.get("image_token_id", 151667)),
-        dtype=str(_get(raw, "dtype", "torch_dtype",
-                       default=_get(text, "dtype", "torch_dtype", default="float32"))),
-    )  # fmt: skip
+        dtype=hf_config.stored_dtype(raw, text),
+    )

@@ -24,6 +24,7 @@ from jaxmech.families.internvl.processor import (
     patches,
 )
 from jaxmech.families.vlm_view import Spans
+from jaxmech.models.positions import text_ids
 
 
 class Encoded(NamedTuple):
@@ -52,17 +53,11 @@ class Encoded(NamedTuple):
                 f"{self.inputs.tokens_BxS.shape[1]} tokens")  # fmt: skip
 
 
-def _check_batch(images, questions):
-    if isinstance(questions, str) or not len(questions):
-        raise ValueError("questions: expected a non-empty list of strings")
-    if len(images) != len(questions):
-        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
-
-
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `decode_pixels` before `model.forward`)."""
-    _check_batch(images, questions)
+    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    `model.forward`)."""
+    prompts.check_batch(images, questions)
     out = [patches(im, proc.images, proc.config.patch_size, codes) for im in images]
     grids = sorted({g for _, g in out})
     if len(grids) > 1:
@@ -74,8 +69,7 @@ def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
 def encode_text(proc: Processor, questions) -> Encoded:
     """Questions asked without an image (`chat_prompt(n_image=None)`) -> an `Encoded`
     batch with no tiles and no image tokens: the authors' text-only baseline."""
-    if isinstance(questions, str) or not len(questions):
-        raise ValueError("questions: expected a non-empty list of strings")
+    prompts.check_batch(None, questions)
     side = proc.images.size // proc.config.patch_size
     px = np.zeros((len(questions), 0, side * side, proc.config.patch_features), np.uint8)
     return _encode(proc, px, (0, 0), questions)
@@ -85,26 +79,19 @@ def _encode(proc: Processor, pixels_BxTxPxF, grid, questions) -> Encoded:
     c = proc.config
     B, T, P, _ = pixels_BxTxPxF.shape
     n_image = T * P // 4
-    texts, spans = [], []
-    for q in questions:
-        texts.append(chat_prompt(q, n_image if T else None))
-        start = len(texts[-1]) - len(q) - len(TAIL)
-        spans.append((start, start + len(q)))
+    texts, question_Bx2 = prompts.templated(
+        questions, lambda q: chat_prompt(q, n_image if T else None), TAIL
+    )
     pad = proc.tokenizer.token_to_id(PAD)
     rows = prompts.token_rows(proc.tokenizer, texts, pad if pad is not None else 0)
     context = proc.tokenizer.token_to_id(CONTEXT)
     image = [np.flatnonzero((r == context) & v) for r, v in zip(rows.tokens_BxS, rows.valid_BxS)]
     if any(len(i) != n_image for i in image):
         raise ValueError(f"questions: a question holds {CONTEXT} tokens of its own")
-    inputs = Inputs(rows.tokens_BxS, pixels_BxTxPxF, positions.text_positions(rows.valid_BxS),
+    inputs = Inputs(rows.tokens_BxS, pixels_BxTxPxF, text_ids(rows.valid_BxS),
                     np.stack(image).astype(np.int32).reshape(B, n_image), rows.valid_BxS)  # fmt: skip
-    return Encoded(inputs, texts, rows.offsets_BxSx2, np.asarray(spans), grid, T,
+    return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2, grid, T,
                    positions.tile_side(P), c.patch_size)  # fmt: skip
-
-
-def last_subtoken(enc: Encoded, b: int, char_range) -> int:
-    """The position of the last token of row b overlapping `char_range` of its prompt."""
-    return prompts.last_subtoken(enc.offsets_BxSx2[b], char_range)
 
 
 def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
@@ -115,19 +102,11 @@ def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
         raise ValueError(f"words: {len(words)} pairs for {len(enc.prompts)} questions")
     if enc.n_tiles > 1:
         raise ValueError(f"images: {enc.n_tiles} tiles; the view reads one tile per image")
-    xy = []
-    for b, pair in enumerate(words):
-        q0 = int(enc.question_Bx2[b, 0])
-        question = enc.prompts[b][q0 : enc.question_Bx2[b, 1]]
-        xy.append([last_subtoken(enc, b, np.add(prompts.word_range(question, w), q0))
-                   for w in pair])  # fmt: skip
-    xy = np.asarray(xy, np.int32)
+    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
     h = enc.side // 2
     r, col = positions.token_grid(enc.side) if enc.n_tiles else (np.zeros(0, int),) * 2
     cell = (r * cells[0] // h) * cells[1] + col * cells[1] // h
-    offs, q = enc.offsets_BxSx2, enc.question_Bx2
-    question = ((offs[..., 0] >= q[:, None, 0]) & (offs[..., 1] <= q[:, None, 1])
-                & (offs[..., 1] > offs[..., 0]))  # fmt: skip
+    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
     return Spans(
         enc.inputs.image_BxI,
         np.stack([0 * r, r, col], 1).astype(np.int32),
@@ -135,5 +114,5 @@ def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
         xy[:, 0],
         xy[:, 1],
         question,
-        np.full(len(xy), offs.shape[1] - 1, np.int32),
+        np.full(len(xy), enc.offsets_BxSx2.shape[1] - 1, np.int32),
     )

@@ -18,27 +18,23 @@ returns `(config, params)` with params in TransformerLens layout (`params.py`).
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-from jaxmech.config import ConfigError
 from jaxmech.families.internvl.config import InternVLConfig, from_hf
+from jaxmech.families.internvl.params import lm_layout
+from jaxmech.models import hub
 from jaxmech.models.hub import (
     LoadError,
     Stored,
-    T,
-    check_place,
-    check_tensors,
+    heads_bias,
     heads_in,
     heads_out,
-    place_params,
-    read_json_config,
     same,
     weight_files,
 )
 
-__all__ = ["LoadError", "canonical", "key_map", "load_checkpoint", "read_config"]
+__all__ = ["LoadError", "Stored", "canonical", "key_map", "load_checkpoint", "read_config",
+           "weight_files"]  # fmt: skip
 
 
 def _vit_block_map(c: InternVLConfig, i: int) -> dict:
@@ -53,35 +49,15 @@ def _vit_block_map(c: InternVLConfig, i: int) -> dict:
         b + "lambda_2": (out + "ls2", (E,), same),
         b + "attention.projection_layer.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
         b + "attention.projection_layer.bias": (out + "b_O", (E,), same),
-        b + "mlp.fc1.weight": (out + "W_in", (M, E), T),
+        b + "mlp.fc1.weight": (out + "W_in", (M, E), hub.T),
         b + "mlp.fc1.bias": (out + "b_in", (M,), same),
-        b + "mlp.fc2.weight": (out + "W_out", (E, M), T),
+        b + "mlp.fc2.weight": (out + "W_out", (E, M), hub.T),
         b + "mlp.fc2.bias": (out + "b_out", (E,), same),
     }
     for w in "qkv":
         m[b + f"attention.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
         if c.vit_qkv_bias:
-            m[b + f"attention.{w}_proj.bias"] = (
-                out + f"b_{w.upper()}", (E,), lambda x: x.reshape(H, Dh))  # fmt: skip
-    return m
-
-
-def _lm_block_map(c: InternVLConfig, i: int) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    b, out = f"language_model.layers.{i}.", f"lm/block_{i}/"
-    m = {
-        b + "input_layernorm.weight": (out + "ln1_w", (D,), same),
-        b + "post_attention_layernorm.weight": (out + "ln2_w", (D,), same),
-        b + "self_attn.o_proj.weight": (out + "W_O", (D, H * Dh), heads_out(H, Dh)),
-        b + "mlp.gate_proj.weight": (out + "W_gate", (M, D), T),
-        b + "mlp.up_proj.weight": (out + "W_in", (M, D), T),
-        b + "mlp.down_proj.weight": (out + "W_out", (D, M), T),
-    }
-    for w, n in (("q", H), ("k", K), ("v", K)):
-        m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (n * Dh, D),
-                                               heads_in(n, Dh))  # fmt: skip
-        m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (n * Dh,),
-                                             lambda x, n=n: x.reshape(n, Dh))  # fmt: skip
+            m[b + f"attention.{w}_proj.bias"] = (out + f"b_{w.upper()}", (E,), heads_bias(H, Dh))
     return m
 
 
@@ -107,18 +83,12 @@ def key_map(c: InternVLConfig) -> dict:
     m |= {
         pj + "layer_norm.weight": ("proj/ln_w", (W,), same),
         pj + "layer_norm.bias": ("proj/ln_b", (W,), same),
-        pj + "linear_1.weight": ("proj/W1", (D, W), T),
+        pj + "linear_1.weight": ("proj/W1", (D, W), hub.T),
         pj + "linear_1.bias": ("proj/b1", (D,), same),
-        pj + "linear_2.weight": ("proj/W2", (D, D), T),
+        pj + "linear_2.weight": ("proj/W2", (D, D), hub.T),
         pj + "linear_2.bias": ("proj/b2", (D,), same),
-        "language_model.embed_tokens.weight": ("lm/E", (c.lm_vocab, D), same),
-        "language_model.norm.weight": ("lm/lnf_w", (D,), same),
     }
-    for i in range(c.lm_layers):
-        m |= _lm_block_map(c, i)
-    if not c.tie_embeddings:
-        m["lm_head.weight"] = ("lm/W_U", (c.lm_vocab, D), T)
-    return m
+    return m | hub.lm_key_map("language_model.", lm_layout(c))
 
 
 PREFIXES = (  # stored prefix -> canonical, the longest first
@@ -128,34 +98,17 @@ PREFIXES = (  # stored prefix -> canonical, the longest first
     ("language_model.model.", "language_model."),
     ("language_model.lm_head.", "lm_head."),
 )
-
-
-def canonical(name: str) -> str:
-    """A stored tensor's name in either layout -> its canonical name (`key_map`)."""
-    for prefix, to in PREFIXES:
-        if name.startswith(prefix):
-            return to + name[len(prefix) :]
-    return name
+canonical = hub.prefix_renamer(PREFIXES)  # a stored name in either layout -> canonical (`key_map`)
 
 
 def read_config(folder: str) -> InternVLConfig:
     """The folder's config.json as an `InternVLConfig` (LoadError naming the path)."""
-    return read_json_config(folder, from_hf, (KeyError, ConfigError))
+    return hub.read_config(folder, from_hf)
 
 
 def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of an InternVL -hf checkpoint folder (module docstring).
-
-    Args:
-      folder: holds config.json and model.safetensors (or a sharded index).
-      dtype: the params' dtype (float32, bfloat16, float16).
-      place: "auto" (one device if the params fit, else sharded), "one" or "shard".
-    """
-    check_place(place)
-    config = read_config(folder)
-    stored = Stored(weight_files(folder), canonical)
-    if "lm_head.weight" in stored.entries and config.tie_embeddings:
-        config = dataclasses.replace(config, tie_embeddings=False)  # the stored one wins
-    m = key_map(config)
-    check_tensors(stored, m)
-    return config, place_params(stored, m, dtype, place)
+    """(config, params) of an InternVL -hf checkpoint folder (module docstring;
+    `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one" or
+    "shard"); a stored unembedding wins over config.json's tying."""
+    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
+                               key_map=key_map, stored_head_wins=True)  # fmt: skip

@@ -28,8 +28,8 @@ the ViT's batch is every tile of every row, N = B T):
   lm/final                      [B, S, D]      after the last norm
 
 Position edits: `Edits.vit_rows / vit_cols` ([P] floats, the same in every tile) set the
-(row, col) each patch reads on the position table (`positions.read_table`; the CLS row
-stays); the ViT has no per-block positions (`vit_blocks` = 0). `Edits.lm_pos_ids` ([S],
+(row, col) each patch reads on the position table (`models.positions.read_table`; the
+CLS row stays); the ViT has no per-block positions (`vit_blocks` = 0). `Edits.lm_pos_ids` ([S],
 [3, S] or [B, 3, S] with equal rows: one rotary id per token) replaces the LM's ids.
 `Edits.image_order` ([T I]) makes image slot i read token image_order[i] whole: its 2 x
 2 patch blocks stay as they are packed (a picture's mirror also swaps them inside each
@@ -52,8 +52,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.families.internvl import positions
-from jaxmech.families.internvl.checks import check_edits, check_inputs, check_resume
+from jaxmech.families.internvl.checks import check_edits, check_inputs
 from jaxmech.families.internvl.config import InternVLConfig
+from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
     Resume,
@@ -62,11 +63,12 @@ from jaxmech.models.decoder import (
     block_forward,
     inv_freq,
     layer_norm,
+    logits_at,
     place_images,
     run_lm,
-    unembed,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.positions import edited_ids, read_table, rotary_angles
 
 __all__ = ["Inputs", "Resume", "forward", "image_features", "position_codes", "vision"]
 
@@ -79,7 +81,7 @@ class Inputs(NamedTuple):
 
     tokens_BxS: int32 token ids. pixels_BxTxPxF: each tile's patches, row-major, each
     flattened as (C, p, p) (`processor`). pos_BxS: int32 rotary ids
-    (`positions.text_positions`). image_BxI: int32 the LM positions of the image's T x
+    (`models.positions.text_ids`). image_BxI: int32 the LM positions of the image's T x
     I tokens, in reading order. valid_BxS: bool, False at (left) padding.
     """
 
@@ -101,7 +103,7 @@ def position_codes(vit, side: int, edits: Edits = NO_EDITS):
         rows, cols = positions.patch_grid(side)
         rows = rows if edits.vit_rows is None else edits.vit_rows
         cols = cols if edits.vit_cols is None else edits.vit_cols
-        patches = positions.read_table(table, rows, cols)
+        patches = read_table(table, rows, cols)
     return jnp.concatenate([vit["pos_cls"][None], patches.astype(vit["pos_cls"].dtype)], 0)
 
 
@@ -132,21 +134,12 @@ def projector(m, x, c: InternVLConfig):
     return h @ m["W2"] + m["b2"]
 
 
-def _lm_pos(inputs: Inputs, edits: Edits):
-    """[B, S] the rotary ids (an edit's [S], [3, S] or [B, 3, S]: its first row)."""
-    if edits.lm_pos_ids is None:
-        return inputs.pos_BxS
-    e = jnp.asarray(edits.lm_pos_ids)
-    e = e if e.ndim == 1 else e[..., 0, :]
-    return jnp.broadcast_to(e, inputs.pos_BxS.shape)
-
-
 def language_model(lm, x, pos_BxS, valid_BxS, c: InternVLConfig, site, resume=None,
                    last_row=False):  # fmt: skip
     """[B, S, D] the final-normed residual stream under rotary ids `pos_BxS`
     (`models.decoder.run_lm`: [B, T, D] rows start.. when resumed; [B, 1, D] the last
     row with `last_row`)."""
-    angles = positions.lm_angles(pos_BxS, inv_freq(c.lm_head_dim, c.lm_rope_theta))
+    angles = rotary_angles(pos_BxS, inv_freq(c.lm_head_dim, c.lm_rope_theta))
     return run_lm(lm, x, angles, valid_BxS, c.lm_layers, c.lm_eps, site, resume, last_row)
 
 
@@ -168,16 +161,11 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Inter
             feats = feats[:, jnp.asarray(edits.image_order)]
         x = site("lm/embed", place_images(lm["E"][inputs.tokens_BxS], feats, inputs.image_BxI))
     else:
-        check_resume(resume, inputs, config)
+        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
         x = resume.x_BxTxD
-    x = language_model(lm, x, _lm_pos(inputs, edits), inputs.valid_BxS, config, site, resume,
-                       last_row)  # fmt: skip
-    if last_row:
-        x = x[:, -1]
-    elif rows is not None:
-        start = 0 if resume is None else resume.start
-        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows) - start]
-    return unembed(lm, x), site.aux
+    x = language_model(lm, x, edited_ids(inputs.pos_BxS, edits.lm_pos_ids), inputs.valid_BxS,
+                       config, site, resume, last_row)  # fmt: skip
+    return logits_at(lm, x, rows, resume, last_row), site.aux
 
 
 def image_features(params, inputs: Inputs, *, config: InternVLConfig) -> jax.Array:

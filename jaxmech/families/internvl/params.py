@@ -21,11 +21,13 @@ E, H, Dh, M: the ViT's width, heads, head width, MLP width; n: the table's side
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.families.internvl.config import InternVLConfig
+from jaxmech.models import layout
+from jaxmech.models.layout import is_shape
+
+__all__ = ["init_params", "is_shape", "lm_layout", "n_params", "param_shapes"]
 
 
 def _vit_block(c: InternVLConfig) -> dict:
@@ -39,11 +41,10 @@ def _vit_block(c: InternVLConfig) -> dict:
                 "W_out": (M, E), "b_out": (E,), "ls1": (E,), "ls2": (E,)}  # fmt: skip
 
 
-def _lm_block(c: InternVLConfig) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    return {"ln1_w": (D,), "ln2_w": (D,), "W_Q": (H, D, Dh), "b_Q": (H, Dh),
-            "W_K": (K, D, Dh), "b_K": (K, Dh), "W_V": (K, D, Dh), "b_V": (K, Dh),
-            "W_O": (H, Dh, D), "W_gate": (D, M), "W_in": (D, M), "W_out": (M, D)}  # fmt: skip
+def lm_layout(c: InternVLConfig) -> layout.LMLayout:
+    """The Qwen2 LM's layout: q / k / v biases, no other."""
+    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
+                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=True)  # fmt: skip
 
 
 def param_shapes(c: InternVLConfig) -> dict:
@@ -54,40 +55,18 @@ def param_shapes(c: InternVLConfig) -> dict:
     vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
     W = c.proj_width
     proj = {"ln_w": (W,), "ln_b": (W,), "W1": (W, D), "b1": (D,), "W2": (D, D), "b2": (D,)}
-    lm = {"E": (c.lm_vocab, D), "lnf_w": (D,)}
-    lm |= {f"block_{i}": _lm_block(c) for i in range(c.lm_layers)}
-    if not c.tie_embeddings:
-        lm["W_U"] = (D, c.lm_vocab)
-    return {"vit": vit, "proj": proj, "lm": lm}
-
-
-def is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
+    return {"vit": vit, "proj": proj, "lm": layout.lm_shapes(lm_layout(c))}
 
 
 def n_params(c: InternVLConfig) -> int:
     """How many parameters the checkpoint holds (tied embeddings counted once)."""
-    leaves = jax.tree_util.tree_leaves(param_shapes(c), is_leaf=is_shape)
-    return int(sum(np.prod(s) for s in leaves))
+    return layout.count_params(param_shapes(c))
 
 
 def init_params(c: InternVLConfig, key, dtype=jnp.float32) -> dict:
-    """Random params of `c`'s shapes (norm weights near 1, layer scales near 0.5, a
-    position table and CLS of unit scale, other weights N(0, 0.02^2) and the patch
-    embedding wider so tiny images still carry signal): for tests and benchmarks; a
-    real model is loaded (`load.load_checkpoint`). One draw, cut into the leaves."""
-    paths, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(c), is_leaf=is_shape)
-    sizes = [int(np.prod(shape)) for _, shape in paths]
-    flat = np.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
-    out, at = [], 0
-    scale = {"W_patch": 0.1, "pos": 1.0, "pos_cls": 1.0, "cls": 1.0, "ls1": 0.1, "ls2": 0.1}
-    for (path, shape), n in zip(paths, sizes):
-        name = path[-1].key
-        x = scale.get(name, 0.02) * flat[at : at + n].reshape(shape)
-        at += n
-        if name.startswith("ln") and name.endswith("_w"):
-            x = 1.0 + x
-        elif name in ("ls1", "ls2"):
-            x = 0.5 + x
-        out.append(jnp.asarray(x, dtype))
-    return jax.tree_util.tree_unflatten(treedef, out)
+    """Random params of `c`'s shapes (`models.layout.init_from_shapes`: norm weights near
+    1, layer scales near 0.5, a position table and CLS of unit scale, other weights
+    N(0, 0.02^2) and the patch embedding wider so tiny images still carry signal): for
+    tests and benchmarks; a real model is loaded (`load.load_checkpoint`)."""
+    scales = {"W_patch": 0.1, "pos": 1.0, "pos_cls": 1.0, "cls": 1.0, "ls1": 0.1, "ls2": 0.1}
+    return layout.init_from_shapes(param_shapes(c), key, dtype, scales, {"ls1": 0.5, "ls2": 0.5})

@@ -8,10 +8,10 @@ of s x s patches with s != n reads the table resampled to s x s as the reference
 (torch's bicubic, a = -0.75, align_corners False, not antialiased: `resample_table`);
 s == n reads it as it is. `Edits.vit_rows / vit_cols` ([P] floats, P = s s, patches
 row-major) set the (row, col) each patch reads on that s x s table, bilinearly
-(`read_table`): integer positions are its rows exactly (the width mirror s - 1 - col is
-a permutation of its columns, so mirroring twice is the identity, exactly), fractional
-ones interpolate between neighbours (a half-cell shift is a new code, not a
-permutation), clamped to the table's edge. The CLS row is never moved.
+(`models.positions.read_table`): integer positions are its rows exactly (the width
+mirror s - 1 - col is a permutation of its columns, so mirroring twice is the identity,
+exactly), fractional ones interpolate between neighbours (a half-cell shift is a new
+code, not a permutation), clamped to the table's edge. The CLS row is never moved.
 
 The pixel shuffle (`pixel_shuffle`). The last block's patch tokens (CLS dropped), s x s
 row-major, become (s / 2) x (s / 2) LM tokens, row-major: token (i, j) holds the four
@@ -27,12 +27,13 @@ reverse in each row, each tile mirrors in place, the thumbnail in place
 (`mirror_order`; the resize commutes with the flip, so the tiles are the mirrored
 tiles exactly).
 
-LM ids (`text_positions`): one id per token, counting each row's real tokens from 0
-(as `generate` does for left-padded rows; padding 0). The view gives them as [B, 3, S]
-(three equal rows), as the contract's M-RoPE families do; the forward reads one.
+LM ids (`models.positions.text_ids`): one id per token, counting each row's real
+tokens from 0 (as `generate` does for left-padded rows; padding 0). The view gives them
+as [B, 3, S] (three equal rows), as the contract's M-RoPE families do; the forward
+reads one.
 
 Axis names (`jaxmech.shapes`): P patches of a tile, I LM image tokens of a tile, E ViT
-width, S LM tokens, R rotary pairs.
+width, S LM tokens.
 """
 
 from __future__ import annotations
@@ -96,21 +97,6 @@ def resample_table(pos_nxnxE, side: int):
     return jnp.einsum("ra,abe,cb->rce", m, pos_nxnxE, m)
 
 
-def read_table(table_sxsxE, rows_P, cols_P):
-    """[P, E] the table read at fractional (row, col) positions, bilinearly, clamped to
-    its edge (integer positions read its rows exactly)."""
-    h, w = table_sxsxE.shape[:2]
-    r = jnp.clip(jnp.asarray(rows_P, jnp.float32), 0, h - 1)
-    c = jnp.clip(jnp.asarray(cols_P, jnp.float32), 0, w - 1)
-    r0, c0 = jnp.floor(r).astype(jnp.int32), jnp.floor(c).astype(jnp.int32)
-    r1, c1 = jnp.minimum(r0 + 1, h - 1), jnp.minimum(c0 + 1, w - 1)
-    fr = (r - r0)[:, None].astype(table_sxsxE.dtype)
-    fc = (c - c0)[:, None].astype(table_sxsxE.dtype)
-    top = table_sxsxE[r0, c0] * (1 - fc) + table_sxsxE[r0, c1] * fc
-    bottom = table_sxsxE[r1, c0] * (1 - fc) + table_sxsxE[r1, c1] * fc
-    return top * (1 - fr) + bottom * fr
-
-
 def pixel_shuffle(x_NxPxE, side: int):
     """[N, P / 4, 4E]: each 2 x 2 block of a tile's s x s patches as one token, blocks
     in channel order 2m + k (module docstring)."""
@@ -142,14 +128,3 @@ def mirror_order(cols: int, rows: int, side: int, axis: str = "w") -> np.ndarray
     if rows * cols > 1:
         order.append(rows * cols * h * h + inner)
     return np.concatenate(order).astype(np.int32)
-
-
-def text_positions(valid_BxS) -> np.ndarray:
-    """[B, S] int32 rotary ids: each row's real tokens counted from 0, padding 0."""
-    v = np.asarray(valid_BxS, bool)
-    return np.where(v, np.cumsum(v, 1) - 1, 0).astype(np.int32)
-
-
-def lm_angles(pos_BxS, inv_freq_R):
-    """[B, S, R] float32, 1-D rotary angles: each pair turned by the token's id."""
-    return jnp.asarray(pos_BxS, jnp.float32)[..., None] * jnp.asarray(inv_freq_R)

@@ -35,12 +35,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import pixels
-from jaxmech.data.pixels import IMAGENET_MEAN, IMAGENET_STD, decode_pixels, read_image
+from jaxmech.data import pixels, prompts
+from jaxmech.data.pixels import IMAGENET_MEAN, IMAGENET_STD, read_image
 from jaxmech.data.resize import BACKENDS, resize_bicubic
 from jaxmech.families.internvl.config import InternVLConfig
 
-__all__ = ["decode_pixels", "read_image"]  # re-exported: what the view and tests read here
 START, END, CONTEXT, PAD = "<img>", "</img>", "<IMG_CONTEXT>", "<|endoftext|>"
 TAIL = "<|im_end|>\n<|im_start|>assistant\n"  # what follows the question
 
@@ -128,18 +127,17 @@ def tiles(image, s: ImageSettings):
 
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] the normalised value of each uint8 level: the torchvision
-    backend's fused (level - 255 mean) / (255 std) in float32, or the PIL backend's
-    (`data.pixels.pixel_table`)."""
+    backend's fused (level - 255 mean) / (255 std) in float32
+    (`data.pixels.fused_pixel_table`), or the PIL backend's (`data.pixels.pixel_table`)."""
     if s.resize == "pil":
         return pixels.pixel_table(s.mean, s.std)
-    mean, std = np.float32(s.mean) * np.float32(255), np.float32(s.std) * np.float32(255)
-    return (np.arange(256, dtype=np.float32)[None] - mean[:, None]) / std[:, None]
+    return pixels.fused_pixel_table(s.mean, s.std)
 
 
 def patches(image, s: ImageSettings, patch: int, codes: bool = False):
     """(float32 [T, P, C p p] each tile's patches, row-major, (cols, rows) of the tile
-    grid); `codes`: the uint8 levels instead, a quarter of the bytes (`decode_pixels`
-    gives the floats)."""
+    grid); `codes`: the uint8 levels instead, a quarter of the bytes
+    (`data.pixels.decode_pixels` gives the floats)."""
     x, grid = tiles(image, s)
     T, n = len(x), s.size // patch
     x = x.transpose(0, 3, 1, 2).reshape(T, 3, n, patch, n, patch).transpose(0, 2, 4, 1, 3, 5)
@@ -167,15 +165,8 @@ def load_processor(folder: str, config: InternVLConfig, resize: str | None = Non
     """The folder's tokenizer.json and image processor config; errors name the path.
     `resize`: how images are resized (`data.resize.BACKENDS`; None: as the config's
     processor class does). `tiles`: tile images (None: the reference's default, yes)."""
-    from tokenizers import Tokenizer
-
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.exists(path):
-        raise ValueError(f"checkpoint = {folder!r}: no tokenizer.json")
-    tok = Tokenizer.from_file(path)
-    if tok.token_to_id(CONTEXT) != config.image_token_id:
-        raise ValueError(f"{path}: {CONTEXT} has id {tok.token_to_id(CONTEXT)}, config.json "
-                         f"says image_token_id = {config.image_token_id}")  # fmt: skip
+    tok, path = prompts.read_tokenizer(folder)
+    prompts.check_token_id(tok, path, CONTEXT, config.image_token_id, "image_token_id")
     for t in (START, END):
         if tok.token_to_id(t) is None:
             raise ValueError(f"{path}: no {t} token")

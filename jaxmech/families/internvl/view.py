@@ -18,7 +18,7 @@ baseline).
 Positions, as the paper 004 methods read them: `vit_positions` are the (row, col) each
 patch of the tile reads on the learned position table (s x s, s = size / patch), patches
 row-major, so a mirror is s - 1 - col (a permutation of the table's columns, the CLS
-row fixed) and a half-cell shift interpolates the table (`positions.read_table`);
+row fixed) and a half-cell shift interpolates the table (`models.positions.read_table`);
 `vit_blocks` is 0 (positions enter once). `image_trc_Ix3` are the LM tokens' (0, row,
 col) on the (s / 2) x (s / 2) token grid in the LM's order; each token packs the 2 x 2
 patches (2 row + m, 2 col + k) in channel block 2m + k (`positions`), so a token-order
@@ -39,34 +39,19 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data import pictures, prompts
+from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.internvl import encode, model, positions, processor
 from jaxmech.families.internvl.config import InternVLConfig
-from jaxmech.families.vlm_view import VLMView
-from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
+from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
+from jaxmech.models.decoder import RESUME_SITES, answer_forward
+from jaxmech.models.positions import view_ids
 
-ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
-AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
-WORDINGS = ("jaxmech", "authors")
 GRID = Grid(4, 4)
-
-
-def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
-    """[3, 2] the first token id of each relation's answer words. Raises ValueError when
-    a relation's two words begin with the same token."""
-    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
-           for pair in answers]  # fmt: skip
-    for rel, (a, b) in enumerate(ids[:2]):
-        if a == b:
-            raise ValueError(f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} "
-                             f"begin with the same token {a}, so their logits cannot tell "
-                             "the answers apart")  # fmt: skip
-    return np.asarray(ids, np.int32)
 
 
 def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
@@ -84,19 +69,13 @@ def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
 
 def _placed(enc, words, grid: Grid):
     """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    sp = encode.spans(enc, words, cells=(grid.h, grid.w))
-    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
-    return jax.device_put(enc.inputs), sp._replace(first_B=first)
+    return placed(enc.inputs, encode.spans(enc, words, cells=(grid.h, grid.w)))
 
 
 def render(proc, grid: Grid, size: int, specs: SceneSpec, ask=None, templates=pictures.TEMPLATES):
-    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
-    asked (default `specs`'), so a twin keeps its example's question."""
-    ask = specs if ask is None else ask
-    enc = encode.encode(proc, list(pictures.draw(grid, specs, size)),
-                        pictures.questions(ask, templates), codes=True)  # fmt: skip
-    words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
-    return _placed(enc, words, grid)
+    """(Inputs, Spans) of `specs` drawn and asked (`pictures.asked`); `ask`: the specs
+    whose questions are asked (default `specs`'), so a twin keeps its example's question."""
+    return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
 
 
 def render_images(proc, grid: Grid, images, questions, words):
@@ -115,31 +94,17 @@ def render_text(proc, grid: Grid, questions, words):
 def forward(config: InternVLConfig, table, params, inputs, edits=None, capture=False,
             resume=None):  # fmt: skip
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row, uint8 pixel levels normalised by `table` first. The last block runs that row
-    only unless the capture asks for one of its sites that needs every row."""
-    if inputs.pixels_BxTxPxF.dtype == np.uint8:
-        inputs = inputs._replace(pixels_BxTxPxF=processor.decode_pixels(
-            inputs.pixels_BxTxPxF, table, config.patch_size**2))  # fmt: skip
-    whole = needs_all_rows(capture, config.lm_layers)
-    B, S = inputs.tokens_BxS.shape
-    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
-    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
-                         resume=resume, last_row=not whole)  # fmt: skip
+    row (`models.decoder.answer_forward`), uint8 pixel levels normalised by `table`
+    first (`data.pixels.decoded`)."""
+    inputs = decoded(inputs, "pixels_BxTxPxF", table, config.patch_size**2)
+    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
+                          params, inputs, edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: InternVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
-    return forward(config, table, params, inputs, resume=model.Resume(layer, start, x_BxTxD,
-                                                                      aux))[0]  # fmt: skip
-
-
-def lm_position_ids(spans) -> np.ndarray:
-    """[B, 3, S] the rotary ids of rendered scenes (each row's real tokens from 0, three
-    equal rows)."""
-    B, S = np.asarray(spans.question_BxS).shape
-    first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
-    ids = positions.text_positions(np.arange(S)[None] >= first[:, None])
-    return np.repeat(ids[:, None], 3, 1)
+    resume = model.Resume(layer, start, x_BxTxD, aux)
+    return forward(config, table, params, inputs, resume=resume)[0]
 
 
 def position_basis(params, side: int) -> jnp.ndarray:
@@ -156,14 +121,11 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
     naming `video`, `size`, `wording` or the tokenizer before any compute."""
     if video:
         raise ValueError("video = True: the internvl family has no video view")
-    if wording not in WORDINGS:
-        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
+    templates, answers = pictures.wording(wording)
     proc = processor.load_processor(folder, config)
     size = proc.images.size if size is None else size
     check_size(proc, grid, size)
-    authors = wording == "authors"
-    words = answer_words(proc, AUTHORS_ANSWERS if authors else ANSWERS)
-    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
+    words = prompts.answer_ids(proc.tokenizer, answers)
     side = size // config.patch_size
     table = processor.pixel_table(proc.images)
     one_tile = proc._replace(images=proc.images._replace(tiles=False))
@@ -177,7 +139,9 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
         forward=functools.partial(forward, config, table),
         answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: lm_position_ids(spans),
+        lm_position_ids=lambda params, spans: view_ids(
+            spans.first_B, *np.shape(spans.question_BxS)
+        ),
         vit_positions=lambda params: (rows, cols, (side, side)),
         vit_blocks=lambda params: 0,
         position_basis=lambda params: position_basis(params, side),
@@ -188,5 +152,4 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
         image_grid=lambda height, width: (1, side, side),
         size=size,
     )
-    full = view._replace(at_image_grid=lambda thw: full)  # one tile: every grid the same
-    return full
+    return one_image_grid(view)  # one tile: every photograph's grid the same

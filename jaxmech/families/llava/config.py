@@ -21,9 +21,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+from jaxmech.config import ConfigError, choice, fail, int_in
+from jaxmech.models import hf_config
+from jaxmech.models.hf_config import get
 
 ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
+# the config's sizes: ints >= 1 (`hf_config.check_positive`)
+SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "image_size",
+         "patch_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads", "lm_kv_heads",
+         "lm_head_dim", "lm_mlp")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,12 +71,7 @@ class LlavaConfig:
     dtype: str = "float32"  # the checkpoint's stored dtype (informational)
 
     def __post_init__(self):
-        for name in ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans",
-                     "image_size", "patch_size", "lm_vocab", "lm_width", "lm_layers",
-                     "lm_heads", "lm_kv_heads", "lm_head_dim", "lm_mlp"):  # fmt: skip
-            int_in(name, getattr(self, name), 1)
-        for name in ("vit_eps", "lm_eps", "lm_rope_theta"):
-            float_in(name, getattr(self, name), 0.0, lo_open=True)
+        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_rope_theta"))
         for name in ("vit_act", "proj_act", "lm_act"):
             choice(name, getattr(self, name), ACTIVATIONS)
         int_in("image_token_id", self.image_token_id, 0, self.lm_vocab - 1)
@@ -79,12 +80,7 @@ class LlavaConfig:
                  f"a hidden-state index in [{-(self.vit_depth + 1)}, {self.vit_depth}]")  # fmt: skip
         if self.image_size % self.patch_size:
             fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
-        if self.vit_width % self.vit_heads:
-            fail("vit_width", self.vit_width, f"a multiple of vit_heads = {self.vit_heads}")
-        if self.lm_heads % self.lm_kv_heads:
-            fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
-        if self.lm_head_dim % 2:
-            fail("lm_head_dim", self.lm_head_dim, "an even width (rotary pairs)")
+        hf_config.check_heads(self)
 
     @property
     def grid(self) -> int:
@@ -111,21 +107,14 @@ class LlavaConfig:
         return self.feature_layer % (self.vit_depth + 1)
 
 
-def _get(d: Mapping[str, Any], *names, default=None):
-    for n in names:
-        if n in d and d[n] is not None:
-            return d[n]
-    return default
-
-
 def _rope_theta(text: Mapping[str, Any]) -> float:
     """The LM's rotary base; a ConfigError for a scaled rotary (not reproduced)."""
-    rope = _get(text, "rope_parameters", "rope_scaling", default={}) or {}
+    rope = hf_config.rope_params(text)
     kind = rope.get("rope_type", rope.get("type", "default"))
     if kind != "default":
         raise ConfigError(f"config.json: text_config rope type {kind!r} is not supported "
                           "(only the default rotary positions)")  # fmt: skip
-    return float(_get(rope, "rope_theta", default=_get(text, "rope_theta", default=10000.0)))
+    return hf_config.rope_theta(rope, text, 10000.0)
 
 
 def _check_features(raw: Mapping[str, Any]) -> int:
@@ -169,8 +158,8 @@ def _text_fields(t: Mapping[str, Any]) -> dict:
     heads = int(t["num_attention_heads"])
     width = int(t["hidden_size"])
     return dict(lm_vocab=int(t["vocab_size"]), lm_width=width, lm_layers=int(t["num_hidden_layers"]),
-                lm_heads=heads, lm_kv_heads=int(_get(t, "num_key_value_heads", default=heads)),
-                lm_head_dim=int(_get(t, "head_dim", default=width // heads)),
+                lm_heads=heads, lm_kv_heads=int(get(t, "num_key_value_heads", default=heads)),
+                lm_head_dim=int(get(t, "head_dim", default=width // heads)),
                 lm_mlp=int(t["intermediate_size"]), lm_eps=float(t["rms_norm_eps"]),
                 lm_rope_theta=_rope_theta(t), lm_act=str(t["hidden_act"]),
                 lm_attention_bias=bool(t["attention_bias"]), lm_mlp_bias=bool(t["mlp_bias"]))  # fmt: skip
@@ -186,14 +175,12 @@ def from_hf(raw: Mapping[str, Any]) -> LlavaConfig:
     if text.get("model_type", "llama") != "llama":
         raise ConfigError(f"config.json: text_config model_type = {text['model_type']!r} is "
                           "not supported (only 'llama')")  # fmt: skip
-    dtype = _get(raw, "dtype", "torch_dtype", default=_get(text, "dtype", "torch_dtype"))
     return LlavaConfig(
         **_vision_fields(raw),
         proj_act=str(raw.get("projector_hidden_act", "gelu")),
         proj_bias=bool(raw.get("multimodal_projector_bias", True)),
         **_text_fields(text),
-        # tied if either level says so, as the reference's LlavaConfig reads them
-        tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
-        image_token_id=int(_get(raw, "image_token_index", "image_token_id", default=32000)),
-        dtype=str(dtype or "float32"),
+        tie_embeddings=hf_config.tied(raw, text),
+        image_token_id=int(get(raw, "image_token_index", "image_token_id", default=32000)),
+        dtype=hf_config.stored_dtype(raw, text),
     )

@@ -20,21 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmech.config import ConfigError
 from jaxmech.families.llava.config import LlavaConfig, from_hf
-from jaxmech.models.hub import (
-    LoadError,
-    Stored,
-    T,
-    check_place,
-    check_tensors,
-    heads_in,
-    heads_out,
-    place_params,
-    read_json_config,
-    same,
-    weight_files,
-)
+from jaxmech.families.llava.params import lm_layout
+from jaxmech.models import hub
+from jaxmech.models.hub import LoadError, T, heads_bias, heads_in, heads_out, same
 
 __all__ = ["LoadError", "canonical", "key_map", "load_checkpoint", "read_config"]
 
@@ -52,18 +41,7 @@ PREFIXES = (
     ("language_model.lm_head.", "lm_head."),
     ("lm_head.", "lm_head."),
 )
-
-
-def canonical(name: str) -> str:
-    """A stored tensor's name in any layout -> its canonical name (`key_map`)."""
-    for prefix, to in PREFIXES:
-        if name.startswith(prefix):
-            return to + name[len(prefix) :]
-    return name
-
-
-def _bias(n: int, Dh: int):
-    return lambda x: x.reshape(n, Dh)
+canonical = hub.prefix_renamer(PREFIXES)  # a stored name in any layout -> canonical (`key_map`)
 
 
 def _vit_block_map(c: LlavaConfig, i: int) -> dict:
@@ -75,31 +53,11 @@ def _vit_block_map(c: LlavaConfig, i: int) -> dict:
               b + f"{hf}.bias": (out + f"{ours}_b", (E,), same)}  # fmt: skip
     for w in "qkv":
         m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
-        m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (E,), _bias(H, Dh))
+        m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (E,), heads_bias(H, Dh))
     m |= {b + "self_attn.out_proj.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
           b + "self_attn.out_proj.bias": (out + "b_O", (E,), same),
           b + "mlp.fc1.weight": (out + "W_in", (M, E), T), b + "mlp.fc1.bias": (out + "b_in", (M,), same),
           b + "mlp.fc2.weight": (out + "W_out", (E, M), T), b + "mlp.fc2.bias": (out + "b_out", (E,), same)}  # fmt: skip
-    return m
-
-
-def _lm_block_map(c: LlavaConfig, i: int) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    b, out = f"lm.layers.{i}.", f"lm/block_{i}/"
-    m = {b + "input_layernorm.weight": (out + "ln1_w", (D,), same),
-         b + "post_attention_layernorm.weight": (out + "ln2_w", (D,), same),
-         b + "self_attn.o_proj.weight": (out + "W_O", (D, H * Dh), heads_out(H, Dh))}  # fmt: skip
-    for w, n in (("q", H), ("k", K), ("v", K)):
-        m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (n * Dh, D), heads_in(n, Dh))
-        if c.lm_attention_bias:
-            m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (n * Dh,), _bias(n, Dh))
-    if c.lm_attention_bias:
-        m[b + "self_attn.o_proj.bias"] = (out + "b_O", (D,), same)
-    for hf, ours, shape in (("gate_proj", "gate", (M, D)), ("up_proj", "in", (M, D)),
-                            ("down_proj", "out", (D, M))):  # fmt: skip
-        m[b + f"mlp.{hf}.weight"] = (out + f"W_{ours}", shape, T)
-        if c.lm_mlp_bias:
-            m[b + f"mlp.{hf}.bias"] = (out + f"b_{ours}", shape[:1], same)
     return m
 
 
@@ -124,32 +82,17 @@ def key_map(c: LlavaConfig) -> dict:
             "proj.linear_1.bias": ("proj/b1", (D,), same),
             "proj.linear_2.bias": ("proj/b2", (D,), same),
         }
-    m |= {"lm.embed_tokens.weight": ("lm/E", (c.lm_vocab, D), same),
-          "lm.norm.weight": ("lm/lnf_w", (D,), same)}  # fmt: skip
-    for i in range(c.lm_layers):
-        m |= _lm_block_map(c, i)
-    if not c.tie_embeddings:
-        m["lm_head.weight"] = ("lm/W_U", (c.lm_vocab, D), T)
-    return m
+    return m | hub.lm_key_map("lm.", lm_layout(c))
 
 
 def read_config(folder: str) -> LlavaConfig:
     """The folder's config.json as a `LlavaConfig` (LoadError naming the path)."""
-    return read_json_config(folder, from_hf, (KeyError, ConfigError))
+    return hub.read_config(folder, from_hf)
 
 
 def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of a LLaVA checkpoint folder (module docstring).
-
-    Args:
-      folder: holds config.json and model.safetensors (or a sharded index).
-      dtype: the params' dtype (float32, bfloat16, float16).
-      place: "auto" (one device if the params fit, else sharded), "one" or "shard".
-    """
-    check_place(place)
-    config = read_config(folder)
-    stored = Stored(weight_files(folder), canonical)
-    m = key_map(config)
-    tied = ("lm_head.weight",) if config.tie_embeddings else ()
-    check_tensors(stored, m, ignore=UNUSED + tied)
-    return config, place_params(stored, m, dtype, place)
+    """(config, params) of a LLaVA checkpoint folder (module docstring;
+    `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one" or
+    "shard"); a tied checkpoint's stored `lm_head` is ignored."""
+    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
+                               key_map=key_map, unused=UNUSED)  # fmt: skip

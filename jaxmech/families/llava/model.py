@@ -46,20 +46,23 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.families.llava import positions
-from jaxmech.families.llava.checks import check_edits, check_inputs, check_resume
+from jaxmech.families.llava.checks import check_edits, check_inputs
 from jaxmech.families.llava.config import LlavaConfig
+from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
     Resume,
     Sites,
     after,
     block_forward,
+    inv_freq,
     layer_norm,
+    logits_at,
     place_images,
     run_lm,
-    unembed,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.positions import edited_ids, rotary_angles
 
 __all__ = ["Inputs", "Resume", "forward", "image_features", "vision"]
 
@@ -69,8 +72,9 @@ class Inputs(NamedTuple):
 
     tokens_BxS: int32 token ids. pixels_BxPxF: the flattened patches (`processor`; P = 0
     for questions without an image). image_BxI: int32 the LM positions of the image
-    tokens in patch order. pos_BxS: int32 the LM's position ids (`positions.lm_ids`).
-    valid_BxS: bool, False at (left) padding, which no token attends to.
+    tokens in patch order. pos_BxS: int32 the LM's position ids
+    (`models.positions.text_ids`). valid_BxS: bool, False at (left) padding, which no
+    token attends to.
     """
 
     tokens_BxS: Any
@@ -133,15 +137,6 @@ def projector(p, x, c: LlavaConfig):
     return h + p["b2"] if "b2" in p else h
 
 
-def _lm_pos(inputs: Inputs, edits: Edits):
-    """[B, S] the LM's position ids (an edit's [S], [3, S] or [B, 3, S]: the first row)."""
-    if edits.lm_pos_ids is None:
-        return inputs.pos_BxS
-    e = jnp.asarray(edits.lm_pos_ids)
-    e = e if e.ndim == 1 else e[..., 0, :]
-    return jnp.broadcast_to(e, inputs.pos_BxS.shape)
-
-
 def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: LlavaConfig,
             capture=False, rows=None, resume: Resume | None = None, last_row: bool = False):  # fmt: skip
     """(logits, aux): logits [B, S, V], or [B, V] at `rows` ([B] positions) or at the last
@@ -155,7 +150,7 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Llava
     site = Sites(edits, capture)
     lm = params["lm"]
     if resume is not None:
-        check_resume(resume, inputs, config)
+        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
         x = resume.x_BxTxD
     else:
         x = lm["E"][inputs.tokens_BxS]
@@ -165,16 +160,11 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Llava
                 feats = feats[:, jnp.asarray(edits.image_order)]
             x = place_images(x, feats, inputs.image_BxI)
         x = site("lm/embed", x)
-    freq = positions.inv_freq(config.lm_head_dim, config.lm_rope_theta)
-    angles = positions.lm_angles(_lm_pos(inputs, edits), freq)
+    freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
+    angles = rotary_angles(edited_ids(inputs.pos_BxS, edits.lm_pos_ids), freq)
     x = run_lm(lm, x, angles, inputs.valid_BxS, config.lm_layers, config.lm_eps, site, resume,
                last_row, config.lm_act)  # fmt: skip
-    if last_row:
-        x = x[:, -1]
-    elif rows is not None:
-        start = 0 if resume is None else resume.start
-        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows) - start]
-    return unembed(lm, x), site.aux
+    return logits_at(lm, x, rows, resume, last_row), site.aux
 
 
 def image_features(params, inputs: Inputs, *, config: LlavaConfig) -> jax.Array:

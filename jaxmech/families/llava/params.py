@@ -24,11 +24,13 @@ read by LLaVA (it acts on the pooled CLS output only), so it is not loaded
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.families.llava.config import LlavaConfig
+from jaxmech.models import layout
+from jaxmech.models.layout import is_shape
+
+__all__ = ["init_params", "is_shape", "lm_layout", "n_params", "n_stored", "param_shapes"]
 
 
 def _vit_block(c: LlavaConfig) -> dict:
@@ -40,15 +42,12 @@ def _vit_block(c: LlavaConfig) -> dict:
                 "b_out": (E,)}  # fmt: skip
 
 
-def _lm_block(c: LlavaConfig) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    s = {"ln1_w": (D,), "ln2_w": (D,), "W_Q": (H, D, Dh), "W_K": (K, D, Dh), "W_V": (K, D, Dh),
-         "W_O": (H, Dh, D), "W_gate": (D, M), "W_in": (D, M), "W_out": (M, D)}  # fmt: skip
-    if c.lm_attention_bias:
-        s |= {"b_Q": (H, Dh), "b_K": (K, Dh), "b_V": (K, Dh), "b_O": (D,)}
-    if c.lm_mlp_bias:
-        s |= {"b_gate": (M,), "b_in": (M,), "b_out": (D,)}
-    return s
+def lm_layout(c: LlavaConfig) -> layout.LMLayout:
+    """The Llama LM's layout: attention biases (q, k, v and o) and MLP biases where
+    config.json says so."""
+    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
+                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=c.lm_attention_bias,
+                           o_bias=c.lm_attention_bias, mlp_bias=c.lm_mlp_bias)  # fmt: skip
 
 
 def param_shapes(c: LlavaConfig) -> dict:
@@ -58,21 +57,12 @@ def param_shapes(c: LlavaConfig) -> dict:
            "ln_pre_w": (E,), "ln_pre_b": (E,)}  # fmt: skip
     vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
     proj = {"W1": (E, D), "W2": (D, D)} | ({"b1": (D,), "b2": (D,)} if c.proj_bias else {})
-    lm = {"E": (c.lm_vocab, D), "lnf_w": (D,)}
-    lm |= {f"block_{i}": _lm_block(c) for i in range(c.lm_layers)}
-    if not c.tie_embeddings:
-        lm["W_U"] = (D, c.lm_vocab)
-    return {"vit": vit, "proj": proj, "lm": lm}
-
-
-def is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
+    return {"vit": vit, "proj": proj, "lm": layout.lm_shapes(lm_layout(c))}
 
 
 def n_params(c: LlavaConfig) -> int:
     """How many parameters the forward reads (tied embeddings counted once)."""
-    leaves = jax.tree_util.tree_leaves(param_shapes(c), is_leaf=is_shape)
-    return int(sum(np.prod(s) for s in leaves))
+    return layout.count_params(param_shapes(c))
 
 
 def n_stored(c: LlavaConfig) -> int:
@@ -82,18 +72,9 @@ def n_stored(c: LlavaConfig) -> int:
 
 
 def init_params(c: LlavaConfig, key, dtype=jnp.float32) -> dict:
-    """Random params of `c`'s shapes (norm weights near 1, the rest N(0, 0.02^2), the patch
-    embedding and position table wider so tiny images still carry signal): for tests
-    and benchmarks; a real model is loaded (`load.load_checkpoint`). One draw, cut into
-    the leaves (one compiled program however many leaves)."""
-    paths, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(c), is_leaf=is_shape)
-    sizes = [int(np.prod(shape)) for _, shape in paths]
-    flat = np.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
-    out, at = [], 0
-    for (path, shape), n in zip(paths, sizes):
-        name = path[-1].key
-        x = (0.1 if name in ("W_patch", "pos", "cls") else 0.02) * flat[at : at + n].reshape(shape)
-        at += n
-        norm = name.startswith("ln") and name.endswith("_w")
-        out.append(jnp.asarray(1.0 + x if norm else x, dtype))
-    return jax.tree_util.tree_unflatten(treedef, out)
+    """Random params of `c`'s shapes (`models.layout.init_from_shapes`: norm weights near
+    1, the rest N(0, 0.02^2), the patch embedding and position table wider so tiny
+    images still carry signal): for tests and benchmarks; a real model is loaded
+    (`load.load_checkpoint`)."""
+    scales = {"W_patch": 0.1, "pos": 0.1, "cls": 0.1}
+    return layout.init_from_shapes(param_shapes(c), key, dtype, scales)

@@ -34,14 +34,13 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxmech.data import prompts
-from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, decode_pixels, read_image
+from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, fused_pixel_table, read_image
 from jaxmech.data.resize import BACKENDS, resize_bicubic
-from jaxmech.families.llava import positions
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.families.llava.model import Inputs
 from jaxmech.families.vlm_view import Spans
+from jaxmech.models.positions import text_ids
 
-__all__ = ["decode_pixels", "read_image"]  # re-exported: what the view and tests read here
 IMAGE, PAD = "<image>", "<pad>"
 SQUARES = ("crop", "pad")  # `load_processor(square=)`: the reference's first
 
@@ -83,11 +82,8 @@ def image_settings(folder: str) -> ImageSettings:
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] each channel's normalised value of every uint8 level, as the
     reference's fused rescale-and-normalise computes it in float32: (level - 255 mean) /
-    (255 std), mean and std taken to float32 first."""
-    levels = np.arange(256, dtype=np.float32)[None]
-    mean = (np.asarray(s.mean, np.float32) * np.float32(255))[:, None]
-    std = (np.asarray(s.std, np.float32) * np.float32(255))[:, None]
-    return np.ascontiguousarray((levels - mean) / std)
+    (255 std), mean and std taken to float32 first (`data.pixels.fused_pixel_table`)."""
+    return fused_pixel_table(s.mean, s.std)
 
 
 def resized_size(height: int, width: int, s: ImageSettings) -> tuple[int, int]:
@@ -163,7 +159,7 @@ def processed(image, s: ImageSettings) -> np.ndarray:
 def patches(image, s: ImageSettings, patch: int, codes: bool = False) -> np.ndarray:
     """float32 [P, C p p] the processed photograph's patches, row-major, each flattened
     (C, p, p), normalised (`pixel_table`); `codes`: the uint8 levels instead, a quarter
-    of the bytes (`decode_pixels` gives the floats)."""
+    of the bytes (`data.pixels.decode_pixels` gives the floats)."""
     x = processed(image, s).transpose(2, 0, 1)
     gh, gw = x.shape[1] // patch, x.shape[2] // patch
     x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
@@ -196,12 +192,7 @@ def load_tokenizer(folder: str):
     pre-tokenizer that prepends "▁" to the first piece only, or to every piece where
     `legacy` is true; `<s>` added by the template where `add_bos_token`), which for
     llava-hf's legacy tokenizer.json drops the "▁" it would put after `<image>`."""
-    from tokenizers import Tokenizer
-
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.exists(path):
-        raise ValueError(f"checkpoint = {folder!r}: no tokenizer.json")
-    tok = Tokenizer.from_file(path)
+    tok, _ = prompts.read_tokenizer(folder)
     cfg_path = os.path.join(folder, "tokenizer_config.json")
     cfg = {}
     if os.path.exists(cfg_path):
@@ -244,9 +235,7 @@ def load_processor(folder: str, config: LlavaConfig, resize: str | None = None,
     the mean colour first); None: as preprocessor_config.json says."""
     tok = load_tokenizer(folder)
     path = os.path.join(folder, "tokenizer.json")
-    if tok.token_to_id(IMAGE) != config.image_token_id:
-        raise ValueError(f"{path}: {IMAGE} has id {tok.token_to_id(IMAGE)}, config.json says "
-                         f"image_token_index = {config.image_token_id}")  # fmt: skip
+    prompts.check_token_id(tok, path, IMAGE, config.image_token_id, "image_token_index")
     images = image_settings(folder)
     for name, value, allowed in (("resize", resize, BACKENDS), ("square", square, SQUARES)):
         if value is not None and value not in allowed:
@@ -281,17 +270,11 @@ class Encoded(NamedTuple):
                 f"image tokens, {S} tokens")  # fmt: skip
 
 
-def _check_batch(images, questions):
-    if isinstance(questions, str) or not len(questions):
-        raise ValueError("questions: expected a non-empty list of strings")
-    if images is not None and len(images) != len(questions):
-        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
-
-
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `decode_pixels` before `model.forward`)."""
-    _check_batch(images, questions)
+    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    `model.forward`)."""
+    prompts.check_batch(images, questions)
     c = proc.config
     out = [patches(im, proc.images, c.patch_size, codes) for im in images]
     if any(p.shape[0] != c.n_patches for p in out):
@@ -303,18 +286,16 @@ def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
 def encode_text(proc: Processor, questions) -> Encoded:
     """Questions asked without an image (`chat_prompt(image=False)`) -> an `Encoded`
     batch with no patches and no image tokens: the authors' text-only baseline."""
-    _check_batch(None, questions)
+    prompts.check_batch(None, questions)
     F = proc.config.patch_features
     return _encode(proc, np.zeros((len(questions), 0, F), np.uint8), questions, image=False)
 
 
 def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
     c, n = proc.config, pixels_BxPxF.shape[1]
-    texts, spans = [], []
-    for q in questions:
-        texts.append(chat_prompt(q, image).replace(IMAGE, IMAGE * n))
-        start = len(texts[-1]) - len(q) - len(" ASSISTANT:")
-        spans.append((start, start + len(q)))
+    texts, question_Bx2 = prompts.templated(
+        questions, lambda q: chat_prompt(q, image).replace(IMAGE, IMAGE * n), " ASSISTANT:"
+    )
     pad = proc.tokenizer.token_to_id(PAD)
     rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad,
                               add_special_tokens=True)  # fmt: skip
@@ -324,35 +305,20 @@ def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
         raise ValueError(f"questions: expected {n} image tokens in each prompt, found "
                          f"{sorted({len(w) for w in where})} (is {IMAGE} in a question?)")  # fmt: skip
     image_BxI = np.stack(where).astype(np.int32).reshape(len(texts), n)
-    inputs = Inputs(tokens, pixels_BxPxF, image_BxI, positions.lm_ids(valid), valid)
-    return Encoded(inputs, texts, rows.offsets_BxSx2, np.asarray(spans), c.grid if n else 0,
+    inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
+    return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2, c.grid if n else 0,
                    c.patch_size)  # fmt: skip
-
-
-def last_subtoken(enc: Encoded, b: int, char_range) -> int:
-    """The position of the last token of row b overlapping `char_range` of its prompt."""
-    return prompts.last_subtoken(enc.offsets_BxSx2[b], char_range)
 
 
 def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
     """The VLM interface's `Spans` of an encoded batch; `words` are each row's (first,
     second) object words as they appear in its question; `cells` the (rows, cols) of the
     scene grid that `cell_I` indexes (row-major)."""
-    if len(words) != len(enc.prompts):
-        raise ValueError(f"words: {len(words)} pairs for {len(enc.prompts)} questions")
-    xy = []
-    for b, pair in enumerate(words):
-        q0 = int(enc.question_Bx2[b, 0])
-        question = enc.prompts[b][q0 : enc.question_Bx2[b, 1]]
-        xy.append([last_subtoken(enc, b, np.add(prompts.word_range(question, w), q0))
-                   for w in pair])  # fmt: skip
-    xy = np.asarray(xy, np.int32)
+    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
     g = enc.grid
     r, c = np.divmod(np.arange(g * g), max(g, 1))
-    offs, q = enc.offsets_BxSx2, enc.question_Bx2
-    question = ((offs[..., 0] >= q[:, None, 0]) & (offs[..., 1] <= q[:, None, 1])
-                & (offs[..., 1] > offs[..., 0]))  # fmt: skip
-    S = offs.shape[1]
+    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
+    S = enc.offsets_BxSx2.shape[1]
     return Spans(enc.inputs.image_BxI, np.stack([0 * r, r, c], 1).astype(np.int32),
                  ((r * cells[0] // max(g, 1)) * cells[1] + c * cells[1] // max(g, 1)).astype(np.int32),
                  xy[:, 0], xy[:, 1], question, np.full(len(xy), S - 1, np.int32))  # fmt: skip

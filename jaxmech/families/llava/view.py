@@ -21,7 +21,7 @@ Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "B
 "Yes" / "No" in the checkpoint's tokenizer, the word the model writes after
 "ASSISTANT:"; `wording="authors"` asks in paper 003's authors' words
 (`pictures.AUTHORS_TEMPLATES`, their chat-template scripts) and reads "left" /
-"right" ... (`AUTHORS_ANSWERS`).
+"right" ... (`pictures.AUTHORS_ANSWERS`).
 
 Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
 """
@@ -30,33 +30,18 @@ from __future__ import annotations
 
 import functools
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data import pictures, prompts
+from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.llava import model, positions, processor
 from jaxmech.families.llava.config import LlavaConfig
-from jaxmech.families.vlm_view import VLMView
-from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
+from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
+from jaxmech.models.decoder import RESUME_SITES, answer_forward
+from jaxmech.models.positions import view_ids
 
-ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
-AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
-WORDINGS = ("jaxmech", "authors")  # `checkpoint_view(wording=)`
 GRID = Grid(4, 4)  # LLaVA-1.5's 24 x 24 patches: 6 x 6 per cell
-
-
-def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
-    """[3, 2] the first token id of each relation's answer words. Raises ValueError when
-    a relation's two words begin with the same token."""
-    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
-           for pair in answers]  # fmt: skip
-    for rel, (a, b) in enumerate(ids[:2]):
-        if a == b:
-            raise ValueError(f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} begin "
-                             f"with the same token {a}, so their logits cannot tell them apart")  # fmt: skip
-    return np.asarray(ids, np.int32)
 
 
 def check_size(config: LlavaConfig, proc: processor.Processor, grid: Grid, size: int) -> None:
@@ -79,20 +64,14 @@ def check_size(config: LlavaConfig, proc: processor.Processor, grid: Grid, size:
 
 def _placed(enc, words, grid: Grid):
     """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    sp = processor.spans(enc, words, cells=(grid.h, grid.w))
-    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
-    return jax.device_put(enc.inputs), sp._replace(first_B=first)
+    return placed(enc.inputs, processor.spans(enc, words, cells=(grid.h, grid.w)))
 
 
 def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
            templates=pictures.TEMPLATES):  # fmt: skip
-    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
-    asked (default `specs`'), so a twin keeps its example's question."""
-    ask = specs if ask is None else ask
-    enc = processor.encode(proc, list(pictures.draw(grid, specs, size)),
-                           pictures.questions(ask, templates), codes=True)  # fmt: skip
-    words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
-    return _placed(enc, words, grid)
+    """(Inputs, Spans) of `specs` drawn and asked (`pictures.asked`); `ask`: the specs
+    whose questions are asked (default `specs`'), so a twin keeps its example's question."""
+    return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
 
 
 def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
@@ -109,32 +88,17 @@ def render_text(proc: processor.Processor, grid: Grid, questions, words):
 
 def forward(config: LlavaConfig, table, params, inputs, edits=None, capture=False, resume=None):
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row, rendered uint8 levels normalised by `table` first (`processor.decode_pixels`).
-    The last block runs that row only unless the capture asks for one of its sites
-    that needs every row (`needs_all_rows`)."""
-    if inputs.pixels_BxPxF.dtype == np.uint8:
-        pixels = processor.decode_pixels(inputs.pixels_BxPxF, table, config.patch_size**2)
-        inputs = inputs._replace(pixels_BxPxF=pixels)
-    whole = needs_all_rows(capture, config.lm_layers)
-    B, S = inputs.tokens_BxS.shape
-    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
-    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
-                         resume=resume, last_row=not whole)  # fmt: skip
+    row (`models.decoder.answer_forward`), rendered uint8 levels normalised by `table`
+    first (`data.pixels.decoded`)."""
+    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
+                          params, inputs, edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: LlavaConfig, table, params, inputs, layer, start, x_BxTxD, aux):
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
     resume = model.Resume(layer, start, x_BxTxD, aux)
     return forward(config, table, params, inputs, resume=resume)[0]
-
-
-def lm_position_ids(spans) -> np.ndarray:
-    """[B, 3, S] the LM's position ids of rendered rows (each row's real tokens from 0,
-    the three rows equal), as `Edits.lm_pos_ids` takes them."""
-    B, S = np.asarray(spans.question_BxS).shape
-    first = np.zeros(B, np.int64) if spans.first_B is None else np.asarray(spans.first_B)
-    ids = np.maximum(np.arange(S)[None] - first[:, None], 0)
-    return np.repeat(ids[:, None], 3, 1).astype(np.int32)
 
 
 def vit_positions(config: LlavaConfig):
@@ -153,14 +117,10 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
     if video:
         raise ValueError("video = True: the llava family has no video view (one image per "
                          "question)")  # fmt: skip
-    if wording not in WORDINGS:
-        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
+    templates, answers = pictures.wording(wording)
     size = config.image_size if size is None else size
     proc = processor.load_processor(folder, config)
     check_size(config, proc, grid, size)
-    authors = wording == "authors"
-    words = answer_words(proc, AUTHORS_ANSWERS if authors else ANSWERS)
-    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
     table = processor.pixel_table(proc.images)
     g = config.grid
     view = VLMView(
@@ -170,9 +130,11 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         n_colours=len(pictures.COLOURS),
         render=functools.partial(render, proc, grid, size, templates=templates),
         forward=functools.partial(forward, config, table),
-        answer_words=words,
+        answer_words=prompts.answer_ids(proc.tokenizer, answers),
         n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: lm_position_ids(spans),
+        lm_position_ids=lambda params, spans: view_ids(
+            spans.first_B, *np.shape(spans.question_BxS)
+        ),
         vit_positions=lambda params: vit_positions(config),
         vit_blocks=lambda params: 0,
         position_basis=lambda params: params["vit"]["pos"][1:],
@@ -184,9 +146,4 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         image_frame=lambda height, width: processor.frame(height, width, proc.images).window(),
         size=size,
     )
-    return _one_grid(view)
-
-
-def _one_grid(view: VLMView) -> VLMView:
-    """`view` as every photograph bucket's: all become the ViT's size, one grid."""
-    return view._replace(at_image_grid=lambda thw: _one_grid(view))
+    return one_image_grid(view)

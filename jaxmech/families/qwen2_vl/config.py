@@ -39,9 +39,15 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+from jaxmech.models import hf_config
+from jaxmech.models.hf_config import get
 
 VARIANTS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
+# the config's sizes: ints >= 1 (`hf_config.check_positive`)
+SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "patch_size",
+         "temporal_patch_size", "merge_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads",
+         "lm_kv_heads", "lm_mlp")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,29 +108,12 @@ class QwenVLConfig:
         object.__setattr__(self, "vit_deepstack", tuple(self.vit_deepstack))
         choice("variant", self.variant, VARIANTS)
         choice("vit_act", self.vit_act, ACTIVATIONS)
-        for name in (
-            "vit_depth",
-            "vit_width",
-            "vit_heads",
-            "vit_mlp",
-            "vit_in_chans",
-            "patch_size",
-            "temporal_patch_size",
-            "merge_size",
-            "lm_vocab",
-            "lm_width",
-            "lm_layers",
-            "lm_heads",
-            "lm_kv_heads",
-            "lm_mlp",
-        ):
-            int_in(name, getattr(self, name), 1)
+        hf_config.check_positive(self, SIZES)
         int_in("vit_window", self.vit_window, 0)
         int_in("vit_pos_table", self.vit_pos_table, 0)
         int_in("lm_head_size", self.lm_head_size, 0)
         self._check_qwen3()
-        for name in ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"):
-            float_in(name, getattr(self, name), 0.0, lo_open=True)
+        hf_config.check_positive(self, (), ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"))
         float_in("vit_tokens_per_second", self.vit_tokens_per_second, 0.0)
         self._check_heads()
         for i in self.vit_full_blocks:
@@ -157,8 +146,7 @@ class QwenVLConfig:
             )
         if not self.lm_head_size and self.lm_width % self.lm_heads:
             fail("lm_width", self.lm_width, f"a multiple of lm_heads = {self.lm_heads}")
-        if self.lm_heads % self.lm_kv_heads:
-            fail("lm_kv_heads", self.lm_kv_heads, f"a divisor of lm_heads = {self.lm_heads}")
+        hf_config.check_heads(self, vit=False, head_dim=False)  # lm_kv_heads (the ViT's: above)
         if 2 * sum(self.lm_mrope_section) != self.lm_head_dim:
             fail(
                 "lm_mrope_section",
@@ -200,15 +188,8 @@ class QwenVLConfig:
         return self.vit_width * self.merge_size**2
 
 
-def _get(d: Mapping[str, Any], *names, default=None):
-    for n in names:
-        if n in d and d[n] is not None:
-            return d[n]
-    return default
-
-
 def _mrope_section(text: Mapping[str, Any]) -> tuple[int, ...]:
-    rope = _get(text, "rope_parameters", "rope_scaling", default={}) or {}
+    rope = hf_config.rope_params(text)
     section = rope.get("mrope_section")
     if section is None:
         raise ConfigError("config.json: no mrope_section under rope_scaling / rope_parameters")
@@ -216,43 +197,43 @@ def _mrope_section(text: Mapping[str, Any]) -> tuple[int, ...]:
 
 
 def _rope_theta(text: Mapping[str, Any]) -> float:
-    rope = _get(text, "rope_parameters", default={}) or {}
-    return float(_get(rope, "rope_theta", default=_get(text, "rope_theta", default=1e6)))
+    # rope_parameters only: 4.x's rope_scaling holds the M-RoPE sections, not the base
+    return hf_config.rope_theta(hf_config.rope_params(text, ("rope_parameters",)), text, 1e6)
 
 
 def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
-    patch = int(_get(v, "patch_size", "spatial_patch_size", default=14))
+    patch = int(get(v, "patch_size", "spatial_patch_size", default=14))
     if variant == "qwen2_vl":
-        width = int(_get(v, "embed_dim", default=1280))
-        mlp = int(width * float(_get(v, "mlp_ratio", default=4)))
-        window, full, act = 0, (), _get(v, "hidden_act", default="quick_gelu")
+        width = int(get(v, "embed_dim", default=1280))
+        mlp = int(width * float(get(v, "mlp_ratio", default=4)))
+        window, full, act = 0, (), get(v, "hidden_act", default="quick_gelu")
     elif variant == "qwen3_vl":
-        width = int(_get(v, "hidden_size", default=1152))
-        mlp = int(_get(v, "intermediate_size", default=4304))
-        window, full, act = 0, (), _get(v, "hidden_act", default="gelu_pytorch_tanh")
+        width = int(get(v, "hidden_size", default=1152))
+        mlp = int(get(v, "intermediate_size", default=4304))
+        window, full, act = 0, (), get(v, "hidden_act", default="gelu_pytorch_tanh")
     else:
-        width = int(_get(v, "hidden_size", default=1280))
-        mlp = int(_get(v, "intermediate_size", default=3420))
-        window = int(_get(v, "window_size", default=112)) // patch
-        full = tuple(int(i) for i in _get(v, "fullatt_block_indexes", default=()))
-        act = _get(v, "hidden_act", default="silu")
+        width = int(get(v, "hidden_size", default=1280))
+        mlp = int(get(v, "intermediate_size", default=3420))
+        window = int(get(v, "window_size", default=112)) // patch
+        full = tuple(int(i) for i in get(v, "fullatt_block_indexes", default=()))
+        act = get(v, "hidden_act", default="silu")
     # the reference's class default (4) where config.json does not say; released: 2
     # (Qwen3-VL's videos are timed by timestamps in the text instead)
-    per_second = 0.0 if variant != "qwen2_5_vl" else float(_get(v, "tokens_per_second", default=4))
-    out = int(_get(v, "out_hidden_size", default=lm_width) if variant != "qwen2_vl" else lm_width)
+    per_second = 0.0 if variant != "qwen2_5_vl" else float(get(v, "tokens_per_second", default=4))
+    out = int(get(v, "out_hidden_size", default=lm_width) if variant != "qwen2_vl" else lm_width)
     if out != lm_width:
         raise ConfigError(
             f"config.json: the vision tower's output width {out} is not the LM's {lm_width}"
         )
     return dict(
-        vit_depth=int(_get(v, "depth", default=32)),
+        vit_depth=int(get(v, "depth", default=32)),
         vit_width=width,
-        vit_heads=int(_get(v, "num_heads", default=16)),
+        vit_heads=int(get(v, "num_heads", default=16)),
         vit_mlp=mlp,
-        vit_in_chans=int(_get(v, "in_chans", "in_channels", default=3)),
+        vit_in_chans=int(get(v, "in_chans", "in_channels", default=3)),
         patch_size=patch,
-        temporal_patch_size=int(_get(v, "temporal_patch_size", default=2)),
-        merge_size=int(_get(v, "spatial_merge_size", default=2)),
+        temporal_patch_size=int(get(v, "temporal_patch_size", default=2)),
+        merge_size=int(get(v, "spatial_merge_size", default=2)),
         vit_window=window,
         vit_full_blocks=full,
         vit_act=act,
@@ -263,14 +244,14 @@ def _vision_fields(variant: str, v: Mapping[str, Any], lm_width: int) -> dict:
 
 def _qwen3_vision(v: Mapping[str, Any]) -> dict:
     """Qwen3-VL's vision switches (the class defaults where config.json is silent)."""
-    rope = _get(v, "rope_parameters", default={}) or {}
+    rope = hf_config.rope_params(v, ("rope_parameters",))
     return dict(
         patch_bias=True,
-        vit_pos_table=int(_get(v, "num_position_embeddings", default=2304)),
+        vit_pos_table=int(get(v, "num_position_embeddings", default=2304)),
         vit_deepstack=tuple(
-            int(i) for i in _get(v, "deepstack_visual_indexes", default=(8, 16, 24))
+            int(i) for i in get(v, "deepstack_visual_indexes", default=(8, 16, 24))
         ),
-        vit_rope_theta=float(_get(rope, "rope_theta", default=10000.0)),
+        vit_rope_theta=float(get(rope, "rope_theta", default=10000.0)),
     )
 
 
@@ -279,9 +260,9 @@ def _qwen3_text(text: Mapping[str, Any]) -> dict:
     interleaves whatever `mrope_interleaved` says), the chat template's and the video
     prompt's differences."""
     return dict(
-        lm_head_size=int(_get(text, "head_dim", default=128)),
+        lm_head_size=int(get(text, "head_dim", default=128)),
         lm_qk_norm=True,
-        lm_qkv_bias=bool(_get(text, "attention_bias", default=False)),
+        lm_qkv_bias=bool(get(text, "attention_bias", default=False)),
         lm_mrope_interleaved=True,
         chat_system="",
         video_timestamps=True,
@@ -309,29 +290,20 @@ def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
         lm_width=width,
         lm_layers=int(text["num_hidden_layers"]),
         lm_heads=heads,
-        lm_kv_heads=int(_get(text, "num_key_value_heads", default=heads)),
+        lm_kv_heads=int(get(text, "num_key_value_heads", default=heads)),
         lm_mlp=int(text["intermediate_size"]),
-        lm_eps=float(_get(text, "rms_norm_eps", default=1e-6)),
+        lm_eps=float(get(text, "rms_norm_eps", default=1e-6)),
         lm_rope_theta=_rope_theta(text),
         lm_mrope_section=_mrope_section(text),
         **(_qwen3_text(text) if variant == "qwen3_vl" else {}),
-        # tied if either level says so (as transformers 5 reads files that kept it in
-        # text_config)
-        tie_embeddings=bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings")),
+        tie_embeddings=hf_config.tied(raw, text),
         image_token_id=int(
-            _get(raw, "image_token_id", default=_get(text, "image_token_id", default=151655))
+            get(raw, "image_token_id", default=get(text, "image_token_id", default=151655))
         ),
         video_token_id=int(
-            _get(raw, "video_token_id", default=_get(text, "video_token_id", default=151656))
+            get(raw, "video_token_id", default=get(text, "video_token_id", default=151656))
         ),
-        vision_start_token_id=int(_get(raw, "vision_start_token_id", default=151652)),
-        vision_end_token_id=int(_get(raw, "vision_end_token_id", default=151653)),
-        dtype=str(
-            _get(
-                raw,
-                "dtype",
-                "torch_dtype",
-                default=_get(text, "dtype", "torch_dtype", default="float32"),
-            )
-        ),
+        vision_start_token_id=int(get(raw, "vision_start_token_id", default=151652)),
+        vision_end_token_id=int(get(raw, "vision_end_token_id", default=151653)),
+        dtype=hf_config.stored_dtype(raw, text),
     )

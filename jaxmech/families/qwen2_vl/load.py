@@ -20,17 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmech.config import ConfigError
 from jaxmech.families.qwen2_vl.config import QwenVLConfig, from_hf
-from jaxmech.models.hub import (
-    LoadError,
-    Stored,
-    check_place,
-    check_tensors,
-    place_params,
-    read_json_config,
-    weight_files,
-)
+from jaxmech.families.qwen2_vl.params import lm_layout
+from jaxmech.models import hub
+from jaxmech.models.hub import LoadError, Stored, weight_files
 from jaxmech.models.hub import T as _T
 from jaxmech.models.hub import heads_in as _heads_in
 from jaxmech.models.hub import heads_out as _heads_out
@@ -83,43 +76,11 @@ def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
     return m
 
 
-def _lm_block_map(c: QwenVLConfig, i: int) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    b, out = f"lm.layers.{i}.", f"lm/block_{i}/"
-    m = {
-        b + "input_layernorm.weight": (out + "ln1_w", (D,), _same),
-        b + "post_attention_layernorm.weight": (out + "ln2_w", (D,), _same),
-    }
-    for w, n in (("q", H), ("k", K), ("v", K)):
-        m[b + f"self_attn.{w}_proj.weight"] = (
-            out + f"W_{w.upper()}",
-            (n * Dh, D),
-            _heads_in(n, Dh),
-        )
-        if c.lm_qkv_bias:
-            m[b + f"self_attn.{w}_proj.bias"] = (
-                out + f"b_{w.upper()}",
-                (n * Dh,),
-                lambda x, n=n: x.reshape(n, Dh),
-            )
-    if c.lm_qk_norm:
-        for w in "qk":
-            m[b + f"self_attn.{w}_norm.weight"] = (out + f"{w}_norm_w", (Dh,), _same)
-    m[b + "self_attn.o_proj.weight"] = (out + "W_O", (D, H * Dh), _heads_out(H, Dh))
-    for hf, ours, shape in (
-        ("gate_proj", "W_gate", (M, D)),
-        ("up_proj", "W_in", (M, D)),
-        ("down_proj", "W_out", (D, M)),
-    ):
-        m[b + f"mlp.{hf}.weight"] = (out + ours, shape, _T)
-    return m
-
-
 def key_map(c: QwenVLConfig) -> dict:
     """{canonical HF name: (our "part/.../name", HF shape, transform)}; canonical names
     start `visual.`, `lm.` (the LM's `model.` / `model.language_model.`) or `lm_head.`;
     a fused qkv tensor appears once per part as `name#0/1/2`."""
-    E, D = c.vit_width, c.lm_width
+    E = c.vit_width
     patch = (E, c.vit_in_chans, c.temporal_patch_size, c.patch_size, c.patch_size)
     m = {"visual.patch_embed.proj.weight": ("vit/W_patch", patch, lambda w: w.reshape(E, -1).T)}
     if c.patch_bias:
@@ -128,16 +89,7 @@ def key_map(c: QwenVLConfig) -> dict:
         m["visual.pos_embed.weight"] = ("vit/pos_table", (c.vit_pos_table, E), _same)
     for i in range(c.vit_depth):
         m |= _vit_block_map(c, i)
-    m |= _merger_map(c)
-    m |= {
-        "lm.embed_tokens.weight": ("lm/E", (c.lm_vocab, D), _same),
-        "lm.norm.weight": ("lm/lnf_w", (D,), _same),
-    }
-    for i in range(c.lm_layers):
-        m |= _lm_block_map(c, i)
-    if not c.tie_embeddings:
-        m["lm_head.weight"] = ("lm/W_U", (c.lm_vocab, D), _T)
-    return m
+    return m | _merger_map(c) | hub.lm_key_map("lm.", lm_layout(c))
 
 
 def _merger_map(c: QwenVLConfig) -> dict:
@@ -166,38 +118,24 @@ def _merger_map(c: QwenVLConfig) -> dict:
     return m
 
 
-def canonical(name: str) -> str:
-    """A stored tensor's name in either layout -> its canonical name (`key_map`)."""
-    for prefix, to in (
-        ("model.visual.", "visual."),
-        ("model.language_model.", "lm."),
-        ("visual.", "visual."),
-        ("model.", "lm."),
-        ("lm_head.", "lm_head."),
-    ):
-        if name.startswith(prefix):
-            return to + name[len(prefix) :]
-    return name
+PREFIXES = (  # stored prefix -> canonical, first match wins
+    ("model.visual.", "visual."),
+    ("model.language_model.", "lm."),
+    ("visual.", "visual."),
+    ("model.", "lm."),
+    ("lm_head.", "lm_head."),
+)
+canonical = hub.prefix_renamer(PREFIXES)  # a stored name in either layout -> canonical (`key_map`)
 
 
 def read_config(folder: str) -> QwenVLConfig:
     """The folder's config.json as a `QwenVLConfig` (LoadError naming the path)."""
-    return read_json_config(folder, from_hf, (KeyError, ConfigError))
+    return hub.read_config(folder, from_hf)
 
 
 def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
     """(config, params) of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder (module
-    docstring).
-
-    Args:
-      folder: holds config.json and model.safetensors (or a sharded index).
-      dtype: the params' dtype (float32, bfloat16, float16).
-      place: "auto" (one device if the params fit, else sharded), "one" or "shard".
-    """
-    check_place(place)
-    config = read_config(folder)
-    stored = Stored(weight_files(folder), canonical)
-    m = key_map(config)
-    # some tied checkpoints store the unembedding's copy
-    check_tensors(stored, m, ignore=("lm_head.weight",) if config.tie_embeddings else ())
-    return config, place_params(stored, m, dtype, place)
+    docstring; `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one"
+    or "shard"); some tied checkpoints store the unembedding's copy, which is ignored."""
+    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
+                               key_map=key_map)  # fmt: skip

@@ -61,18 +61,19 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.families.qwen2_vl import positions
-from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs, check_resume
+from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
     Resume,
     Sites,
     after,
     block_forward,
+    logits_at,
     norm,
     place_images,
     run_lm,
-    unembed,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
 
@@ -229,7 +230,7 @@ def forward(
     lm = params["lm"]
     stack = []
     if resume is not None:
-        check_resume(resume, inputs, config)
+        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
     # resumed before a DeepStack injection, the ViT runs for its features
     if resume is None or resume.layer < len(config.vit_deepstack):
         feats, stack = vision(params, inputs, config, edits, site)
@@ -244,12 +245,7 @@ def forward(
     pos = _lm_pos(inputs, edits)
     x = language_model(lm, x, pos, inputs.valid_BxS, config, site, resume, last_row, stack,
                        inputs.image_BxI)  # fmt: skip
-    if last_row:
-        x = x[:, -1]
-    elif rows is not None:
-        start = 0 if resume is None else resume.start
-        x = x[jnp.arange(x.shape[0]), jnp.asarray(rows) - start]
-    return unembed(lm, x), site.aux
+    return logits_at(lm, x, rows, resume, last_row), site.aux
 
 
 def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:

@@ -25,11 +25,13 @@ h // (H / Hkv)).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models import layout
+from jaxmech.models.layout import is_shape
+
+__all__ = ["init_params", "is_shape", "lm_layout", "n_params", "param_shapes"]
 
 
 def _vit_block(c: QwenVLConfig) -> dict:
@@ -52,14 +54,11 @@ def _vit_block(c: QwenVLConfig) -> dict:
     return s
 
 
-def _lm_block(c: QwenVLConfig) -> dict:
-    D, H, K, Dh, M = c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp
-    s = {"ln1_w": (D,), "ln2_w": (D,)}
-    for w, n in (("Q", H), ("K", K), ("V", K)):
-        s |= {f"W_{w}": (n, D, Dh)} | ({f"b_{w}": (n, Dh)} if c.lm_qkv_bias else {})
-    if c.lm_qk_norm:
-        s |= {"q_norm_w": (Dh,), "k_norm_w": (Dh,)}
-    return s | {"W_O": (H, Dh, D), "W_gate": (D, M), "W_in": (D, M), "W_out": (M, D)}
+def lm_layout(c: QwenVLConfig) -> layout.LMLayout:
+    """The LM's layout: Qwen2's q / k / v biases, or Qwen3's q / k norms."""
+    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
+                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=c.lm_qkv_bias,
+                           qk_norm=c.lm_qk_norm)  # fmt: skip
 
 
 def _merger(c: QwenVLConfig, post_shuffle: bool = False) -> dict:
@@ -73,43 +72,24 @@ def _merger(c: QwenVLConfig, post_shuffle: bool = False) -> dict:
 
 def param_shapes(c: QwenVLConfig) -> dict:
     """{part: {name or block_i: shape or {name: shape}}}: every parameter's shape."""
-    E, D = c.vit_width, c.lm_width
+    E = c.vit_width
     vit = {"W_patch": (c.patch_features, E)} | ({"b_patch": (E,)} if c.patch_bias else {})
     vit |= {"pos_table": (c.vit_pos_table, E)} if c.vit_pos_table else {}
     vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
-    lm = {"E": (c.lm_vocab, D), "lnf_w": (D,)}
-    lm |= {f"block_{i}": _lm_block(c) for i in range(c.lm_layers)}
-    if not c.tie_embeddings:
-        lm["W_U"] = (D, c.lm_vocab)
-    out = {"vit": vit, "merger": _merger(c), "lm": lm}
+    out = {"vit": vit, "merger": _merger(c), "lm": layout.lm_shapes(lm_layout(c))}
     if c.vit_deepstack:
         out["deepstack"] = {f"merger_{k}": _merger(c, True) for k in range(len(c.vit_deepstack))}
     return out
 
 
-def is_shape(x) -> bool:
-    return isinstance(x, tuple) and all(isinstance(n, int) for n in x)
-
-
 def n_params(c: QwenVLConfig) -> int:
     """How many parameters the checkpoint holds (tied embeddings counted once)."""
-    leaves = jax.tree_util.tree_leaves(param_shapes(c), is_leaf=is_shape)
-    return int(sum(np.prod(s) for s in leaves))
+    return layout.count_params(param_shapes(c))
 
 
 def init_params(c: QwenVLConfig, key, dtype=jnp.float32) -> dict:
-    """Random params of `c`'s shapes (norm weights near 1, biases and weights N(0, 0.02^2),
-    the patch embedding wider so tiny images still carry signal): for tests and
-    benchmarks; a real model is loaded (`load.load_checkpoint`). One draw, cut into the
-    leaves (one compiled program however many leaves)."""
-    paths, treedef = jax.tree_util.tree_flatten_with_path(param_shapes(c), is_leaf=is_shape)
-    sizes = [int(np.prod(shape)) for _, shape in paths]
-    flat = np.asarray(jax.random.normal(key, (sum(sizes),), jnp.float32))
-    out, at = [], 0
-    for (path, shape), n in zip(paths, sizes):
-        name = path[-1].key
-        x = (0.1 if name == "W_patch" else 0.02) * flat[at : at + n].reshape(shape)
-        at += n
-        is_norm = name.endswith("_w") and (name.startswith("ln") or "norm" in name)
-        out.append(jnp.asarray(1.0 + x if is_norm else x, dtype))
-    return jax.tree_util.tree_unflatten(treedef, out)
+    """Random params of `c`'s shapes (`models.layout.init_from_shapes`: norm weights near
+    1, biases and weights N(0, 0.02^2), the patch embedding wider so tiny images still
+    carry signal): for tests and benchmarks; a real model is loaded
+    (`load.load_checkpoint`)."""
+    return layout.init_from_shapes(param_shapes(c), key, dtype, {"W_patch": 0.1})

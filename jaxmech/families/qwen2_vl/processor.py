@@ -39,15 +39,15 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from jaxmech.data import pixels, prompts
-from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, decode_pixels, read_image
+from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, read_image
 from jaxmech.data.resize import BACKENDS, resize_bicubic
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.qwen2_vl.model import Inputs
 from jaxmech.families.vlm_view import Spans
 
-__all__ = ["decode_pixels", "read_image"]  # re-exported: what the view and tests read here
 SYSTEM = "You are a helpful assistant."
+TAIL = "<|im_end|>\n<|im_start|>assistant\n"  # what follows the question
 IMAGE_PAD, VIDEO_PAD, PAD = "<|image_pad|>", "<|video_pad|>", "<|endoftext|>"
 
 
@@ -143,7 +143,8 @@ def pixel_table(s: ImageSettings) -> np.ndarray:
 
 def patches(image, s: ImageSettings, codes: bool = False):
     """(float32 [P, C T p p] the flattened patches, (1, h, w) the patch grid); `codes`:
-    the uint8 levels instead, a quarter of the bytes (`decode_pixels` gives the floats)."""
+    the uint8 levels instead, a quarter of the bytes (`data.pixels.decode_pixels` gives
+    the floats)."""
     x = read_image(image)
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
     h, w = smart_resize(x.shape[0], x.shape[1], p * m, s.min_pixels, s.max_pixels)
@@ -202,7 +203,7 @@ def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD
     system turn (Qwen3-VL's template adds no default one)."""
     vision = "" if pad is None else f"<|vision_start|>{pad}<|vision_end|>"
     turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
-    return f"{turn}<|im_start|>user\n{vision}{question}<|im_end|>\n<|im_start|>assistant\n"
+    return f"{turn}<|im_start|>user\n{vision}{question}{TAIL}"
 
 
 class Processor(NamedTuple):
@@ -219,22 +220,10 @@ def load_processor(folder: str, config: QwenVLConfig, resize: str | None = None)
     """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
     `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the config's
     processor class does, `ImageSettings.resize`)."""
-    from tokenizers import Tokenizer
-
-    path = os.path.join(folder, "tokenizer.json")
-    if not os.path.exists(path):
-        raise ValueError(f"checkpoint = {folder!r}: no tokenizer.json")
-    tok = Tokenizer.from_file(path)
-    if tok.token_to_id(IMAGE_PAD) != config.image_token_id:
-        raise ValueError(
-            f"{path}: {IMAGE_PAD} has id {tok.token_to_id(IMAGE_PAD)}, config.json says "
-            f"image_token_id = {config.image_token_id}"
-        )
-    if tok.token_to_id(VIDEO_PAD) not in (None, config.video_token_id):
-        raise ValueError(
-            f"{path}: {VIDEO_PAD} has id {tok.token_to_id(VIDEO_PAD)}, config.json says "
-            f"video_token_id = {config.video_token_id}"
-        )
+    tok, path = prompts.read_tokenizer(folder)
+    prompts.check_token_id(tok, path, IMAGE_PAD, config.image_token_id, "image_token_id")
+    prompts.check_token_id(tok, path, VIDEO_PAD, config.video_token_id, "video_token_id",
+                           optional=True)  # fmt: skip
     images = image_settings(folder)
     if resize is not None:
         if resize not in BACKENDS:
@@ -267,13 +256,6 @@ class Encoded(NamedTuple):
                 f"{self.inputs.tokens_BxS.shape[1]} tokens")  # fmt: skip
 
 
-def _check_batch(images, questions):
-    if isinstance(questions, str) or not len(questions):
-        raise ValueError("questions: expected a non-empty list of strings")
-    if len(images) != len(questions):
-        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
-
-
 def _pixels(proc: Processor, images, codes: bool = False):
     if (
         proc.images.patch_size != proc.config.patch_size
@@ -292,8 +274,9 @@ def _pixels(proc: Processor, images, codes: bool = False):
 
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `decode_pixels` before `model.forward`)."""
-    _check_batch(images, questions)
+    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    `model.forward`)."""
+    prompts.check_batch(images, questions)
     pixels, grid = _pixels(proc, images, codes)
     return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id)
 
@@ -305,7 +288,7 @@ def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
     (`<|video_pad|>`). `fps`: the frames' rate, which only Qwen2.5-VL's time ids read
     (tokens_per_second x the seconds a temporal patch spans); 24 is what the reference
     assumes for frames given without their metadata. `codes`: as `encode`'s."""
-    _check_batch(videos, questions)
+    prompts.check_batch(videos, questions)
     if not fps > 0:
         raise ValueError(f"fps = {fps}: expected a positive frame rate")
     out = [video_patches(v, proc.videos, codes) for v in videos]
@@ -331,8 +314,7 @@ def encode_text(proc: Processor, questions) -> Encoded:
     """Questions asked without an image (the text-only prompt, `chat_prompt(pad=None)`)
     -> an `Encoded` batch with no patches and no image tokens: the authors' text-only
     baseline (paper 003's `coco_deviation.py`: `extract_embeds(query, None, ...)`)."""
-    if isinstance(questions, str) or not len(questions):
-        raise ValueError("questions: expected a non-empty list of strings")
+    prompts.check_batch(None, questions)
     F = 3 * proc.images.temporal_patch_size * proc.images.patch_size**2
     pixels = np.zeros((len(questions), 0, F), np.uint8)
     return _encode(proc, pixels, (1, 0, 0), questions, None, proc.config.image_token_id)
@@ -358,13 +340,13 @@ def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: i
             interval: float = 1.0, stamps=None) -> Encoded:  # fmt: skip
     c = proc.config
     n = int(np.prod(grid)) // c.merge_size**2
-    texts, spans = [], []
-    for q in questions:
+    block = f"<|vision_start|>{pad}<|vision_end|>"
+
+    def template(q):
         text = chat_prompt(q, c.chat_system, pad=pad)
-        block = f"<|vision_start|>{pad}<|vision_end|>"
-        texts.append(text if pad is None else text.replace(block, _vision_text(pad, n, stamps)))
-        start = len(texts[-1]) - len(q) - len("<|im_end|>\n<|im_start|>assistant\n")
-        spans.append((start, start + len(q)))
+        return text if pad is None else text.replace(block, _vision_text(pad, n, stamps))
+
+    texts, question_Bx2 = prompts.templated(questions, template, TAIL)
     pad_tok = proc.tokenizer.token_to_id(PAD)
     rows = prompts.token_rows(proc.tokenizer, texts, pad_tok if pad_tok is not None else 0)
     per_frame = stamps is not None
@@ -374,7 +356,7 @@ def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: i
         inputs,
         texts,
         rows.offsets_BxSx2,
-        np.asarray(spans),
+        question_Bx2,
         grid,
         c.merge_size,
         pad == VIDEO_PAD,
@@ -412,25 +394,12 @@ def _inputs(c: QwenVLConfig, tokens, valid, pixels, grid, pad_id: int, interval:
     )
 
 
-def last_subtoken(enc: Encoded, b: int, char_range) -> int:
-    """The position of the last token of row b overlapping `char_range` of its prompt."""
-    return prompts.last_subtoken(enc.offsets_BxSx2[b], char_range)
-
-
 def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
     """The VLM interface's `Spans` of an encoded batch; `words` are each row's (first,
     second) object words as they appear in its question; `cells` the (rows, cols) of the
     scene grid that `cell_I` indexes (row-major)."""
-    if len(words) != len(enc.prompts):
-        raise ValueError(f"words: {len(words)} pairs for {len(enc.prompts)} questions")
-    xy = []
-    for b, pair in enumerate(words):
-        q0 = int(enc.question_Bx2[b, 0])
-        question = enc.prompts[b][q0 : enc.question_Bx2[b, 1]]
-        xy.append(
-            [last_subtoken(enc, b, np.add(prompts.word_range(question, w), q0)) for w in pair]
-        )
-    return _spans(enc, np.asarray(xy), cells)
+    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
+    return _spans(enc, xy, cells)
 
 
 def _spans(enc: Encoded, xy, cells) -> Spans:
@@ -438,20 +407,14 @@ def _spans(enc: Encoded, xy, cells) -> Spans:
     h, w = enc.grid[1] // enc.merge, enc.grid[2] // enc.merge
     row = f * cells[0] // enc.grid[0] if enc.video else r * cells[0] // h  # a video's: its frame
     cell = row * cells[1] + c * cells[1] // w
-    offs = enc.offsets_BxSx2
-    q = enc.question_Bx2
-    question = (
-        (offs[..., 0] >= q[:, None, 0])
-        & (offs[..., 1] <= q[:, None, 1])
-        & (offs[..., 1] > offs[..., 0])
-    )
-    S = offs.shape[1]
+    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
+    S = enc.offsets_BxSx2.shape[1]
     return Spans(
         enc.inputs.image_BxI,
         np.stack([f, r, c], 1).astype(np.int32),
         cell.astype(np.int32),
-        xy[:, 0].astype(np.int32),
-        xy[:, 1].astype(np.int32),
+        xy[:, 0],
+        xy[:, 1],
         question,
         np.full(len(xy), S - 1, np.int32),
     )

@@ -18,7 +18,7 @@ Answer words (`answer_words`): the first token of "Left" / "Right", "Above" / "B
 the answer starts the assistant's turn on a new line, where a chat model writes a
 capitalised word. The first token only (not a sum over spellings). The papers' authors'
 wording (`checkpoint_view(wording="authors")`) asks 'Answer "left" or "right" only.'
-and reads "left" / "right" (`AUTHORS_ANSWERS`), as their Qwen scripts do.
+and reads "left" / "right" (`pictures.AUTHORS_ANSWERS`), as their Qwen scripts do.
 
 The LM's position ids (`lm_position_ids`) are the M-RoPE ids the processor made: text
 ids count from each row's first real token, the image tokens' (row, col) ids are offset
@@ -37,39 +37,19 @@ from __future__ import annotations
 
 import functools
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data import pictures, prompts
+from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.qwen2_vl import model, positions, processor
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.families.vlm_view import VLMView
-from jaxmech.models.decoder import RESUME_SITES, needs_all_rows
+from jaxmech.families.vlm_view import VLMView, placed
+from jaxmech.models.decoder import RESUME_SITES, answer_forward
 
-ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))  # by relation id
-# the papers' authors' Qwen scripts read the lower-case words their prompt quotes
-AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
-WORDINGS = ("jaxmech", "authors")  # `checkpoint_view(wording=)`
-VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))  # relation 1: time
 VIDEO_FPS = 2.0  # a rendered video's frame rate: each scene frame shown for one second
 GRID = Grid(4, 4)  # the default scene grid: 448 px = 4 cells of 4 x 4 merged tokens
-
-
-def answer_words(proc: processor.Processor, answers=ANSWERS) -> np.ndarray:
-    """[3, 2] the first token id of each relation's answer words (`ANSWERS`; a video's
-    `VIDEO_ANSWERS`). Raises ValueError when a relation's two words begin with the same
-    token."""
-    ids = [[proc.tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
-           for pair in answers]  # fmt: skip
-    for rel, (a, b) in enumerate(ids[:2]):
-        if a == b:
-            raise ValueError(
-                f"tokenizer.json: {answers[rel][0]!r} and {answers[rel][1]!r} begin with the "
-                f"same token {a}, so their logits cannot tell the answers apart"
-            )
-    return np.asarray(ids, np.int32)
 
 
 def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = False) -> None:
@@ -103,31 +83,19 @@ def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, a
     each frame repeated over the temporal patch so that each scene frame is one
     temporal patch, at `VIDEO_FPS`. `templates`: the pictures' questions' wording
     (`pictures.TEMPLATES` or `AUTHORS_TEMPLATES`)."""
+    if not video:
+        return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
     ask = specs if ask is None else ask
-    names = pictures.object_names(ask)
-    if video:
-        frames = np.repeat(
-            pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1
-        )
-        asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
-        enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
-    else:
-        enc = processor.encode(
-            proc,
-            list(pictures.draw(grid, specs, size)),
-            pictures.questions(ask, templates),
-            codes=True,
-        )
-    words = [(x, y or x) for x, y in names]  # presence questions name X only
+    frames = np.repeat(pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1)
+    asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
+    enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
+    words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
     return _placed(enc, words, grid)
 
 
 def _placed(enc, words, grid: Grid):
     """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    sp = processor.spans(enc, words, cells=(grid.h, grid.w))
-    first = np.argmax(enc.inputs.valid_BxS, 1).astype(np.int32)
-    # placed now, so the host's copy is freed: a report holds its rendered inputs once
-    return jax.device_put(enc.inputs), sp._replace(first_B=first)
+    return placed(enc.inputs, processor.spans(enc, words, cells=(grid.h, grid.w)))
 
 
 def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
@@ -154,20 +122,13 @@ def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
 
 def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=False, resume=None):
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row, the rendered pixels' uint8 levels normalised by `table` first
-    (`processor.decode_pixels`: a quarter of the bytes held until a chunk runs). The
-    last block runs that row only (as the toy's does) unless the capture asks for one
-    of its sites that needs every row (`needs_all_rows`)."""
-    if inputs.pixels_BxPxF.dtype == np.uint8:
-        per_channel = config.patch_features // 3
-        inputs = inputs._replace(
-            pixels_BxPxF=processor.decode_pixels(inputs.pixels_BxPxF, table, per_channel)
-        )
-    whole = needs_all_rows(capture, config.lm_layers)
-    B, S = inputs.tokens_BxS.shape
-    rows = jnp.full(B, S - 1, jnp.int32) if whole else None
-    return model.forward(params, inputs, edits, config=config, capture=capture, rows=rows,
-                         resume=resume, last_row=not whole)  # fmt: skip
+    row (`models.decoder.answer_forward`: the last block runs that row only, as the
+    toy's does, unless the capture needs every row), the rendered pixels' uint8 levels
+    normalised by `table` first (`data.pixels.decoded`: a quarter of the bytes held
+    until a chunk runs)."""
+    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_features // 3)
+    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
+                          params, inputs, edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
@@ -259,19 +220,17 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
                     video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
     scenes on `grid` drawn `size` pixels square (None: `default_size`); `video`: as videos of grid.h frames
-    (`render`), relation 1 asking about time (`VIDEO_ANSWERS`). `wording` "authors":
-    pictures asked in the papers' authors' words (`pictures.AUTHORS_TEMPLATES`), the
-    lower-case answer words read (`AUTHORS_ANSWERS`); videos keep jaxmech's. Raises
-    ValueError naming `size`, `wording` or the tokenizer before any compute."""
-    if wording not in WORDINGS:
-        raise ValueError(f"wording = {wording!r}: expected one of {', '.join(WORDINGS)}")
+    (`render`), relation 1 asking about time (`pictures.VIDEO_ANSWERS`). `wording`
+    "authors": pictures asked in the papers' authors' words (`pictures.wording`); videos
+    keep jaxmech's. Raises ValueError naming `size`, `wording` or the tokenizer before
+    any compute."""
+    templates, answers = pictures.wording(wording)
+    if video:
+        templates, answers = pictures.TEMPLATES, pictures.VIDEO_ANSWERS
     proc = processor.load_processor(folder, config)
     size = default_size(proc, grid, video) if size is None else size
     check_size(proc, grid, size, video)
-    authors = wording == "authors" and not video
-    answers = VIDEO_ANSWERS if video else AUTHORS_ANSWERS if authors else ANSWERS
-    words = answer_words(proc, answers)
-    templates = pictures.AUTHORS_TEMPLATES if authors else pictures.TEMPLATES
+    words = prompts.answer_ids(proc.tokenizer, answers)
     p = size // config.patch_size
     grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
