@@ -227,6 +227,11 @@ class TrainConfig:
     Models that finish early are frozen; the sweep derives `steps` (the program length)
     from the largest budget.
 
+    `curriculum_steps = N > 0` puts single-object questions first: the share of a
+    batch's single-object rows falls linearly from 1 at step 0 to `single_frac` at step
+    N (`train.curriculum_settings`); 0 (default) keeps `single_frac` throughout.
+    Streaming only (a finite set's epochs count fixed batches).
+
     `id_weight` (sweepable) weighs the spatial-ID loss of an autoregressive VLM with
     `id_site` > 0; 0 trains on the plain loss.
 
@@ -243,6 +248,7 @@ class TrainConfig:
     lr: float = 1e-3
     warmup_steps: int = 100
     lr_decay: str = "constant"
+    curriculum_steps: int = 0
     b1: float = 0.9
     b2: float = 0.98
     eps: float = 1e-8
@@ -270,11 +276,18 @@ class TrainConfig:
         float_in("lr", self.lr, 0.0, 10.0, lo_open=True)
         int_in("warmup_steps", self.warmup_steps, 0, 10**9)
         choice("lr_decay", self.lr_decay, LR_DECAYS)
+        int_in("curriculum_steps", self.curriculum_steps, 0, 10**9, " (0: no curriculum)")
         float_in("b1", self.b1, 0.0, 1.0)
         float_in("b2", self.b2, 0.0, 1.0)
         float_in("eps", self.eps, 0.0, 1.0, lo_open=True)
         float_in("weight_decay", self.weight_decay, 0.0, 100.0)
         int_in("epochs", self.epochs, 0, 10**6, " (0 = streaming batches)")
+        if self.curriculum_steps and self.epochs:
+            fail(
+                "curriculum_steps",
+                self.curriculum_steps,
+                f"0 with epochs = {self.epochs} (a finite set's epochs count fixed batches)",
+            )
         int_in("seed", self.seed, 0, 2**31 - 1)
         float_in("id_weight", self.id_weight, 0.0, 1000.0)
         if not isinstance(self.train_only, str) or (

@@ -169,9 +169,23 @@ def _step_keys(settings: Settings, step):
     )
 
 
+def curriculum_settings(settings: Settings, step, train: TrainConfig) -> Settings:
+    """The settings a model's batch of `step` is drawn with: under `curriculum_steps` =
+    N > 0 its `single_frac` rises to 1 at step 0 and falls linearly back by step N
+    (single-object questions first); with N = 0 `settings` itself (the default path
+    stays the same program)."""
+    n = train.curriculum_steps
+    if n == 0:
+        return settings
+    early = jnp.clip(1.0 - jnp.asarray(step, jnp.float32) / n, 0.0, 1.0)
+    frac = jnp.asarray(settings.single_frac, jnp.float32)
+    return settings._replace(single_frac=frac + (1.0 - frac) * early)
+
+
 def step_batch(step, settings: Settings, data: Data, config: Config):
     """The training batch of one model at `step` (a function of its seed and the step)."""
     key, order_key = _step_keys(settings, step)
+    settings = curriculum_settings(settings, step, config.train)
     return get_task(config.task.task_kind).sample_batch(
         data.tables,
         key,

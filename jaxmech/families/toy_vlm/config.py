@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxmech.config import TransformerConfig, choice, fail, int_in
+from jaxmech.config import TransformerConfig, choice, fail, float_in, int_in
 
 VIT_POS = ("learned2d", "sincos2d", "rope2d")
 PROJECTORS = ("linear", "mlp")
@@ -19,6 +19,10 @@ class ToyVLMConfig(TransformerConfig):
     frames (the ViT sees each frame alone, without a row code; the LM's three-part ids
     carry the frame); `id_site` > 0 adds the spatial-ID loss at that LM site
     (`families.toy_vlm.id_loss`), weighted by the sweepable `id_weight`.
+
+    `label_smoothing` = eps > 0 trains the answer against (1 - eps) one-hot + eps
+    uniform over the vocabulary (`families.toy_vlm.loss.answer_loss`); 0 (default):
+    plain cross-entropy.
 
     `planted_route` (the planted-route control of paper 003's methods): question tokens
     other than the object words cannot attend to the image tokens, so position reaches
@@ -36,6 +40,7 @@ class ToyVLMConfig(TransformerConfig):
     vit_frames: bool = False
     id_site: int = 0
     planted_route: bool = False
+    label_smoothing: float = 0.0
 
     @property
     def global_blocks(self) -> tuple[int, ...]:
@@ -57,6 +62,7 @@ class ToyVLMConfig(TransformerConfig):
         int_in("vit_window", self.vit_window, 0, 64, " (0: no window blocks)")
         choice("projector", self.projector, PROJECTORS)
         choice("lm_pos_ids", self.lm_pos_ids, LM_POS_IDS)
+        float_in("label_smoothing", self.label_smoothing, 0.0, 0.5)
         int_in("id_site", self.id_site, 0, self.lm_n_layers, " (0: no spatial-ID loss)")
         for b in self.global_blocks:
             int_in("vit_global_blocks", b, 0, self.n_layers - 1, " (ViT block indices)")

@@ -53,12 +53,16 @@ def logits(params, batch: SceneBatch, edits=None):
 
 
 def answer_loss(params, batch: SceneBatch, tables, settings, config) -> jax.Array:
-    """The family's training loss: the mean cross-entropy of the answer token, plus
-    `settings.id_weight` times the spatial-ID loss at LM site `id_site` when that is
-    set (`families.toy_vlm.id_loss`; with id_site 0 the ID loss is not computed at all)."""
+    """The family's training loss: the mean cross-entropy of the answer token (against
+    a target smoothed by `label_smoothing` when that is set), plus `settings.id_weight`
+    times the spatial-ID loss at LM site `id_site` when that is set
+    (`families.toy_vlm.id_loss`; with id_site 0 the ID loss is not computed at all)."""
     del tables
     logp_BxV = jax.nn.log_softmax(logits(params, batch), axis=-1)
     ce = -jnp.take_along_axis(logp_BxV, batch.answer_B[:, None], axis=-1).mean()
+    eps = config.model.label_smoothing
+    if eps > 0:  # a static branch: at 0 the loss is the plain program's
+        ce = (1.0 - eps) * ce - eps * logp_BxV.mean()
     if config.model.id_site == 0:
         return ce
     # At weight 0 no gradient enters the ID path at all (not even zeros, which XLA
