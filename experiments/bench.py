@@ -24,7 +24,6 @@ from absl import app, flags
 from jaxmech.bench.training import (
     ablation_table_time,
     dense_step_flops,
-    matmul_rate,
     model_steps_per_second,
     scaling_configs,
     scaling_table,
@@ -36,6 +35,7 @@ from jaxmech.bench.training import (
 from jaxmech.cli import define_config_flags, run_main, setup_runtime, specs_from_flags
 from jaxmech.config import ConfigError
 from jaxmech.presets import preset_config
+from jaxmech.sizing import matmul_rate
 from jaxmech.sweep import coerce
 
 flags.DEFINE_string("ks", "1,4,16,64", "numbers of vmapped models to measure")

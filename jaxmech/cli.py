@@ -225,6 +225,9 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     flags.DEFINE_enum("protocol", "jaxmech", list(PROTOCOLS), "whose protocol a checkpoint's "
                       "tables follow: the papers' authors' scripts or jaxmech's (BUILD_NOTES: "
                       "the difference table)")  # fmt: skip
+    flags.DEFINE_bool("per_block", False, "counterfactual table: also mirror the ViT's "
+                      "positions in one block at a time (2 rows per ViT block: 64 more "
+                      "conditions at Qwen2-VL's 32 blocks)")  # fmt: skip
 
 
 def parse_layers(text: str | None):
@@ -253,4 +256,5 @@ def checkpoint_options(FLAGS) -> dict:
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
                 dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol,
-                questions_from=FLAGS.questions_from, data=FLAGS.data)  # fmt: skip
+                questions_from=FLAGS.questions_from, data=FLAGS.data,
+                per_block=FLAGS.per_block)  # fmt: skip

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import NamedTuple
 
 import jax
@@ -139,3 +140,18 @@ def chunk_per_device(config: Config) -> tuple[int, str]:
         f"measured: {fp.per_model / 2**20:.2f} MiB per model + {fp.fixed / 2**20:.1f} MiB "
         f"fixed, {MEMORY_SHARE:.0%} of {memory / 2**30:.1f} GiB"
     )
+
+
+def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
+    """Best-of f32 matmul throughput (FLOP/s) of an n x n x n product on this backend:
+    the training bench's yardstick and a table's time estimate's (`reports.questions.
+    log_estimate`)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    f = jax.jit(lambda a: a @ a)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2.0 * n**3 / best

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import jax
 import numpy as np
@@ -221,6 +222,10 @@ def test_the_patching_report_on_a_checkpoint_resumes(tmp_path, capsys):
                           protocol="authors", log=lambda *_: None)  # fmt: skip
     out = analyse(run, str(tmp_path), log=lambda *_: None)
     assert os.path.exists(tmp_path / "patching" / "summary.json")
+    # the estimate, printed before the table computes: forwards x one forward's FLOPs
+    (estimate,) = [x for x in capsys.readouterr().out.splitlines() if "estimate:" in x]
+    forwards, gflop = re.search(r"= (\d+) forwards of ([\d.e+-]+) GFLOP", estimate).groups()
+    assert int(forwards) > 3 * 2 and float(gflop) > 0  # more than the plain and twin runs
     rows = out["tables"]["shifts"]
     assert {r["layer"] for r in rows} == {1} and {r["twin"] for r in rows} == {"mirror", "recolour"}
     assert {r["word"] for r in rows} == {"left", "right", "both"} and {r["n"] for r in rows} == {3}

@@ -30,7 +30,7 @@ from jaxmech.families.qwen2_vl import view as view_module
 from jaxmech.families.qwen2_vl.checks import site_names
 from jaxmech.families.qwen2_vl.config import from_hf
 from jaxmech.families.qwen2_vl.view import checkpoint_view, default_size
-from jaxmech.families.vlm_view import examples
+from jaxmech.families.vlm_view import examples, model_outline
 from jaxmech.models.decoder import RESUME_SITES
 from jaxmech.models.edits import Edits
 
@@ -455,13 +455,15 @@ def test_qwen3_vl_4b_parameters():
 
 def test_the_counterfactual_report_runs_on_the_fixture(tmp_path):
     """The counterfactual report on the fixture as `--checkpoint` opens it (2 x 2 scenes
-    of 128 px, two questions per relation): the per-mechanism rows, per-block rows and
-    the note that the table's half-cell shift acts. ~15 s: its table's program (every
-    counterfactual, mapped) compiles once. (Every other report: the slow test below.)"""
+    of 128 px, two questions per relation) with `--per_block`: the per-mechanism rows,
+    per-block rows and the note that the table's half-cell shift acts (without the
+    flag, no per-block row). ~15 s: its table's program (every counterfactual, mapped)
+    compiles once. (Every other report: the slow test below.)"""
     from jaxmech.reports import counterfactuals
     from jaxmech.reports.common import analyse_subject, open_checkpoint
 
-    run = open_checkpoint(FOLDER, grid=(2, 2), size=128, questions=2, batch=64, log=quiet)
+    run = open_checkpoint(FOLDER, grid=(2, 2), size=128, questions=2, batch=64, log=quiet,
+                          per_block=True)  # fmt: skip
     cf = analyse_subject(counterfactuals.REPORT, run, str(tmp_path), log=quiet)
     assert os.path.isfile(tmp_path / "counterfactuals" / "summary.json")
     rows = {(r["counterfactual"], r["relation"]): r for r in cf["tables"]["table"]}
@@ -469,6 +471,9 @@ def test_the_counterfactual_report_runs_on_the_fixture(tmp_path):
     for name in (*cfa.TABLE_CHANGES, "vit_w", "vit_w@2", "vit_half", "lm_ids_w", "order_w"):
         assert (name, "horizontal") in rows and (name, "vertical") in rows, name
     assert "table's shift acts" in cf["summary"]["notes"]["vit_half"]
+    view, first = run.subject.vlm_view, model_outline(run.params)
+    default = cfa.names_for(view, first, per_block=False)
+    assert not [n for n in default if "@" in n] and set(cfa.TABLE_CHANGES) <= set(default)
 
 
 @pytest.mark.slow

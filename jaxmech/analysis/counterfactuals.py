@@ -106,13 +106,16 @@ TABLE_CHANGES = {
 SCENES = ((None, False), ("w", True), ("h", False), ("w", False), (None, True))
 
 
-def names_for(view: VLMView, params) -> tuple[str, ...]:
-    """`COUNTERFACTUALS`, and where the ViT's positions act in every block (rotary)
-    the ViT mirrors applied in one block at a time: `vit_w@b`, `vit_h@b` for block b;
-    with a position table as well, `TABLE_CHANGES` (each mechanism alone)."""
+def names_for(view: VLMView, params, per_block: bool = True) -> tuple[str, ...]:
+    """`COUNTERFACTUALS`; with a position table beside rotary ViT positions,
+    `TABLE_CHANGES` (each mechanism alone); and where the ViT's positions act in every
+    block (rotary) and `per_block`, the ViT mirrors applied in one block at a time:
+    `vit_w@b`, `vit_h@b` for block b (2 per block: 64 rows at Qwen2-VL's 32 blocks,
+    which is why a checkpoint's table asks for them by name, `--per_block`)."""
     n_blocks = view.vit_blocks(params)
     table = tuple(TABLE_CHANGES) if n_blocks and view.vit_table else ()
-    return COUNTERFACTUALS + table + tuple(f"vit_{a}@{b}" for a in "wh" for b in range(n_blocks))
+    blocks = range(n_blocks if per_block else 0)
+    return COUNTERFACTUALS + table + tuple(f"vit_{a}@{b}" for a in "wh" for b in blocks)
 
 
 class Counterfactual(NamedTuple):

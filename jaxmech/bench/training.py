@@ -62,19 +62,6 @@ def dense_step_flops(config: Config, readout_only: bool = True) -> float:
     return 3.0 * B * fwd + 2.0 * B * B * m.d_embed
 
 
-def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
-    """Best-of f32 matmul throughput (FLOP/s) of an n x n x n product on this backend."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
-    f(a).block_until_ready()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        f(a).block_until_ready()
-        best = min(best, time.perf_counter() - t)
-    return 2.0 * n**3 / best
-
-
 def _steps_program(config: Config, k: int, n_steps: int, devices: int = 1):
     """A jitted function running n_steps training steps of k vmapped models, their
     model axis split over the first `devices` devices (as a sweep splits its chunk)."""

@@ -30,6 +30,7 @@ from jaxmech.reports.driver import (  # noqa: F401
 from jaxmech.reports.questions import (  # noqa: F401
     chunk_progress,
     id_labels,
+    log_estimate,
     probe_rows,
     protocol_of,
     question_batches,

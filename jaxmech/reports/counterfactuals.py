@@ -3,7 +3,8 @@
 On the questions of both relations (the seen-pair questions first and the unseen-pair ones beside them, each summarised
 over the generalising models and then the others (`common.analyse`)), every model answers every example
 under every counterfactual of `analysis.counterfactuals` (with a rope2d ViT, also the
-ViT mirrors in one block at a time) in one compiled call. Per
+ViT mirrors in one block at a time: always for a results folder, with `--per_block`
+for a checkpoint) in one compiled call. Per
 model, relation and counterfactual:
 
 * agree_mirror: the share of answers equal to the model's own answer on the mirrored
@@ -41,6 +42,7 @@ from jaxmech.reports.common import (
     fmt_ci,
     fmt_question_ci,
     joined,
+    log_estimate,
     protocol_of,
     question_batches,
     question_ci,
@@ -89,7 +91,10 @@ def compute(run: LoadedRun, log=print) -> dict:
     first = model_outline(run.params)
     twins = ("swap",) + tuple(f"scene:{i}" for i in range(len(cfa.SCENES)))
     batches = question_batches(run, (0, 1), twins)
-    names = cfa.names_for(batches[0].view, first)
+    names = cfa.names_for(batches[0].view, first, run.subject.per_block)
+    n_blocks = batches[0].view.vit_blocks(first)
+    if n_blocks and not run.subject.per_block:
+        log(f"  the ViT mirrors per block ({2 * n_blocks} more conditions) left out: --per_block")
     scenes = set(batches[0].scenes)
     kept = tuple(n for n in names if cfa.scene_of(n) in scenes)
     if kept != names:
@@ -112,6 +117,8 @@ def _batch_margins(run: LoadedRun, batch, names, log) -> dict:
     swapped = batch.twins["swap"]
     n = len(ex.answer_B)
     one_at_a_time = run.subject.question_chunk
+    log_estimate(run, view, ex.inputs, n * (len(names) + 1),
+                 f"{len(names)} conditions x {n} questions + the swapped question", log)  # fmt: skip
 
     @jax.jit
     def chunk(params_K, versions, answer, other, sw_inputs, sw_answer, sw_other, ids, sw_ids):

@@ -28,6 +28,7 @@ from jaxmech.analysis.patching import (
     GROUPS,
     belief_shift,
     patch_table,
+    resume_plan,
     table_call_for,
     table_compile_at,
     token_groups,
@@ -43,6 +44,7 @@ from jaxmech.reports.common import (
     declared,
     fmt_interval,
     joined,
+    log_estimate,
     protocol_of,
     question_batches,
     rows_per_call,
@@ -95,6 +97,17 @@ def _batch_logp(run: LoadedRun, batch, log) -> dict:
         )
     groups, shared = token_groups(ex.spans), np.asarray(ex.spans.image_BxI).min(1)
     call = table_call_for(view, run.params, twins, groups, layers, shared)
+    # a patched run: the LM from its layer on, over the rows from its resume start
+    # (`resume_plan`; every row without one), counted as that share of a whole
+    # forward (an over-count by the ViT's share: the ViT does not run)
+    S = np.asarray(ex.inputs.tokens_BxS).shape[1]
+    plan = resume_plan(view, groups, shared) or [(0, False)] * len(groups)
+    rows = sum((S - s0) / S for s0, _ in plan)
+    tail = sum((n_blocks - y) / n_blocks for y in layers) * rows
+    log_estimate(run, view, ex.inputs, n * len(twins) * (1 + tail) + n,
+                 f"{len(layers)} layers x {len(groups)} groups x {len(twins)} twins x {n} "
+                 "questions (a patched run counted as the share of LM blocks and rows it "
+                 "runs)", log)  # fmt: skip
     t0 = time.perf_counter()
     at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
     batch_rows, plan = rows_per_call(run, at, n, log)

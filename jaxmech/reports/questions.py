@@ -127,3 +127,28 @@ def chunk_progress(log, batch: int):
             log(f"  {done}/{n} questions{was}, {spent:.0f} s, ETA {rate * (n - done):.0f} s")
 
     return progress
+
+
+def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: str, log):
+    """Log, before a checkpoint's table computes, its estimated time: `forwards` full
+    forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
+    0 is lowered, not compiled) at XLA's count of one forward's FLOPs over this
+    machine's float32 matmul rate (`sizing.matmul_rate`, a rate the forward
+    does not beat on CPU), compile not included. Only where the subject asks for it
+    (`estimates_time`: a checkpoint; a toy's tables take seconds)."""
+    if not run.subject.estimates_time:
+        return
+    from jaxmech.sizing import matmul_rate
+
+    one = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], inputs)
+    fn = jax.jit(lambda p, x: view.forward(p, x)[0])
+    flops = fn.lower(model_outline(run.params), one).cost_analysis()["flops"]
+    rate = matmul_rate(1024, 5)
+    secs = forwards * flops / rate
+    log(f"  estimate: {what} = {forwards:.0f} forwards of {flops / 1e9:.3g} GFLOP at this "
+        f"machine's {rate / 1e9:.0f} GFLOP/s matmul rate: ~{_duration(secs)} (compile not "
+        "included)")  # fmt: skip
+
+
+def _duration(secs: float) -> str:
+    return f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.1f} min"

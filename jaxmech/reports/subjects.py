@@ -22,6 +22,10 @@ A report never tests which kind of subject it has; it asks:
   with_chunks(folder) -> subject  the subject keeping its chunks in `folder`
   video(run) -> bool              whether its questions are videos
   questions_word                  how a printed header names its question set
+  per_block                       whether the counterfactual table mirrors the ViT's
+                                  positions in one block at a time too
+  estimates_time                  whether a table logs its estimated time first
+                                  (`questions.log_estimate`)
   budget, key                     a checkpoint's memory budget and what its questions
                                   depend on (None for a trained run)
 
@@ -109,6 +113,8 @@ class TrainedSubject(NamedTuple):
     key: Any = None
     batch: Any = None
     questions_word: str = "unseen-pair"
+    per_block: bool = True  # a toy's per-block ViT mirrors are cheap: always in its table
+    estimates_time: bool = False  # a toy's tables take seconds: no estimate printed
 
     def view(self, run) -> VLMView:
         return view_for(run.config)
@@ -184,6 +190,8 @@ class CheckpointSubject(NamedTuple):
     questions_word: str = "pair"
     photos: Any = None  # a dataset's `data.questions.QuestionSet` (None: drawn scenes)
     source: Any = "drawn"  # "drawn", or the dataset's record (`batches.source_record`)
+    per_block: bool = False  # the counterfactual table's per-block ViT mirrors (opt-in)
+    estimates_time: bool = True  # each table logs its estimated time before computing
 
     def view(self, run) -> VLMView:
         return self.vlm_view
@@ -435,7 +443,8 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
                     seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
                     video: bool = False, memory: str | None = None,
                     protocol: str = "jaxmech", questions_from: str = "drawn",
-                    data: str | None = None, log=print) -> LoadedRun:  # fmt: skip
+                    data: str | None = None, per_block: bool = False,
+                    log=print) -> LoadedRun:  # fmt: skip
     """A real checkpoint folder as a one-model `LoadedRun` for the paper 003 / 004
     reports: params stacked [1, ...], its subject a `CheckpointSubject` (the family's VLM view of
     `grid` scenes drawn `size` pixels square (None: the family's default size for
@@ -449,8 +458,11 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     (their scripts' wording, answer words and table protocols) or "jaxmech"
     (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.questions.SOURCES`)
     read from folder `data`, `questions` of them (None: the source's default: every
-    one, COCO-Spatial's 100) drawn from `seed`. Bad options and malformed records raise
-    ValueError naming them, before the weights are read."""
+    one, COCO-Spatial's 100) drawn from `seed`. `per_block`: the counterfactual table
+    also mirrors the ViT's positions in one block at a time (`analysis.counterfactuals.
+    names_for`; 2 rows per ViT block, off by default at a checkpoint's size). Bad
+    options and malformed records raise ValueError naming them, before the weights are
+    read."""
     from jaxmech.chunks import file_stamps
     from jaxmech.data.spec import Grid, SceneSpec, pair_questions
     from jaxmech.families import load_checkpoint
@@ -515,6 +527,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
             protocol=protocol,
             photos=photos,
             source=source,
+            per_block=per_block,
         ),  # fmt: skip
     )
 
