@@ -100,7 +100,7 @@ def _batch_logp(run: LoadedRun, batch, log) -> dict:
     # a patched run: the LM from its layer on, over the rows from its resume start
     # (`resume_plan`; every row without one), counted as that share of a whole
     # forward (an over-count by the ViT's share: the ViT does not run)
-    S = np.asarray(ex.inputs.tokens_BxS).shape[1]
+    S = np.asarray(groups).shape[-1]
     plan = resume_plan(view, groups, shared) or [(0, False)] * len(groups)
     rows = sum((S - s0) / S for s0, _ in plan)
     tail = sum((n_blocks - y) / n_blocks for y in layers) * rows
