@@ -1,12 +1,11 @@
-"""Positions shared by the loaded families whose LM has 1-D rotary positions (LLaVA's
-Llama, InternVL's Qwen2) and whose ViT reads a learned position table once, at its
-input: the LM's ids counted from each row's first real token, their rotary angles, an
+"""Positions shared by the loaded families whose LM has 1-D rotary positions and whose
+ViT reads a learned position table once, at its input: the LM's ids counted from each row's first real token, their rotary angles, an
 edit's ids, and a table read at fractional (row, col) positions.
 
 Shared because these are the same computation in each such family (the reference's
 `generate` ids for left-padded rows; a table read bilinearly so that a mirror is an
-exact permutation of its rows and a half-cell shift an interpolation). Qwen's M-RoPE
-ids and its table resampled per image are its own (`families.qwen2_vl.positions`).
+exact permutation of its rows and a half-cell shift an interpolation). A family with
+3-part (t, h, w) ids or a table resampled per image keeps those in its own package.
 
 Axis names (`jaxmech.shapes`): B sequences, S LM tokens, R rotary pairs, P patches,
 E width.

@@ -464,32 +464,21 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     options and malformed records raise ValueError naming them, before the weights are
     read."""
     from jaxmech.chunks import file_stamps
-    from jaxmech.data.spec import Grid, SceneSpec, pair_questions
+    from jaxmech.data.spec import Grid
     from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
 
     photos = _photo_questions(questions_from, data, questions, seed, video)
     questions = 64 if questions is None else questions
-    for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
-        if v < 1:
-            raise ValueError(f"{name} = {v}: expected at least 1")
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol = {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    _check_options(questions, batch, protocol)
     budget = memory_budget(memory)
     family, config = read_checkpoint_config(folder)
     view = family.view(folder, config, Grid(*grid), size, video=video, wording=protocol)
     size = view.size
-    n = view.n_lm_blocks(None)
-    if layers is not None and (not layers or min(layers) < 0 or max(layers) > n):
-        raise ValueError(
-            f"layers = {list(layers)}: expected LM layers in [0, {n}] (layer L: the "
-            f"residual after L of the {n} blocks)"
-        )
+    _check_layers(layers, view.n_lm_blocks(None))
     # drawn before the weights are read, so a grid with no question of a relation is
     # refused at once (`spec.check_pair_grid`)
-    per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
-               for rel in ((1,) if video else (0, 1))]  # fmt: skip
-    specs = {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
+    specs = _pair_specs(view, questions, seed, video)
     log(f"loading {folder} ({dtype})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
     release_freed()  # the tensors' host copies
@@ -506,30 +495,40 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
         key |= {"source": source, "questions_from": questions_from}
         log(f"questions: {photos.source} from {data}, {len(photos.questions)} "
             f"({photos.sample})")  # fmt: skip
-    return LoadedRun(
-        path=folder,
-        config=None,
-        params=jax.tree_util.tree_map(_stacked, params),
-        settings=None,
-        data=None,
-        results=[{"model": 0, "diverged_step": -1}],
-        models=(0,),
-        excluded=(),
-        family=family,
-        examples=None,
-        subject=CheckpointSubject(
-            view,
-            specs,
-            None if layers is None else tuple(layers),
-            batch,
-            key,
-            budget=budget,
-            protocol=protocol,
-            photos=photos,
-            source=source,
-            per_block=per_block,
-        ),  # fmt: skip
-    )
+    subject = CheckpointSubject(view, specs, None if layers is None else tuple(layers), batch,
+                                key, budget=budget, protocol=protocol, photos=photos,
+                                source=source, per_block=per_block)  # fmt: skip
+    return LoadedRun(path=folder, config=None, params=jax.tree_util.tree_map(_stacked, params),
+                     settings=None, data=None, results=[{"model": 0, "diverged_step": -1}],
+                     models=(0,), excluded=(), family=family, examples=None,
+                     subject=subject)  # fmt: skip
+
+
+def _check_options(questions: int, batch, protocol: str) -> None:
+    for name, v in (("questions", questions), ("batch", 1 if batch is None else batch)):
+        if v < 1:
+            raise ValueError(f"{name} = {v}: expected at least 1")
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol = {protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+
+
+def _check_layers(layers, n: int) -> None:
+    """`layers` as the authors index them must lie in [0, n] for an LM of n blocks."""
+    if layers is not None and (not layers or min(layers) < 0 or max(layers) > n):
+        raise ValueError(
+            f"layers = {list(layers)}: expected LM layers in [0, {n}] (layer L: the "
+            f"residual after L of the {n} blocks)"
+        )
+
+
+def _pair_specs(view: VLMView, questions: int, seed: int, video: bool) -> dict:
+    """{"examples": spec, twin: spec}: `questions` drawn pair questions per relation
+    (a video's: relation 1 only), the relations concatenated."""
+    from jaxmech.data.spec import SceneSpec, pair_questions
+
+    per_rel = [pair_questions(view.grid, questions, view.n_labels, view.n_colours, seed, rel)
+               for rel in ((1,) if video else (0, 1))]  # fmt: skip
+    return {k: SceneSpec(*map(np.concatenate, zip(*(d[k] for d in per_rel)))) for k in per_rel[0]}
 
 
 def _photo_questions(source: str, data, n, seed: int, video: bool):
