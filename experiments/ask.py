@@ -1,19 +1,25 @@
 """Asks a real VLM checkpoint one question about one image and prints the likeliest next
 tokens: the first check that a checkpoint loaded right.
 
-    python -m experiments.ask --checkpoint=DIR --image=FILE --question="Is the red circle
-        to the left or the right of the blue square? Answer with one word."
+    python -m experiments.ask --checkpoint=Qwen/Qwen2-VL-2B-Instruct --image=FILE
+        --question="Is the red circle to the left or the right of the blue square?
+        Answer with one word."
 
-DIR is a Hugging Face checkpoint folder (config.json, model.safetensors or a sharded
-index, tokenizer.json, preprocessor_config.json) of a family jaxmech reads
-(`jaxmech.load`); the prompt is that family's chat template, as its reference feeds it.
+--checkpoint is a Hugging Face checkpoint folder (config.json, model.safetensors or a
+sharded index, tokenizer.json, preprocessor_config.json) of a family jaxmech reads, or,
+where no such folder exists, a Hub name ORG/NAME[@REVISION] resolved through the Hugging
+Face cache (only the files jaxmech reads are fetched; HF_HUB_OFFLINE=1: the cached
+snapshot or an error naming what is missing) (`jaxmech.load`); the prompt is that
+family's chat template, as its reference feeds it.
 """
 
 from absl import app, flags
 
 from jaxmech.cli import run_main, setup_runtime
 
-flags.DEFINE_string("checkpoint", None, "checkpoint folder (required)")
+flags.DEFINE_string(
+    "checkpoint", None, "checkpoint folder, or Hub name ORG/NAME[@REVISION] (required)"
+)
 flags.DEFINE_string("image", None, "image file (required)")
 flags.DEFINE_string("question", None, "the question (required)")
 flags.DEFINE_integer("top", 10, "how many next tokens to print")
@@ -36,6 +42,7 @@ def main(argv):
     import jax.numpy as jnp
 
     import jaxmech
+    from jaxmech.models.precision import describe
 
     model = jaxmech.load(FLAGS.checkpoint, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place)
     encoded = model.encode([FLAGS.image], [FLAGS.question])
@@ -45,6 +52,7 @@ def main(argv):
     print(
         f"params: {sum(x.size for x in leaves) / 1e6:.2f} M in {FLAGS.dtype} on {n_devices} device(s)"
     )
+    print(describe(FLAGS.dtype))  # which products, and why (models.precision)
     print(f"{model.describe()}: {encoded.describe()}")
     print(f"{'rank':>4}  {'p':>8}  {'id':>7}  token")
     for rank, (text, i, p) in enumerate(top_tokens(model.tokenizer, logprobs, FLAGS.top), 1):

@@ -15,6 +15,9 @@ entry point has one device per core: `jaxmech.sizing.cpu_devices`).
     python -m experiments.bench --preset=vlm --ks= --scaling_widths=32,64,128,256 \
         --scaling_batches=32,128,512   # the step's share of the matmul rate vs width, batch
     python -m experiments.bench --vlm_tables   # paper 003's patching table, random checkpoint
+    python -m experiments.bench --real_size    # every report on Qwen2-VL-2B's stand-in
+    python -m experiments.bench --real_size --reference \
+        --reference_python=/path/to/venv/bin/python   # its forward against transformers'
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -86,10 +89,44 @@ flags.DEFINE_string(
     "real_dir", None, "where --real_size's checkpoint is (default runs/real_size/FAMILY)"
 )
 flags.DEFINE_string("real_dtype", "bfloat16", "the dtype --real_size loads its checkpoint in")
+flags.DEFINE_bool(
+    "reference", False, "with --real_size: instead of the reports, time jaxmech's forward "
+    "and the reference's (transformers, sdpa) on the same folder, float32 and bfloat16, "
+    "each in its own process (jaxmech.bench.real_size.against_reference)"
+)  # fmt: skip
+flags.DEFINE_string(
+    "reference_python", None, "the python that runs the reference (torch and transformers: "
+    "the `fixtures` extra); default this one, if it has them"
+)  # fmt: skip
+flags.DEFINE_string("reference_dtypes", "float32,bfloat16", "--reference: the dtypes timed")
+flags.DEFINE_integer("reference_repeats", 3, "--reference: calls timed after the first")
+flags.DEFINE_integer("reference_size", 448, "--reference: the picture's side in pixels")
+flags.DEFINE_string("reference_out", None, "--reference: where the logs and "
+                    "reference.csv go (default runs/real_size/reference)")  # fmt: skip
 flags.DEFINE_integer("table_images", 64, "images of the --vlm_tables patching table")
 flags.DEFINE_integer("loop_images", 4, "images the --vlm_tables loop is timed on")
 define_config_flags(sweep=False)
 FLAGS = flags.FLAGS
+
+
+def _reference_options() -> str:
+    """--reference's flags checked (ValueError naming the flag): the python that runs
+    the reference (`real_size.reference_python`)."""
+    from jaxmech.bench.real_size import reference_python
+    from jaxmech.families.registry import stand_in_family
+
+    if not FLAGS.real_size:
+        raise ValueError("--reference times a checkpoint's forward: give it with --real_size")
+    if stand_in_family(FLAGS.family).name != "qwen2_vl":
+        raise ValueError(f"--reference: --family = {FLAGS.family!r}; only qwen2_vl's "
+                         "reference forward is scripted (reference_speed.py)")  # fmt: skip
+    dtypes = [d.strip() for d in FLAGS.reference_dtypes.split(",") if d.strip()]
+    if not dtypes or set(dtypes) - {"float32", "bfloat16"}:
+        raise ValueError(f"--reference_dtypes = {FLAGS.reference_dtypes!r}: expected "
+                         "float32 and / or bfloat16, comma-separated")  # fmt: skip
+    if FLAGS.reference_repeats < 1 or FLAGS.reference_size < 28:
+        raise ValueError("--reference_repeats must be >= 1 and --reference_size >= 28")
+    return reference_python(FLAGS.reference_python)
 
 
 def _int_list(name: str, text: str) -> list[int]:
@@ -156,8 +193,9 @@ def print_scaling(configs, rate: float) -> None:
         )
 
 
-def real_size():
-    """The --real_size check: the stand-in written (once), every command run on it."""
+def real_size(python=None):
+    """The --real_size check: the stand-in written (once), every command run on it, or
+    with --reference its forward against the reference's (`python` runs that)."""
     import csv
     import os
 
@@ -166,7 +204,11 @@ def real_size():
 
     name = stand_in_family(FLAGS.family).name
     folder = FLAGS.real_dir or os.path.join("runs", "real_size", name)
+    if FLAGS.reference and os.path.exists(os.path.join(folder, "config.json")):
+        return against_reference(folder, python)  # any Qwen2-VL folder, as it is
     folder, real = write_stand_in(folder, name)
+    if FLAGS.reference:
+        return against_reference(folder, python)
     print(f"stand-in checkpoint: {folder} (random bf16 weights, {real}'s layout)")
     out = os.path.join(os.path.dirname(os.path.normpath(folder)), f"reports_{FLAGS.real_dtype}")
     rows = run_reports(folder, out, FLAGS.real_dtype)
@@ -181,6 +223,34 @@ def real_size():
         w.writeheader()
         w.writerows(rows)
     print(f"results: {os.path.join(out, 'real_size.csv')}")
+
+
+def against_reference(folder: str, python: str) -> None:
+    """--real_size --reference: one row per dtype printed and written as reference.csv."""
+    import csv
+    import os
+
+    from jaxmech.bench.real_size import against_reference as run
+
+    out = FLAGS.reference_out or os.path.join("runs", "real_size", "reference")
+    print(f"jaxmech's forward against the reference's on {folder}; reference python {python}")
+    dtypes = [d.strip() for d in FLAGS.reference_dtypes.split(",") if d.strip()]
+    rows = run(folder, python, out, dtypes, FLAGS.reference_repeats, FLAGS.reference_size)
+    print(f"\n{rows[0]['tokens']} tokens; seconds: first call (compile / warm-up included), "
+          f"median of {FLAGS.reference_repeats} after it; torch {rows[0]['threads']} threads")  # fmt: skip
+    print(f"{'dtype':>9} {'side':>9} {'first s':>8} {'median s':>9} {'peak GB':>8}")
+    for r in rows:
+        for side in ("jaxmech", "reference"):
+            print(f"{r['dtype']:>9} {side:>9} {r[side + '_first_s']:>8.3g} "
+                  f"{r[side + '_median_s']:>9.3g} {r[side + '_peak_gb']:>8.2f}")  # fmt: skip
+        print(f"{r['dtype']:>9} jaxmech / reference: {r['ratio']:.2f}x; max |log p difference| "
+              f"at the last row {r['max_logp_diff']:.2e}, top 5 "
+              f"{'the same' if r['top5_same'] else 'different'}; {r['products']}")  # fmt: skip
+    with open(os.path.join(out, "reference.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    print(f"results: {os.path.join(out, 'reference.csv')}")
 
 
 def main(argv):
@@ -204,6 +274,7 @@ def main(argv):
             raise ValueError("--table_images and --loop_images must be at least 1")
         if FLAGS.accel_segments < 1:
             raise ValueError(f"--accel_segments = {FLAGS.accel_segments}: expected >= 1")
+        python = _reference_options() if FLAGS.reference else None
     except (ConfigError, ValueError) as e:
         raise app.UsageError(str(e)) from None
     import jax
@@ -213,7 +284,7 @@ def main(argv):
     if FLAGS.vlm_tables:
         return vlm_tables()
     if FLAGS.real_size:
-        return real_size()
+        return real_size(python)
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
     rate = matmul_rate()

@@ -9,7 +9,7 @@ On the unseen-pair questions: the signed deviation of the object words' believed
 from the true ones for wrong vs right answers (Mann-Whitney U), whether each error's
 ID was already wrong (ViT / binding) or right (a later stage), and the answer's
 sensitivity to occluding X's, Y's or a random free cell. Writes
-RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png
+RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png, diagnostics_paper.png (Fig. 8A)
 (`jaxmech.reports.diagnostics`); a checkpoint's into OUT/diagnostics/, on pictures of two
 objects (`data.pictures`), with the IDs of the first half of the shapes, its intervals
 bootstrapped over its questions (one model), at the sites of --layers (layer L: the

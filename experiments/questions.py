@@ -2,7 +2,7 @@
 the first check that a dataset folder is laid out right (no model is loaded).
 
     python -m experiments.questions --questions_from=coco_spatial --data=COCO_DIR [--n=100]
-    python -m experiments.questions --questions_from=cvbench --data=CV-Bench
+    python -m experiments.questions --questions_from=cvbench --data=nyu-visionx/CV-Bench
     python -m experiments.questions --questions_from=manifest --data=MY_PHOTOS
 
 Sources (`jaxmech.data.questions.SOURCES`): coco_spatial, whatsup_a, whatsup_b,
@@ -16,7 +16,9 @@ from absl import app, flags
 from jaxmech.cli import run_main
 
 flags.DEFINE_string("questions_from", None, "question source (required)")
-flags.DEFINE_string("data", None, "the dataset's folder (required)")
+flags.DEFINE_string(
+    "data", None, "the dataset's folder, or its Hub dataset ORG/NAME[@REVISION] (required)"
+)
 flags.DEFINE_integer("n", None, "questions drawn (default: the source's: all, or 100)")
 flags.DEFINE_integer("seed", 0, "seed of the sample")
 flags.DEFINE_integer("show", 5, "questions printed")
@@ -29,8 +31,10 @@ def main(argv):
         if not getattr(FLAGS, name):
             raise app.UsageError(f"--{name} is required")
     from jaxmech.data.questions import load_questions
+    from jaxmech.hub_names import dataset_folder
 
-    qs = load_questions(FLAGS.questions_from, FLAGS.data, n=FLAGS.n, seed=FLAGS.seed)
+    data = dataset_folder(FLAGS.questions_from, FLAGS.data)
+    qs = load_questions(FLAGS.questions_from, data, n=FLAGS.n, seed=FLAGS.seed)
     print(f"{qs.source}: {len(qs.questions)} question(s); sample {qs.sample}")
     for path, digest in qs.files.items():
         print(f"  read {path}  sha256 {digest}")

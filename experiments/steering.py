@@ -9,7 +9,7 @@ At every LM site after the first block, each model's object word X is moved by i
 spatial-ID difference `alpha * (Delta(target) - Delta(source))`: adversarial steering
 (flip rate against norm-matched noise and an orthogonal direction, per alpha), ID
 curves (the belief per steered-to cell), and steerability vs accuracy over models.
-Writes RUN/steering/{flips,curves}.csv, summary.json, steering.png
+Writes RUN/steering/{flips,curves}.csv, summary.json, steering.png, steering_paper.png (Fig. 2)
 (`jaxmech.reports.steering`); a checkpoint's into OUT/steering/, on pictures of two
 objects (`data.pictures`), with the IDs of the first half of the shapes.
 

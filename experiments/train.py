@@ -2,6 +2,13 @@
 
     python -m experiments.train --seeds=8 --out=runs/default
     python -m experiments.train --seeds=4 --n_pair_labels=5 --steps=750 --out=runs/np5
+    python -m experiments.train --preset=vlm --seeds_until=8 --max_seeds=24 --out=runs/vlm
+
+`--seeds_until=N` trains seeds in chunks until at least N models pass `--pass_rule`
+(default: the family's progress metric >= 0.9; the toy VLM's unseen_min_acc, the
+unseen-pair accuracy of every relation), at most `--max_seeds` (default 4 N). The rule is
+written to OUT/selection.json before training and fixed there: every report on OUT takes
+the passing models as its main group, the failing ones beside them, "n = k of m trained".
 
 Any config field is a flag (see --helpfull). Results go to --out (config.json,
 results.csv, curves.csv, params/, figures/); an existing result is never overwritten
@@ -21,7 +28,8 @@ FLAGS = flags.FLAGS
 def main(argv):
     del argv
     grid, out = train_from_flags(FLAGS, single_values=True, usage_error=app.UsageError)
-    report_run(FLAGS.out, grid, out)
+    if out["writer"]:  # one process of a multi-process run writes the figures
+        report_run(FLAGS.out, grid, out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """jaxmech: a pure-JAX laboratory for mechanistic studies of spatial reasoning.
 
-Top-level API: one model handle for every family (`load(folder)` for a checkpoint,
+Top-level API: one model handle for every family (`load(folder or ORG/NAME)` for a checkpoint,
 `init(kind, config, key)` for a trained family: `jaxmech.model.Model`, with `forward`,
 `sites`, `view`, and a checkpoint's `encode`, `tokenizer`, `next_token_logprobs`);
 configs; one `Edits` type for every family; training; the model-family and task

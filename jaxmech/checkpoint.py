@@ -3,7 +3,10 @@
 A checkpoint folder is an Orbax `CheckpointManager` directory whose steps each hold two
 items: `state` (a pytree of arrays, e.g. stacked params or a whole stacked TrainState)
 and `meta` (JSON: config, settings, anything the caller needs to check it resumes the
-same thing). A later Orbax API change touches only this file.
+same thing). A later Orbax API change touches only this file. In a multi-process run
+(`jax.distributed`) a folder is read and written by one process alone, from host arrays
+(`save` gathers none): a sweep's process 0, which holds every model's state after each
+segment (`train.fetch`).
 
 Integrity: Orbax does not notice a flipped byte in its data files (it loads it, or
 fails with a raw tensorstore error). So `save` adds a manifest to each step folder,
@@ -60,12 +63,24 @@ if not getattr(sys.unraisablehook, "jaxmech_filter", False):
 
 def _manager(directory: str, max_to_keep: int | None = 2, read_only: bool = False):
     # Readers only pass create=False: Orbax's read_only mode logs warnings on every open.
+    directory = os.path.abspath(directory)
+    alone = {}
+    if jax.process_count() > 1:
+        # In a multi-process run one process reads and writes a folder (a sweep's
+        # process 0) on host arrays it holds whole; Orbax would otherwise wait at a
+        # barrier for every process. It refuses to create the folder in this mode.
+        me = jax.process_index()
+        alone = {"multiprocessing_options": ocp.options.MultiprocessingOptions(
+            primary_host=me, active_processes={me})}  # fmt: skip
+        if not read_only:
+            os.makedirs(directory, exist_ok=True)
     return ocp.CheckpointManager(
-        os.path.abspath(directory),
+        directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=None if read_only else max_to_keep,
-            create=not read_only,
+            create=not read_only and not alone,
             enable_async_checkpointing=False,
+            **alone,
         ),
         item_names=("state", "meta"),
     )

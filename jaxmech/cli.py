@@ -16,7 +16,7 @@ from jaxmech import outdir, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
 from jaxmech.data.questions import SOURCES as QUESTION_SOURCES
 from jaxmech.presets import preset_config
-from jaxmech.sweep import ALIASES, expand, run_grid
+from jaxmech.sweep import ALIASES, expand, run_grid, seeds_until, until_cap
 
 __all__ = [
     "check_run_flags",
@@ -28,6 +28,7 @@ __all__ = [
     "setup_runtime",
     "specs_from_flags",
     "train_from_flags",
+    "until_from_flags",
 ]
 
 
@@ -99,8 +100,10 @@ def user_error_names() -> tuple[type, ...]:
     """USER_ERRORS plus the library's own (imported late: cli must stay light)."""
     from jaxmech.checkpoint import CheckpointError
     from jaxmech.outdir import FolderLockedError, SweepMismatchError
+    from jaxmech.sweep import OtherProcessError
 
-    return (*USER_ERRORS, CheckpointError, FolderLockedError, SweepMismatchError)
+    errors = (CheckpointError, FolderLockedError, SweepMismatchError, OtherProcessError)
+    return (*USER_ERRORS, *errors)
 
 
 def run_main(main) -> None:
@@ -138,7 +141,22 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_bool("overwrite", False, "replace an existing results folder")
     flags.DEFINE_integer("chunk_size", None, "models per compiled call (default: by backend)")
     flags.DEFINE_integer("checkpoint_every", None, "steps between checkpoints (default eval_every)")
-    flags.DEFINE_bool("distributed", False, "call jax.distributed.initialize() (multi-host pods)")
+    flags.DEFINE_bool("distributed", False, "one sweep over several processes "
+                      "(jax.distributed.initialize(): a TPU pod slice, SLURM and Open MPI "
+                      "find their peers; elsewhere give the three flags below)")  # fmt: skip
+    flags.DEFINE_string("coordinator_address", None, "with --distributed: HOST:PORT of "
+                        "process 0's coordinator (default $JAX_COORDINATOR_ADDRESS)")  # fmt: skip
+    flags.DEFINE_integer("num_processes", None, "with --distributed: processes in the run "
+                         "(default $JAX_NUM_PROCESSES)")  # fmt: skip
+    flags.DEFINE_integer("process_id", None, "with --distributed: this process's index, "
+                         "0 .. num_processes - 1; 0 writes --out (default $JAX_PROCESS_ID)")  # fmt: skip
+    flags.DEFINE_integer("seeds_until", None, "train seeds in chunks until at least N models "
+                         "pass --pass_rule (one grid point; the rule is written to OUT/"
+                         "selection.json before training, and reports take the passing models)")  # fmt: skip
+    flags.DEFINE_integer("max_seeds", None, "with --seeds_until: most seeds tried (default 4 N)")
+    flags.DEFINE_string("pass_rule", None, "with --seeds_until: METRIC>=VALUE a model must reach "
+                        "(default: the family's progress metric >= 0.9; the toy VLM's "
+                        "unseen_min_acc, unseen-pair accuracy on every relation)")  # fmt: skip
 
 
 def grid_from_flags(FLAGS, single_values: bool):
@@ -153,7 +171,24 @@ def grid_from_flags(FLAGS, single_values: bool):
                     f"--{name}={text!r}: experiments.train takes single values; "
                     "use experiments.sweep for several"
                 )
-    return expand(preset_config(FLAGS.preset), specs, FLAGS.seeds, FLAGS.first_seed)
+    seeds = FLAGS.seeds
+    if FLAGS.seeds_until is not None:  # the grid holds the cap's seeds; run_grid stops early
+        if FLAGS["seeds"].present:
+            raise ConfigError("--seeds and --seeds_until: give one (with --seeds_until the cap "
+                              "on seeds tried is --max_seeds)")  # fmt: skip
+        seeds = until_cap(FLAGS.seeds_until, FLAGS.max_seeds)
+    return expand(preset_config(FLAGS.preset), specs, seeds, FLAGS.first_seed)
+
+
+def until_from_flags(FLAGS, grid):
+    """`--seeds_until` (with `--max_seeds`, `--pass_rule`) as a `sweep.Until` for
+    `grid`, or None; ConfigError naming the flag."""
+    if FLAGS.seeds_until is None:
+        for name in ("max_seeds", "pass_rule"):
+            if getattr(FLAGS, name) is not None:
+                raise ConfigError(f"--{name} is read with --seeds_until only")
+        return None
+    return seeds_until(grid, FLAGS.seeds_until, FLAGS.max_seeds, FLAGS.pass_rule)
 
 
 def check_run_flags(FLAGS) -> None:
@@ -165,29 +200,106 @@ def check_run_flags(FLAGS) -> None:
     outdir.check_usable(FLAGS.out)
 
 
+# `--distributed`'s explicit peers: flag name -> the environment variable it falls back to
+DISTRIBUTED_FLAGS = {
+    "coordinator_address": "JAX_COORDINATOR_ADDRESS",
+    "num_processes": "JAX_NUM_PROCESSES",
+    "process_id": "JAX_PROCESS_ID",
+}
+
+
+def _flag_or_env(FLAGS, name: str):
+    value = getattr(FLAGS, name)
+    if value is not None:
+        return value
+    text = os.environ.get(DISTRIBUTED_FLAGS[name], "").strip()
+    if not text or name == "coordinator_address":
+        return text or None
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(
+            f"--{name}: ${DISTRIBUTED_FLAGS[name]}={text!r} is not an integer"
+        ) from None
+
+
+def distributed_args(FLAGS) -> dict | None:
+    """`jax.distributed.initialize`'s arguments from `--distributed` and its three flags
+    (or their environment variables): None without --distributed, {} to let JAX find its
+    peers (TPU pods, SLURM, Open MPI), else all three, checked. ValueError naming the flag,
+    before any compute or connection."""
+    if not FLAGS.distributed:
+        named = [n for n in DISTRIBUTED_FLAGS if getattr(FLAGS, n) is not None]
+        if named:
+            raise ValueError(f"--{named[0]} is read with --distributed only")
+        return None
+    given = {n: _flag_or_env(FLAGS, n) for n in DISTRIBUTED_FLAGS}
+    if all(v is None for v in given.values()):
+        return {}
+    missing = [n for n, v in given.items() if v is None]
+    if missing:
+        raise ValueError(
+            f"--distributed with {', '.join('--' + n for n in given if n not in missing)}: "
+            f"also give --{missing[0]} (or ${DISTRIBUTED_FLAGS[missing[0]]}); a process "
+            "needs the coordinator, the process count and its own id"
+        )
+    host, _, port = given["coordinator_address"].rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--coordinator_address={given['coordinator_address']!r}: expected "
+                         "HOST:PORT (process 0's host, a free port), e.g. 10.0.0.2:1234")  # fmt: skip
+    n, i = given["num_processes"], given["process_id"]
+    if n < 1:
+        raise ValueError(f"--num_processes={n}: allowed an integer >= 1")
+    if not 0 <= i < n:
+        raise ValueError(f"--process_id={i}: allowed 0 .. {n - 1} (--num_processes={n})")
+    return given
+
+
+def start_distributed(args: dict | None) -> None:
+    """Joins the processes of a multi-process run (`distributed_args`); waits for all of
+    them. Must come before JAX computes anything (its backends start with the peers)."""
+    if args is None:
+        return
+    import jax
+
+    # CPU processes exchange arrays through gloo: JAX's default, set so that a changed
+    # default does not change what the localhost tests check
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    try:
+        jax.distributed.initialize(**args)
+    except ValueError as e:  # JAX's cluster detection found nothing to join
+        if args:
+            raise
+        raise ValueError(
+            f"--distributed: JAX found no peers ({e}); outside a TPU pod, SLURM or Open MPI "
+            "give --coordinator_address, --num_processes and --process_id"
+        ) from None
+
+
 def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
     """Body of experiments.train / experiments.sweep: parse, then train (resumably).
 
-    Bad input raises `usage_error` before any compute (`grid_from_flags`). Returns
-    (grid, run_grid's result) for the caller to report
+    Bad input raises `usage_error` before any compute (`grid_from_flags`), and before
+    `--distributed` joins its peers. Returns (grid, run_grid's result) for the caller to
+    report where the result's "writer" is true (one process of a multi-process run)
     (`jaxmech.reports.summary.report_run`): flags never load a report.
     """
     setup_runtime()
     try:
         grid = grid_from_flags(FLAGS, single_values)
+        until = until_from_flags(FLAGS, grid)
         check_run_flags(FLAGS)
+        peers = distributed_args(FLAGS)
     except (ConfigError, ValueError) as e:
         raise usage_error(str(e)) from None
-    if FLAGS.distributed:
-        import jax
-
-        jax.distributed.initialize()
+    start_distributed(peers)
     out = run_grid(
         grid,
         FLAGS.out,
         overwrite=FLAGS.overwrite,
         chunk_size=FLAGS.chunk_size,
         checkpoint_every=FLAGS.checkpoint_every,
+        until=until,
     )
     return grid, out
 
@@ -196,8 +308,10 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     """The flags of a paper 003 / 004 report run on a real checkpoint (`--checkpoint`
     beside `--run`; `checkpoint_options` reads them). `own_out` False: the entry point
     defines `--out` itself, and takes no `--layers`."""
-    flags.DEFINE_string("checkpoint", None, "a real checkpoint folder (instead of --run); "
-                        "several, comma-separated: each report, then the median over them")  # fmt: skip
+    flags.DEFINE_string("checkpoint", None, "a real checkpoint (instead of --run): a folder, "
+                        "or a Hub name ORG/NAME[@REVISION] (pip install 'jaxmech[hub]'; the "
+                        "Hugging Face cache, HF_HUB_OFFLINE honoured); several, comma-"
+                        "separated: each report, then the median over them")  # fmt: skip
     if own_out:
         flags.DEFINE_string("out", None, "results folder of a --checkpoint report (default "
                             "runs/checkpoints/NAME)")  # fmt: skip
@@ -214,8 +328,12 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
     flags.DEFINE_enum("questions_from", "drawn", ["drawn", *QUESTION_SOURCES], "the questions: "
                       "drawn scenes, or a dataset read from --data (README: where each is "
                       "published)")  # fmt: skip
-    flags.DEFINE_string("data", None, "the dataset's folder, for --questions_from")
-    flags.DEFINE_integer("question_seed", 0, "seed of the questions' scenes")
+    flags.DEFINE_string("data", None, "the dataset's folder, for --questions_from, or its "
+                        "Hub dataset ORG/NAME[@REVISION] where it has one (cvbench: "
+                        "nyu-visionx/CV-Bench)")  # fmt: skip
+    flags.DEFINE_integer("question_seed", None, "seed of the questions' scenes and of a "
+                         "dataset's sample (default 0; a dataset's sample under "
+                         "--protocol=authors: 42, the authors' random.seed(42))")  # fmt: skip
     flags.DEFINE_integer("batch", None, "questions per compiled call (default: the most "
                          "that fit in --memory, by XLA's memory analysis)")  # fmt: skip
     flags.DEFINE_string("memory", None, "memory budget: GB (8), a fraction (0.3) or percent "
@@ -245,7 +363,10 @@ def parse_layers(text: str | None):
 
 
 def checkpoint_options(FLAGS) -> dict:
-    """`common.open_checkpoint`'s keyword arguments from the checkpoint flags."""
+    """`common.open_checkpoint`'s keyword arguments from the checkpoint flags; a Hub
+    dataset's `--data` resolved to its cached folder (`hub_names.dataset_folder`)."""
+    from jaxmech.hub_names import dataset_folder
+
     try:
         grid = tuple(int(x) for x in FLAGS.grid.lower().split("x"))
     except ValueError:
@@ -256,5 +377,6 @@ def checkpoint_options(FLAGS) -> dict:
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
                 dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol,
-                questions_from=FLAGS.questions_from, data=FLAGS.data,
+                questions_from=FLAGS.questions_from,
+                data=dataset_folder(FLAGS.questions_from, FLAGS.data),
                 per_block=FLAGS.per_block)  # fmt: skip

@@ -1,7 +1,7 @@
-"""One model handle for every family: `jaxmech.load(folder)` for a checkpoint,
-`jaxmech.init(kind, config, key)` for a trained family.
+"""One model handle for every family: `jaxmech.load(name)` for a checkpoint (a folder or
+a Hub name), `jaxmech.init(kind, config, key)` for a trained family.
 
-    model = jaxmech.load("Qwen2-VL-2B-Instruct", dtype=jnp.bfloat16)
+    model = jaxmech.load("Qwen/Qwen2-VL-2B-Instruct", dtype=jnp.bfloat16)
     encoded = model.encode(["photo.jpg"], ["Is the cup left of the plate?"])
     logits, aux = model.forward(encoded.inputs, capture=["lm/resid_post.6"])
 
@@ -18,6 +18,18 @@ import dataclasses
 from typing import Any
 
 from jaxmech.families.registry import checkpoint_family, get_family
+
+
+def check_capture(capture, sites) -> None:
+    """Refuses, by name, a `capture` entry that is neither a site of `sites` nor a site's
+    part before its "." (e.g. "lm/resid_pre": that point of every block, as the site
+    recorders read it): a name the forward never records would come back missing."""
+    known = set(sites) | {s.split(".")[0] for s in sites}
+    unknown = [name for name in capture if name not in known]
+    if unknown:
+        raise ValueError(f"capture: {', '.join(map(repr, unknown[:3]))} is not a site of this "
+                         "model: allowed a name of model.sites() or its part before the "
+                         "'.' (e.g. 'lm/resid_pre')")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +51,8 @@ class Model:
         if isinstance(capture, str):
             raise ValueError(f"capture = {capture!r}: expected a collection of site names "
                              "(e.g. [name]) or True")  # fmt: skip
+        if capture and capture is not True:
+            check_capture(capture, self.sites())
         return self.family.forward(
             self.params, inputs, edits=edits, capture=capture, config=self.config
         )
@@ -82,19 +96,41 @@ class Model:
         self._checkpoint("next_token_logprobs")
         return self.family.next_token(self.config, self.params, encoded)
 
+    def generate(self, encoded, *, max_new_tokens: int, greedy: bool = True, **options):
+        """Greedy generation after each encoded prompt (rows left-padded), as the
+        reference's `generate(do_sample=False)`: a `models.generate.Generation`
+        (`tokens_BxN`, pad after each row's end-of-sequence token; `n_B`; `logits_BxNxV`
+        with `logits=True`). `options`: `eos_token_id`, `pad_token_id` (default: the
+        folder's generation_config.json / config.json), `edits` (the prompt's forward
+        only), `logits`. A key / value cache of S + max_new_tokens rows; one compiled
+        program for the prompt, one for every step."""
+        self._checkpoint("generate")
+        if getattr(self.family, "generate", None) is None:
+            raise ValueError(f"generate: family {self.name!r} offers no generation")
+        return self.family.generate(self.config, self.params, encoded, folder=self.folder,
+                                    max_new_tokens=max_new_tokens, greedy=greedy, **options)  # fmt: skip
+
     def describe(self) -> str:
         """One line for logs: the family's words for its config."""
         describe = getattr(self.family, "describe", None)
         return describe(self.config) if describe else self.name
 
 
-def load(folder: str, *, dtype=None, place: str = "auto") -> Model:
-    """The checkpoint in `folder` (a Hugging Face folder: config.json, safetensors,
-    tokenizer.json, preprocessor_config.json) as a `Model`, its family found from
-    config.json's `model_type`; `dtype` None: float32. Raises ValueError naming the
-    folder or file for a folder no family reads."""
+def load(name: str, *, revision: str | None = None, dtype=None, place: str = "auto") -> Model:
+    """The checkpoint `name` as a `Model`, its family found from config.json's
+    `model_type`: a Hugging Face folder (config.json, safetensors, tokenizer.json,
+    preprocessor_config.json), or, where no such folder exists, a Hub repo id
+    `ORG/NAME` (`revision` or `ORG/NAME@REVISION`: a branch, tag or commit; None: main)
+    resolved through huggingface_hub's cache, fetching only the files jaxmech reads
+    (`hub_names.checkpoint_folder`: HF_HUB_CACHE / HF_HOME, HF_HUB_OFFLINE, the login's
+    token). `dtype` None: float32. Raises ValueError naming the folder or file for a
+    folder no family reads, or the repo, revision and missing files for a name that
+    cannot be resolved."""
     import jax.numpy as jnp
 
+    from jaxmech.hub_names import checkpoint_folder
+
+    folder = checkpoint_folder(name, revision)
     family = checkpoint_family(folder)
     config, params = family.load(folder, dtype=jnp.float32 if dtype is None else dtype,
                                  place=place)  # fmt: skip

@@ -219,3 +219,191 @@ def grid_heatmaps(grids, path: str, title: str = "", row_labels=None, panel_titl
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# --- paper 003's figures as the paper draws them (`*_paper.png`, beside the tables) ---
+# Each `*_figure` returns the open Figure (a test reads its axes back); `save` writes it.
+# A cell is (mean, ci_low, ci_high, n); n = 0 is drawn as a labelled empty panel, never
+# as a zero.
+
+
+def empty_panel(ax, what: str = "") -> None:
+    """Marks `ax` as holding nothing: "n = 0" (and what is missing) in its middle."""
+    ax.text(0.5, 0.5, "n = 0" + (f"\n{what}" if what else ""), ha="center", va="center",
+            transform=ax.transAxes, fontsize=10, color="gray")  # fmt: skip
+
+
+def _grid(n: int, cols: int, size=(3.6, 3.2), **kw):
+    """(fig, the first n of a rows x cols grid of axes), the rest hidden."""
+    cols = max(1, min(cols, n))
+    rows = max(1, -(-n // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(size[0] * cols, size[1] * rows),
+                             squeeze=False, **kw)  # fmt: skip
+    flat = list(axes.ravel())
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def shift_curves_figure(panels, layers, suptitle: str = ""):
+    """Fig. 4: belief shift against layer, one curve per token group with its 95%
+    interval as a band. `panels`: rows of (title, {curve label: [Y, 4] cells}); a
+    panel whose every cell has n = 0 is drawn empty."""
+    n_rows, n_cols = len(panels), max(len(r) for r in panels)
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(4.2 * n_cols, 3.4 * n_rows),
+                             squeeze=False, sharey=True)  # fmt: skip
+    x = np.asarray(layers)
+    for r, row in enumerate(panels):
+        for c, (title, curves) in enumerate(row):
+            ax = axes[r, c]
+            cells = {k: np.asarray(v, float).reshape(len(x), 4) for k, v in curves.items()}
+            for j, (label, v) in enumerate(cells.items()):
+                if (v[:, 3] == 0).all():
+                    continue  # nothing counted: no curve, said by the panel's label
+                m = np.where(v[:, 3] > 0, v[:, 0], np.nan)
+                ax.plot(x, m, "-", color=f"C{j}", label=label)
+                ax.fill_between(x, v[:, 1], v[:, 2], color=f"C{j}", alpha=0.25, lw=0)
+            if all((v[:, 3] == 0).all() for v in cells.values()):
+                empty_panel(ax, "no question counted")
+            else:
+                ax.legend(fontsize=7, loc="best")
+            ax.axhline(0, color="gray", ls="--", alpha=0.5)
+            if len(x):  # an empty panel spans the same layers as its neighbours
+                ax.set_xlim(x.min() - 0.5, x.max() + 0.5)
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("Layer")
+            if c == 0:
+                ax.set_ylabel("Belief Shift")
+    fig.suptitle(suptitle, fontsize=10)
+    return fig
+
+
+KIND_WORDS = {"id": "spatial ID steering", "noise": "norm-matched noise",
+              "orthogonal": "orthogonal to the ID span"}  # fmt: skip
+KIND_COLOURS = {"id": "skyblue", "noise": "peachpuff", "orthogonal": "palegreen"}
+
+
+def flip_bars_figure(bars: dict, title: str):
+    """Fig. 2: horizontal bars of the flip rate (% belief swapped) per model, one bar
+    per kind (ID steering, its norm-matched controls) with its 95% interval.
+    `bars`: {model: {kind: cell}}; a model with nothing counted says "n = 0"."""
+    models = list(bars)
+    kinds = list(next(iter(bars.values()), {}))
+    height = 0.8 / max(len(kinds), 1)
+    fig, ax = plt.subplots(figsize=(8.5, 1.2 + 0.9 * max(len(models), 1)))
+    for j, kind in enumerate(kinds):
+        cells = np.asarray([bars[m][kind] for m in models], float).reshape(-1, 4)
+        ok = cells[:, 3] > 0
+        y = np.arange(len(models)) + j * height
+        err = np.abs(cells[:, 1:3].T - cells[:, 0])
+        ax.barh(y[ok], cells[ok, 0], height, color=KIND_COLOURS.get(kind, f"C{j}"),
+                xerr=np.nan_to_num(err[:, ok]), capsize=2, label=KIND_WORDS.get(kind, kind))  # fmt: skip
+    for i, m in enumerate(models):
+        if all(bars[m][k][3] == 0 for k in kinds):
+            ax.text(0.02, i + 0.4 - height / 2, "n = 0: no question counted", va="center",
+                    color="gray")  # fmt: skip
+    ax.set_yticks(np.arange(len(models)) + 0.4 - height / 2, models)
+    ax.set_xlim(0, 1)
+    ax.set_xticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], ["0", "20", "40", "60", "80", "100"])
+    ax.set_xlabel("% belief swapped (95% CI)")
+    if not models:
+        empty_panel(ax, "no model")
+    elif any(bars[m][k][3] > 0 for m in models for k in kinds):
+        ax.legend(fontsize=8, loc="best")
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _cell_colours(grid_h: int, grid_w: int) -> np.ndarray:
+    """[H * W, 4] a colour per cell: its column's hue, darker down the rows (the
+    paper's bivariate map: which column, how far down)."""
+    hue = plt.get_cmap("tab10")(np.arange(grid_w) % 10)[:, :3]
+    shade = np.linspace(0.35, 1.0, grid_h)[::-1]  # the top row lightest
+    rgb = 1 - (1 - hue[None]) * shade[:, None, None]
+    return np.concatenate([rgb, np.ones((grid_h, grid_w, 1))], -1).reshape(-1, 4)
+
+
+def id_grid_figure(panels, grid_h: int, grid_w: int, suptitle: str = ""):
+    """Fig. 5: each cell's ID projected on the two leading axes (h, v), drawn as a grid
+    of points joined along rows (solid) and columns (dotted), image orientation (v
+    down, the h axis on top). `panels`: (title, [H * W, 2] coordinates or None: n = 0)."""
+    fig, axes = _grid(len(panels) or 1, 4, (3.8, 3.8))
+    colours = _cell_colours(grid_h, grid_w)
+    for ax, (title, xy) in zip(axes, panels or [("", None)]):
+        ax.set_xlabel("ID along h (column axis)")
+        ax.set_ylabel("ID along v (row axis)")
+        ax.xaxis.tick_top()
+        ax.xaxis.set_label_position("top")
+        ax.set_title(title, fontsize=9, y=-0.16)
+        if xy is None or not np.isfinite(xy).any():
+            empty_panel(ax, "no ID")
+            continue
+        g = np.asarray(xy, float).reshape(grid_h, grid_w, 2)
+        for row in g:
+            ax.plot(row[:, 0], row[:, 1], "-", color="gray", lw=0.8)
+        for col in g.transpose(1, 0, 2):
+            ax.plot(col[:, 0], col[:, 1], ":", color="gray", lw=0.8)
+        ax.scatter(g[..., 0].ravel(), g[..., 1].ravel(), c=colours, s=90, zorder=3,
+                   edgecolors="k", linewidths=0.4)  # fmt: skip
+        ax.invert_yaxis()
+    fig.suptitle(suptitle, fontsize=10)
+    return fig
+
+
+def deviation_histograms_figure(panels, suptitle: str = ""):
+    """Fig. 8A: densities of the ID deviation (the margin relative to the ground
+    truth) of right vs wrong answers, one panel per layer. `panels`: (title, right
+    values, wrong values); a side with no value says n = 0 in its legend, a panel
+    with neither is drawn empty."""
+    fig, axes = _grid(len(panels) or 1, 4, (3.6, 3.2))
+    for ax, (title, right, wrong) in zip(axes, panels or [("", [], [])]):
+        sides = [("right", right, "steelblue"), ("wrong", wrong, "salmon")]
+        sides = [(w, np.asarray(v, float)[np.isfinite(v)], c) for w, v, c in sides]
+        both = np.concatenate([v for _, v, _ in sides])
+        ax.set_xlabel("Margin Relative to GT (ID deviation, cells)")
+        ax.set_ylabel("Density")
+        ax.set_title(title, fontsize=9)
+        if not len(both):
+            empty_panel(ax, "no answer")
+            continue
+        bins = np.histogram_bin_edges(both, bins=10)
+        for word, v, colour in sides:
+            label = f"{word} answers (n = {len(v)})"
+            if len(v):
+                ax.hist(v, bins, density=True, alpha=0.7, color=colour, label=label)
+            else:  # a legend entry only: the side is empty, not zero
+                ax.plot([], [], "s", color=colour, label=label)
+        ax.axvline(0, color="k", lw=0.5)
+        ax.legend(fontsize=7)
+    fig.suptitle(suptitle, fontsize=10)
+    return fig
+
+
+def accuracy_vs_steerability_figure(names, accuracy, steerability, note: str = ""):
+    """Fig. 9: one point per model, its steerability (ID flip rate) on x and its
+    accuracy on y (the paper's orientation), each with its 95% interval; `note`: the
+    correlation across models, written under the title. `accuracy`, `steerability`:
+    [M, 4] cells; a model with n = 0 on either is left out and named so."""
+    acc, steer = (np.asarray(v, float).reshape(-1, 4) for v in (accuracy, steerability))
+    fig, ax = plt.subplots(figsize=(5.6, 5.2))
+    colours = plt.get_cmap("rainbow")(np.linspace(0, 1, max(len(names), 1)))
+    missing = []
+    for i, name in enumerate(names):
+        if acc[i, 3] == 0 or steer[i, 3] == 0:
+            missing.append(name)
+            continue
+        err = lambda c: np.nan_to_num(np.abs(c[1:3] - c[0]))[:, None]  # noqa: E731
+        ax.errorbar(steer[i, 0], acc[i, 0], xerr=err(steer[i]), yerr=err(acc[i]), fmt="o",
+                    ms=8, capsize=3, color=colours[i], label=name)  # fmt: skip
+    if len(missing) == len(names):
+        empty_panel(ax, "no model with both numbers")
+    else:
+        ax.legend(fontsize=8)
+    if missing and len(missing) < len(names):
+        ax.text(0.02, 0.02, "n = 0, not drawn: " + ", ".join(missing), fontsize=7,
+                transform=ax.transAxes, color="gray")  # fmt: skip
+    ax.set_xlabel("Steerability: ID flip rate (95% CI)")
+    ax.set_ylabel("Accuracy on the steered questions (95% CI)")
+    ax.set_title("Accuracy vs. Steerability" + (f"\n{note}" if note else ""), fontsize=9)
+    ax.grid(True)
+    return fig

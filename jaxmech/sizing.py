@@ -142,12 +142,13 @@ def chunk_per_device(config: Config) -> tuple[int, str]:
     )
 
 
-def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
-    """Best-of f32 matmul throughput (FLOP/s) of an n x n x n product on this backend:
-    the training bench's yardstick and a table's time estimate's (`reports.questions.
-    log_estimate`)."""
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    f = jax.jit(lambda a: a @ a)
+def matmul_rate(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> float:
+    """Best-of matmul throughput (FLOP/s) of an n x n x n product on this backend, in
+    float32 or, for a narrower `dtype`, its products with float32 accumulation (as
+    `models.precision` writes them): the training bench's yardstick and a table's time
+    estimate's (`reports.questions.log_estimate`, `reports.driver.compiled_call`)."""
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
+    f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     f(a).block_until_ready()
     best = float("inf")
     for _ in range(repeats):
@@ -155,3 +156,57 @@ def matmul_rate(n: int = 2048, repeats: int = 10) -> float:
         f(a).block_until_ready()
         best = min(best, time.perf_counter() - t)
     return 2.0 * n**3 / best
+
+
+# XLA's CPU compile time per jaxpr equation (`program_cost`'s count): Qwen2-VL-2B's
+# forward, 6,215 equations in float32 and 11,714 in bfloat16, compiled in 9 s and 18 s
+# on a quiet 2-core AMD EPYC (BUILD_NOTES.md, Speed): 1.45-1.54 ms each
+COMPILE_S_PER_EQUATION = 1.5e-3
+
+
+def program_cost(jaxpr) -> dict:
+    """What a program costs, from its (closed) jaxpr: "flops" of its products computed
+    at the float32 rate, "flops_low" of those with low-precision operands and float32
+    accumulation (`models.precision`'s), each dot_general's 2 x (its output's size) x
+    (its contracted size), times the length of every scan around it (XLA's cost analysis
+    counts a loop's body once; a while loop's body counts once here too); "equations",
+    each loop body's once (as XLA compiles it), the compile's yardstick
+    (`COMPILE_S_PER_EQUATION`). A cond counts its costliest branch."""
+    out = {"flops": 0.0, "flops_low": 0.0, "equations": 0}
+    _add_cost(getattr(jaxpr, "jaxpr", jaxpr), 1.0, out)
+    return out
+
+
+def _sub_jaxprs(value):
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    return [getattr(v, "jaxpr", v) for v in values if hasattr(v, "eqns") or
+            hasattr(getattr(v, "jaxpr", None), "eqns")]  # fmt: skip
+
+
+def _add_cost(jaxpr, times: float, out: dict) -> None:
+    for e in jaxpr.eqns:
+        out["equations"] += 1
+        if e.primitive.name == "dot_general":
+            lhs, rhs = (v.aval for v in e.invars)
+            (_, rc), (_, rb) = e.params["dimension_numbers"]
+            contracted = np.prod([rhs.shape[d] for d in rc])
+            flops = 2.0 * np.prod(e.outvars[0].aval.shape) * contracted * times
+            pref = e.params.get("preferred_element_type")
+            low = lhs.dtype.itemsize < 4 and pref is not None and np.dtype(pref).itemsize >= 4
+            out["flops_low" if low else "flops"] += flops
+            continue
+        n = float(e.params.get("length", 1)) if e.primitive.name == "scan" else 1.0
+        if e.primitive.name == "cond":
+            parts = []
+            for branch in _sub_jaxprs(e.params["branches"]):
+                part = {"flops": 0.0, "flops_low": 0.0, "equations": 0}
+                _add_cost(branch, times, part)
+                parts.append(part)
+            out["equations"] += sum(p["equations"] for p in parts)
+            costliest = max(parts, key=lambda p: p["flops"] + p["flops_low"])
+            out["flops"] += costliest["flops"]
+            out["flops_low"] += costliest["flops_low"]
+            continue
+        for value in e.params.values():
+            for sub in _sub_jaxprs(value):
+                _add_cost(sub, times * n, out)

@@ -448,12 +448,182 @@ def _start_difference(old: dict | None, new: dict | None) -> str | None:
     )
 
 
-def identity(grid: Grid, chunk: int | None = None, start: dict | None = None) -> dict:
+# ---------------------------------------------------------------------------
+# Seeds until enough models pass a rule stated before training (`Until`)
+
+SELECTION_FILE = "selection.json"  # the rule (before training) and who passed (after)
+PASS_AT_LEAST = 0.9  # the default rule's threshold (BUILD_NOTES: "generalising")
+
+
+class PassRule(NamedTuple):
+    """A model passes when its final `metric` (a results.csv column: the family's
+    metrics) is >= `at_least`. A diverged model's metrics are NaN: it never passes."""
+
+    metric: str
+    at_least: float
+
+    def text(self) -> str:
+        return f"{self.metric} >= {self.at_least:g}"
+
+    def passes(self, values) -> np.ndarray:
+        v = np.asarray(values, float)
+        return np.isfinite(v) & (v >= self.at_least)
+
+    def record(self) -> dict:
+        return {"metric": self.metric, "at_least": float(self.at_least)}
+
+
+class Until(NamedTuple):
+    """`run_grid(..., until=...)`: the grid's seeds (one grid point, `max_seeds` of
+    them) train chunk by chunk, in seed order, until at least `passing` models pass
+    `rule`; the chunks after that one are never trained. Every trained model is kept
+    and listed in `SELECTION_FILE` with whether it passed."""
+
+    passing: int
+    max_seeds: int
+    rule: PassRule
+
+    def record(self) -> dict:
+        return {"seeds_until": self.passing, "max_seeds": self.max_seeds,
+                "rule": self.rule.record(), "text": self.rule.text()}  # fmt: skip
+
+
+def until_cap(passing: int, max_seeds: int | None) -> int:
+    """The seeds a `--seeds_until=passing` run may try (`--max_seeds`, default 4 x N),
+    checked before any compute: ConfigError naming the flag."""
+    if passing < 1:
+        raise ConfigError(
+            f"--seeds_until={passing}: allowed an integer >= 1 (models that must pass)"
+        )
+    cap = 4 * passing if max_seeds is None else max_seeds
+    if cap < passing:
+        raise ConfigError(
+            f"--max_seeds={cap} is below --seeds_until={passing}: the cap on seeds tried "
+            f"must allow {passing} passing models"
+        )
+    return cap
+
+
+def parse_rule(config: Config, text: str | None) -> PassRule:
+    """`--pass_rule` as a PassRule: `METRIC>=VALUE`, METRIC one of the family's metrics;
+    None: the family's progress metric >= PASS_AT_LEAST (the toy VLM: unseen_min_acc,
+    unseen-pair accuracy on every relation). ConfigError naming the flag."""
+    family = family_for(config)
+    if text is None:
+        if family.progress_metric is None:
+            raise ConfigError(f"--seeds_until: model_kind = {family.name!r} has no default "
+                              "rule; give --pass_rule=METRIC>=VALUE")  # fmt: skip
+        return PassRule(family.progress_metric, PASS_AT_LEAST)
+    metric, sep, value = (x.strip() for x in text.partition(">="))
+    metrics = family.metrics(config)
+    if not sep or metric not in metrics:
+        raise ConfigError(f"--pass_rule={text!r}: expected METRIC>=VALUE with METRIC one of "
+                          f"{', '.join(metrics)}")  # fmt: skip
+    try:
+        return PassRule(metric, float(value))
+    except ValueError:
+        raise ConfigError(f"--pass_rule={text!r}: {value!r} is not a number") from None
+
+
+def seeds_until(grid: Grid, passing: int, max_seeds: int | None = None, rule=None) -> Until:
+    """The `Until` of `--seeds_until=passing` (`--max_seeds`, `--pass_rule`) for
+    `grid`, which holds the cap's seeds of one grid point; ConfigError naming the flag,
+    before any compute."""
+    cap = until_cap(passing, max_seeds)
+    if grid.swept:
+        raise ConfigError(f"--seeds_until: trains the seeds of one config; {', '.join(grid.swept)} "
+                          "is swept: run one --seeds_until per value")  # fmt: skip
+    if len(grid.settings) != cap:
+        raise ConfigError(f"--seeds_until: the grid holds {len(grid.settings)} seed(s), the cap "
+                          f"(--max_seeds) is {cap}: expand it with seeds = the cap")  # fmt: skip
+    return Until(passing, cap, parse_rule(grid.config, rule))
+
+
+def _until_difference(old: dict | None, new: dict | None) -> str:
+    """What a folder's "until" record (None: a plain sweep) holds instead of `new`."""
+    words = lambda u: (  # noqa: E731
+        "a plain sweep"
+        if u is None
+        else f"seeds until {u['seeds_until']} pass {u['text']} (at most {u['max_seeds']})"
+    )
+    return f"{words(old)} (folder), not {words(new)}: its selection rule is fixed at its start"
+
+
+def passing_mask(rule: PassRule, curves: dict, diverged_step) -> np.ndarray:
+    """[K] whether each model passes `rule` on its last evaluation (`curves` [K, E])."""
+    return rule.passes(np.asarray(curves[rule.metric])[:, -1]) & (np.asarray(diverged_step) < 0)
+
+
+def _write_selection(folder: str, record: dict) -> None:
+    # written beside sweep.json before any model trains, completed after the last
+    results.write_json(os.path.join(folder, SELECTION_FILE), record)
+
+
+def _selection_outcome(until: Until, settings: Settings, passed: np.ndarray, log) -> dict:
+    """`SELECTION_FILE`'s record after training: the rule, the models trained (every
+    one, by index and seed) and which passed; logged, with a warning at the cap."""
+    seeds = np.asarray(settings.seed).tolist()
+    record = until.record() | {
+        "trained": len(seeds),
+        "seeds": seeds,
+        "passing_models": np.flatnonzero(passed).tolist(),
+        "failing_models": np.flatnonzero(~passed).tolist(),
+    }
+    n = int(passed.sum())
+    log(f"selection: n = {n} of {len(seeds)} trained pass {until.rule.text()} (seeds "
+        f"{seeds[0]}..{seeds[-1]}); passing models {record['passing_models']}")  # fmt: skip
+    if n < until.passing:
+        log(f"WARNING: --max_seeds={until.max_seeds} seeds tried and only {n} pass "
+            f"(--seeds_until={until.passing} asked); every one is kept")  # fmt: skip
+    return record
+
+
+def read_selection(path: str, rows: list[dict]) -> dict | None:
+    """The selection of results folder `path` (None: it has no `SELECTION_FILE`), after
+    checking that its rule is the one the run trained under (sweep.json's "until") and
+    that its passing models are the ones the rule gives on results.csv `rows`: a report
+    cannot move the rule or the models after training. ValueError naming the file."""
+    file = os.path.join(path, SELECTION_FILE)
+    if not os.path.isfile(file):
+        return None
+    try:
+        with open(file) as f:
+            sel = json.load(f)
+        with open(os.path.join(path, "sweep.json")) as f:
+            until = json.load(f).get("until")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{file}: unreadable selection or sweep.json ({e})") from None
+    fixed = None if until is None else (until.get("rule"), until.get("text"))
+    if not isinstance(sel, dict) or fixed != (sel.get("rule"), sel.get("text")):
+        raise ValueError(
+            f"{file}: its rule is not the one this run trained under (sweep.json: "
+            f"{None if until is None else until.get('text')!r}); a selection is fixed before "
+            "training: train again (--overwrite) to select by another rule"
+        )
+    if sel.get("trained") != len(rows):
+        raise ValueError(f"{file}: lists {sel.get('trained')} model(s) trained, results.csv "
+                         f"{len(rows)}; the folder was changed after training")  # fmt: skip
+    rule = PassRule(sel["rule"]["metric"], sel["rule"]["at_least"])
+    ok = rule.passes([r.get(rule.metric, np.nan) for r in rows])
+    ok &= np.asarray([r["diverged_step"] < 0 for r in rows], bool)
+    if sel.get("passing_models") != [int(r["model"]) for r, p in zip(rows, ok) if p]:
+        raise ValueError(
+            f"{file}: its passing models {sel.get('passing_models')} are not the ones "
+            f"{rule.text()} gives on results.csv; the folder was changed after training"
+        )
+    return sel
+
+
+def identity(
+    grid: Grid, chunk: int | None = None, start: dict | None = None, until: Until | None = None
+) -> dict:
     """What a sweep folder must match to be resumed: the config, every model's settings
     and the program (`program_record`; chunk default `default_chunk_size`); with
     `start` (a sweep from trained params: `_Start.record`) also "init_from": the base
     run's absolute path, the base model of each model, the overridden static names
-    and sha256 fingerprints of the base models' params and of the starting params."""
+    and sha256 fingerprints of the base models' params and of the starting params;
+    with `until` (seeds until enough pass) also "until": `Until.record`, so that the
+    rule cannot change between a run's start and its resume."""
     ident = {
         "format": 1,
         "config": json.loads(grid.config.to_json()),
@@ -463,6 +633,8 @@ def identity(grid: Grid, chunk: int | None = None, start: dict | None = None) ->
     }
     if start is not None:  # a fresh sweep's sweep.json keeps exactly the keys above
         ident["init_from"] = start
+    if until is not None:
+        ident["until"] = until.record()
     return ident
 
 
@@ -486,6 +658,8 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
         changed = [f"{n} {old[n]!r} (folder) vs {new[n]!r}" for n in new if old[n] != new[n]]
         if changed:
             return "a different sweep (" + ", ".join(changed[:3]) + ")"
+        if stored.get("until") != ident.get("until"):
+            return _until_difference(stored.get("until"), ident.get("until"))
         defaults = Config().flat()
         fill = lambda s: {n: s.get(n, defaults[n]) for n in SWEEPABLE}  # noqa: E731
         if [fill(s) for s in stored["settings"]] != [fill(s) for s in ident["settings"]]:
@@ -609,18 +783,25 @@ def _finished(out: str) -> dict:
         "diverged": diverged_models([r["diverged_step"] for r in run.results], run.settings),
         "trained_steps": 0,
         "program": program,
+        "selection": read_selection(out, run.results),
+        "writer": True,
     }
 
 
 class _Progress:
-    """Model-steps trained, rate, ETA and models passing, for the progress lines."""
+    """Model-steps trained, rate, ETA and models passing, for the progress lines. The
+    models passing: the family's progress metric >= 0.9, or with `until` its rule (the
+    ETA is then to the cap: how many seeds will train is not known)."""
 
-    def __init__(self, plan: _Plan):
+    def __init__(self, plan: _Plan, until: Until | None = None):
         self.t0 = time.perf_counter()
         self.total = int(plan.budget[: plan.k].sum())
         self.trained = 0  # model-steps trained by this process
         self.done = 0  # model-steps done, resumed ones included
-        self.passed_before = 0  # models of finished chunks with the progress metric >= 0.9
+        self.passed_before = 0  # models of finished chunks that pass `rule`
+        metric = plan.progress_metric
+        self.rule = until.rule if until else metric and PassRule(metric, PASS_AT_LEAST)
+        self.until = "" if until is None else f" (until {until.passing})"
 
     def line(self, plan: _Plan, c: int, step: int, curves: dict, col: int, seg_s: float) -> str:
         elapsed = time.perf_counter() - self.t0
@@ -630,43 +811,117 @@ class _Progress:
             f"  chunk {c + 1}/{plan.n_chunks} step {step}/{plan.grid.config.train.steps}  "
             f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
         )
-        if plan.progress_metric is not None:
-            now = int((curves[plan.progress_metric][: plan.n_real(c), col] >= 0.9).sum())
+        if self.rule:
+            r = self.rule
+            now = int(r.passes(curves[r.metric][: plan.n_real(c), col]).sum())
             seen = c * plan.chunk + plan.n_real(c)
-            text += f"{plan.progress_metric}>=0.9: {self.passed_before + now}/{seen}  "
+            text += f"{r.metric}>={r.at_least:g}: {self.passed_before + now}/{seen}{self.until}  "
         return text + f"({seg_s:.1f} s this segment)"
 
     def chunk_done(self, plan: _Plan, c: int, curves: dict) -> None:
-        if plan.progress_metric is not None:
-            last = curves[plan.progress_metric][: plan.n_real(c), -1]
-            self.passed_before += int((last >= 0.9).sum())
+        if self.rule:
+            last = curves[self.rule.metric][: plan.n_real(c), -1]
+            self.passed_before += int(self.rule.passes(last).sum())
+
+
+# ---------------------------------------------------------------------------
+# Several processes: process 0 reads and writes the folder, every process trains
+
+
+class OtherProcessError(RuntimeError):
+    """Process 0 of a multi-process sweep stopped with an error (its output names it)."""
+
+
+def is_writer() -> bool:
+    """Whether this process writes a sweep's folder: process 0 (the only one, usually)."""
+    return jax.process_index() == 0
+
+
+def _quiet(*_) -> None:
+    pass
+
+
+def _share(tree):
+    """Process 0's host arrays `tree` on every process, bit for bit (each process passes
+    a tree of the same shapes and dtypes)."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    # gathered, then process 0's row: broadcast_one_to_all adds zeros, which turns -0.0
+    # into 0.0 (a resumed model would then differ from an uninterrupted one)
+    stacked = multihost_utils.process_allgather(tree, tiled=False)
+    return jax.tree_util.tree_map(lambda x: np.array(x[0]), stacked)  # a writable copy
+
+
+def _on_writer(read, like):
+    """`read()` run by process 0; its result (None, or host arrays shaped as `like`) on
+    every process. An error in `read` is raised on process 0 and as OtherProcessError on
+    the others, so that no process waits for a peer that stopped."""
+    tree, code = None, 0
+    if is_writer():
+        try:
+            tree = read()
+        except BaseException:
+            _share(np.int32(2))  # tell the others before raising
+            raise
+        code = 0 if tree is None else 1
+    code = int(_share(np.int32(code)))
+    if code == 2:
+        raise OtherProcessError(
+            "process 0 of this multi-process sweep stopped with an error (its output says "
+            "which); every process stops"
+        )
+    if code == 0:
+        return None
+    zeros = lambda x: np.zeros(np.shape(x), x.dtype)  # noqa: E731
+    return _share(tree if is_writer() else jax.tree_util.tree_map(zeros, like))
+
+
+def _not_written(plan: _Plan, wall: float, trained: int, selection) -> dict:
+    """What `run_grid` returns on a process that does not write the folder."""
+    return {"rows": None, "curves": None, "wall_s": wall, "diverged": None,
+            "trained_steps": trained, "program": plan.program, "selection": selection,
+            "writer": False}  # fmt: skip
 
 
 def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
     """(state or None, curves [chunk, n_evals] per field) of chunk c: its checkpoint if
-    there is one, else nothing trained (NaN curves)."""
+    there is one, else nothing trained (NaN curves). Process 0 reads it, every process
+    gets it (`_on_writer`)."""
     cfg = plan.grid.config
     curves = {
         n: np.full((plan.chunk, cfg.train.n_evals), np.nan, np.float32)
         for n in plan.fields + ("step",)
     }
-    if checkpoint.latest_step(ckpt_dir) is None:
-        return None, curves
     chunk_settings = jax.tree_util.tree_map(lambda x: x[: plan.chunk], plan.settings)
-    like_state = jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings)
+    like = {"state": jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings),
+            "curves": curves}  # fmt: skip
+    tree = _on_writer(lambda: _read_chunk(plan, c, ckpt_dir, like, log), like)
+    if tree is None:
+        return None, curves
+    # in the order of a fresh run (a shared dict comes back sorted), so that curves.csv's
+    # columns do not depend on a resume
+    return tree["state"], {n: tree["curves"][n] for n in curves}
+
+
+def _read_chunk(plan: _Plan, c: int, ckpt_dir: str, like: dict, log) -> dict | None:
+    """Chunk c's newest intact checkpoint as a tree like `like` (None: there is none);
+    CheckpointError when it belongs to another chunk or sweep."""
+    if checkpoint.latest_step(ckpt_dir) is None:
+        return None
     # the newest intact step; damaged ones are reported through `log` and dropped
-    found = checkpoint.restore_latest(ckpt_dir, {"state": like_state, "curves": curves}, log)
+    found = checkpoint.restore_latest(ckpt_dir, like, log)
     if found is None:
         log(f"  chunk {c + 1}/{plan.n_chunks}: no intact checkpoint; training it from step 0")
-        return None, curves
+        return None
     tree, meta, _ = found
     if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
         raise checkpoint.CheckpointError(
             f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
             "folder or pass --overwrite"
         )
-    # in the order of a fresh run, so that curves.csv's columns do not depend on a resume
-    return TrainState(*tree["state"]), {n: tree["curves"][n] for n in curves}
+    return {"state": TrainState(*tree["state"]), "curves": tree["curves"]}
 
 
 def _settings_meta(plan: _Plan, c: int) -> list[dict]:
@@ -709,12 +964,10 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
             curves[n][:, evals_done : evals_done + seg] = seg_curves[n]
         evals_done += seg
         before, step = step, evals_done * eval_every
-        checkpoint.save(
-            ckpt_dir,
-            step,
-            {"state": state, "curves": curves},
-            {"chunk": c, "step": step, "settings": _settings_meta(plan, c)},
-        )
+        saved = ({"state": state, "curves": curves},
+                 {"chunk": c, "step": step, "settings": _settings_meta(plan, c)})  # fmt: skip
+        # process 0 writes; a failed write stops the others now, not at a later collective
+        _on_writer(lambda: checkpoint.save(ckpt_dir, step, *saved), None)
         seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
         progress.trained += seg_steps
         progress.done += seg_steps
@@ -762,6 +1015,7 @@ def run_grid(
     chunk_size: int | None = None,
     checkpoint_every: int | None = None,
     init_from: InitFrom | None = None,
+    until: Until | None = None,
     log=print,
 ) -> dict:
     """Trains every model of `grid` and writes the results folder `out`, resumably.
@@ -785,27 +1039,79 @@ def run_grid(
     argument), and recorded in `sweep.json` with fingerprints of the starting params,
     so that a resume against a changed base run is refused (SweepMismatchError).
 
+    `until` (`Until`, from `seeds_until`): the grid's seeds train chunk by chunk until
+    enough models pass its rule (or every seed was tried); only the chunks trained are
+    written. The rule is written to `out/selection.json` and recorded in `sweep.json`
+    before any model trains (a resume with another rule is refused); after training
+    selection.json lists every trained model and whether it passed (`read_selection`).
+
+    Several processes (`jax.distributed`, `--distributed`): every process calls
+    `run_grid` with the same arguments and trains its devices' share of each chunk (the
+    mesh spans every process's devices). Process 0 alone holds the lock and reads and
+    writes `out` (checkpoints included), and hands each checkpoint it reads to the
+    others, so `out` need not be on a filesystem the hosts share; an error there stops
+    the others with `OtherProcessError`. The same sweep on the same number of devices
+    gives the same results with one process or several.
+
     Returns {"rows", "curves", "wall_s", "diverged" (one line per diverged model),
-    "trained_steps", "program" (`program_record`)}.
+    "trained_steps", "program" (`program_record`), "selection" (selection.json's
+    record; None without `until`), "writer" (whether this process wrote `out`; on the
+    others "rows", "curves" and "diverged" are None)}.
     """
+    if until is not None and len(grid.settings) != until.max_seeds:
+        raise ValueError(f"until.max_seeds = {until.max_seeds} but the grid holds "
+                         f"{len(grid.settings)} model(s): build `until` with seeds_until")  # fmt: skip
     plan = _make_plan(grid, chunk_size, checkpoint_every, init_from, out)
     outdir.check_usable(out)
-    lock = outdir.locked(out, log) if jax.process_index() == 0 else contextlib.nullcontext()
-    with lock:
-        ident = identity(grid, plan.chunk, None if plan.start is None else plan.start.record)
-        work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
-        if finished:
-            outdir.publish(work, out)  # a finished --overwrite whose swap was interrupted
+    log = log if is_writer() else _quiet  # one process speaks for a multi-process sweep
+    start = None if plan.start is None else plan.start.record
+    ident = identity(grid, plan.chunk, start, until)
+    with contextlib.ExitStack() as held:
+        folder = {"work": out}  # where process 0 trains; the others never touch it
+
+        def open_folder():  # process 0: the lock (held to the end), then the folder
+            held.enter_context(outdir.locked(out, log))
+            folder["work"], finished = _open_folder(out, ident, overwrite, until)
+            return np.int32(finished)
+
+        if _on_writer(open_folder, np.int32(0)):
+            if not is_writer():
+                return _not_written(plan, 0.0, 0, None)
+            outdir.publish(folder["work"], out)  # a finished --overwrite whose swap was cut
             log(f"{out}: this sweep is already finished; nothing to train")
             return _finished(out)
+        return _train_all(plan, folder["work"], out, log, until)
+
+
+def _open_folder(out: str, ident: dict, overwrite: bool, until) -> tuple[str, bool]:
+    """(folder to train in, whether it holds the finished sweep), `outdir.prepare`d; a
+    new or resumed one holds sweep.json (and the `until` rule) before any model trains."""
+    work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
+    if not finished:
         os.makedirs(work, exist_ok=True)
         with open(os.path.join(work, "sweep.json"), "w") as f:
             json.dump(ident, f, indent=1)
-        return _train_all(plan, work, out, log)
+        if until is not None:  # the rule, before any model trains
+            _write_selection(work, until.record())
+    return work, finished
 
 
-def _train_all(plan: _Plan, work: str, out: str, log) -> dict:
-    """Trains (or resumes) every chunk in `work`, then writes and publishes the results."""
+def _train_chunks(plan: _Plan, work: str, data, progress: _Progress, log, until) -> list:
+    """Every chunk's (state, curves), trained or resumed in order; with `until`, only
+    up to the chunk in which the passing models reach `until.passing`."""
+    parts, passed = [], 0
+    for c in range(plan.n_chunks):
+        parts.append(_train_chunk(plan, c, work, data, progress, log))
+        if until is not None:
+            passed += int(passing_mask(until.rule, parts[-1][1], parts[-1][0].diverged_step).sum())
+            if passed >= until.passing:
+                break
+    return parts
+
+
+def _train_all(plan: _Plan, work: str, out: str, log, until: Until | None = None) -> dict:
+    """Trains (or resumes) every chunk in `work` (with `until`: as far as it asks), then
+    writes and publishes the results."""
     cfg = plan.grid.config
     start = "" if plan.start is None else f" from the params of {plan.start.record['run']}"
     log(
@@ -814,17 +1120,31 @@ def _train_all(plan: _Plan, work: str, out: str, log) -> dict:
         f"device(s); checkpoints every {plan.every} steps"
     )
     data = build_data(cfg)
-    progress = _Progress(plan)
-    parts = [_train_chunk(plan, c, work, data, progress, log) for c in range(plan.n_chunks)]
+    progress = _Progress(plan, until)
+    parts = _train_chunks(plan, work, data, progress, log, until)
     wall = time.perf_counter() - progress.t0
     state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *(p[0] for p in parts))
     curves = {n: np.concatenate([p[1][n] for p in parts]) for n in parts[0][1]}
+    selection = None
+    if until is not None:  # the results hold the models trained, not the cap's
+        k = len(curves["step"])
+        plan = dataclasses.replace(
+            plan, grid=dataclasses.replace(plan.grid, settings=plan.grid.settings[:k])
+        )
+        passed = passing_mask(until.rule, curves, state.diverged_step)
+        selection = _selection_outcome(until, stack_settings(list(plan.grid.settings)), passed, log)
+        if is_writer():
+            _write_selection(work, selection)  # before results.csv, which marks completion
+    if not is_writer():
+        return _not_written(plan, wall, progress.trained, selection)
     rows, diverged = _finish(plan, work, out, state, curves, wall, log)
     return {
+        "writer": True,
         "rows": rows,
         "curves": results.curve_rows(curves),
         "wall_s": wall,
         "diverged": diverged,
         "trained_steps": progress.trained,
         "program": plan.program,
+        "selection": selection,
     }

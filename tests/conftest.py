@@ -160,3 +160,30 @@ def kill_after_first_checkpoint(proc, out):
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not os.path.exists(os.path.join(out, "results.csv")), "finished before the kill"
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """The figures `jaxmech.plots.save` writes during a test, in order (closed, but
+    their axes, lines and texts still readable): a figure's labels are checked on
+    matplotlib's objects, not its pixels."""
+    from jaxmech import plots
+
+    figs, real = [], plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: figs.append(fig) or real(fig, path))
+    return figs
+
+
+def texts(fig) -> str:
+    """Every text a figure shows: titles, axis labels, legend entries, free texts."""
+    out = [fig._suptitle.get_text() if fig._suptitle else ""]
+    for ax in fig.axes:
+        out += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel()]
+        out += [t.get_text() for t in ax.texts]
+        out += [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()]
+        legend = ax.get_legend()
+        out += [t.get_text() for t in legend.get_texts()] if legend else []
+    return "\n".join(out)

@@ -102,9 +102,14 @@ def test_bad_accelerator_flags_fail_before_any_compute(tmp_path):
         assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-2000:]
 
 
-def test_the_scaling_table_times_each_width_and_batch_and_refuses_bad_ones():
-    """~20 s: compiles three tiny training programs (the widths and the batch)."""
-    from jaxmech.bench.training import scaling_configs, scaling_table
+def _scaling_configs():
+    from jaxmech.bench.training import scaling_configs
+
+    return scaling_configs(tiny_config(), widths=(8, 16), batches=(8,))
+
+
+def test_the_scaling_configs_vary_width_and_batch_and_refuse_bad_ones():
+    from jaxmech.bench.training import scaling_configs
     from jaxmech.config import ConfigError
 
     config = tiny_config()
@@ -112,12 +117,20 @@ def test_the_scaling_table_times_each_width_and_batch_and_refuses_bad_ones():
         scaling_configs(config, widths=(8, 6))
     with pytest.raises(ConfigError, match="batch_size"):
         scaling_configs(config, batches=(0,))
-    configs = scaling_configs(config, widths=(8, 16), batches=(8,))
-    assert [(c.model.d_model, c.model.d_head, c.train.batch_size) for c in configs] == [
+    assert [(c.model.d_model, c.model.d_head, c.train.batch_size) for c in _scaling_configs()] == [
         (8, 2, 16),
         (16, 4, 16),
         (16, 4, 8),
     ]
+
+
+@pytest.mark.slow
+def test_the_scaling_table_times_each_width_and_batch():
+    """Slow (~35 s in the suite: three training programs compiled for a benchmark's
+    table); the configs it times are tested in the suite above."""
+    from jaxmech.bench.training import scaling_table
+
+    configs = _scaling_configs()
     rows = scaling_table(configs, k=1, n_steps=1, repeats=1)
     assert [r["d_model"] for r in rows] == [8, 16, 16]
     assert rows[0]["flops"] < rows[1]["flops"] and rows[2]["flops"] < rows[1]["flops"]

@@ -388,3 +388,5 @@ def test_paper_003_004_reports_run_on_a_checkpoint_family(pix, tmp_path):
     assert rows[("plain", "horizontal")]["changed"] == 0.0  # the unedited run is the model's
     for folder in ("patching", "spatial_ids", "counterfactuals"):
         assert os.path.isfile(os.path.join(out, folder, "summary.json"))
+    for figure in ("patching/shifts_paper.png", "spatial_ids/spatial_ids_paper.png"):
+        assert os.path.isfile(os.path.join(out, figure))  # the paper's figure, beside

@@ -101,6 +101,32 @@ def test_mirrored_codes_equal_the_position_mirrored_image_token_for_token(vit_po
     )
 
 
+def test_a_photographs_content_and_order_flip_is_the_drawn_scenes_facing_order():
+    """A photograph's "content and order flipped, codes not" (the flipped image, the
+    ViT's codes mirrored back: `PHOTO_CHANGES`) answers on a drawn scene as the drawn
+    scene's own condition does, margin for margin: facing_order_w across the width,
+    order_h across the height (nothing drawn turns upside down), so the name is shared
+    and facing_order_h is a photograph's row only."""
+    config, params, view, ex = _setup()
+    # position codes 100x their init scale, so that where they go visibly matters
+    vit = {k: 100 * v if k in ("row_P", "col_P") else v for k, v in params["vit"].items()}
+    params = {**params, "vit": vit}
+    # one stack of both (one compile): the photograph's two, the drawn's two, the plain run
+    names = ("facing_order_w", "facing_order_h", "plain")
+    photo = cfa.build(view, params, ex.spans, names, photo=True)
+    drawn = cfa.build(view, params, ex.spans, ("facing_order_w", "order_h", "plain"))
+    assert [int(x) for x in photo.scene[:2]] == [cfa.SCENES.index(("w", True)), cfa.SCENES.index(("h", False))]  # fmt: skip
+    assert [int(x) for x in drawn.scene[:2]] == [cfa.SCENES.index((None, True)), 0]
+    both = jax.tree_util.tree_map(lambda a, b: jnp.concatenate([a[:2], b]), photo, drawn)
+    versions = _versions(view, ex)
+    m = jax.jit(lambda cfs: cfa.margins(view, params, versions, ex.answer_B, ex.other_B, cfs))
+    got, want = np.split(np.asarray(m(both)), [2])
+    np.testing.assert_allclose(got, want[:2], atol=1e-4)
+    assert np.abs(want[:2] - want[2]).max() > 1e-3  # and both conditions do something
+    assert "facing_order_h" not in cfa.names_for(view, params)
+    assert cfa.names_for(view, params, photo=True)[len(cfa.COUNTERFACTUALS)] == "facing_order_h"
+
+
 def test_binding_failures_name_the_same_word_for_both_orders():
     # margins of each question's own answer word: X-Y says the truth iff > 0; Y-X
     # (answer: the other word) says its truth iff > 0
@@ -301,6 +327,131 @@ def test_a_checkpoints_cells_have_per_question_bootstrap_intervals():
     assert np.isclose(models[0], m) and models[3] == 1 and np.isnan(models[1:3]).all()
 
 
+def test_photograph_relations_have_their_mirror_or_none_and_left_right_rows_stay():
+    """What'sUp's relations beside left / right (hand-made margins): on / under is
+    compared with the height mirror's answers, front / behind with none (agree NaN,
+    printed "no mirror") while its changed share is a number over its n questions; a
+    relation asked but unreadable has rows with n = 0 and says why; the left / right
+    rows are those of the same questions without the new relations."""
+    from jaxmech.reports import counterfactuals as report
+
+    base = _hand_made_res()  # 3 horizontal, 2 vertical
+    names = base["names"]
+    extra = np.ones((1, len(names), 4))  # 2 on / under, 2 front / behind questions
+    extra[0, names.index("image_h")] = [-1, 1, -1, 1]  # flips on/under 0, front/behind 0
+    extra[0, names.index("vit_h")] = [-1, -1, 1, -1]
+    res = base | {"margins": np.concatenate([base["margins"], extra], 2),
+                  "swapped": np.concatenate([base["swapped"], -np.ones((1, 4))], 1),
+                  "relation": np.concatenate([base["relation"], [3, 3, 4, 4]])}  # fmt: skip
+    rows = {(r["counterfactual"], r["relation"]): r for r in report.table_rows(res, (0,))}
+    assert rows["vit_h", "on_under"]["agree_mirror"] == 0.5  # equal to image_h on question 0
+    assert rows["vit_h", "on_under"]["changed"] == 1.0 and rows["vit_h", "on_under"]["n"] == 2
+    fb = rows["vit_h", "front_behind"]
+    assert np.isnan(fb["agree_mirror"]) and fb["changed"] == 0.5 and fb["n"] == 2
+    assert rows["image_h", "front_behind"]["changed"] == 0.5  # measured, not a reference
+    old = report.table_rows(base, (0,))  # left / right, above / below kept as they were
+    assert all(rows[r["counterfactual"], r["relation"]] == r for r in old)
+    assert [e["relation"] for e in report.error_rows(res, (0,))][2:] == ["on_under", "front_behind"]
+    mirrors = {r["relation"]: r for r in report.relation_rows(res, (0,))}
+    assert (
+        mirrors["on_under"]["mirror"] == "image_h" and mirrors["horizontal"]["mirror"] == "image_w"
+    )
+    assert mirrors["front_behind"]["mirror"] == "" and mirrors["front_behind"]["n"] == 2
+    assert "no image mirror" in mirrors["front_behind"]["reference"]
+    lines = []
+    out = report.summarise(report.question_values(res), names, lines.append, per_question=True,
+                           relations=("horizontal", "vertical", "on_under", "front_behind"))  # fmt: skip
+    m, lo, hi, n = out["vit_h/front_behind"]["changed"]
+    assert n == 2 and m == 0.5 and out["vit_h/front_behind"]["agree_mirror"][3] == 0
+    vit_h = next(x for x in lines if x.strip().startswith("vit_h "))
+    assert "no mirror" in vit_h and "(n = 2)" in vit_h
+    # asked but its words unreadable: rows with n = 0 (NaN, printed empty) and the reason
+    gone = base | {"left_out": {"on_under": "both words begin with token 0"}}
+    on = [r for r in report.table_rows(gone, (0,)) if r["relation"] == "on_under"]
+    assert len(on) == len(names) and all(r["n"] == 0 and np.isnan(r["changed"]) for r in on)
+    said = {r["relation"]: r["left_out"] for r in report.relation_rows(gone, (0,))}
+    assert said == {"horizontal": "", "vertical": "", "on_under": "both words begin with token 0"}
+    lines = []
+    out = report.summarise(report.question_values(gone), names, lines.append, per_question=True,
+                           relations=("horizontal", "vertical", "on_under"))  # fmt: skip
+    assert out["vit_h/on_under"]["changed"][3] == 0
+    vit_h = next(x for x in lines if x.strip().startswith("vit_h "))
+    assert vit_h.split("  ")[-1].strip() == "empty (n = 0)" and vit_h.count("empty (n = 0)") == 2
+
+
+def test_random_orders_say_where_the_objects_land_and_pooled_shares_resample_questions():
+    """`order_reversed`: an object sits where its cell's tokens are read on average, so
+    reading the tokens backwards reverses X and Y, moving tokens within a cell keeps
+    them, and an unknown box or one shared cell is NaN; `pooled_ci`: sum / sum over
+    questions, n the units, nothing counted is n = 0 (a NaN share, never 0.0)."""
+    from types import SimpleNamespace
+
+    spans = SimpleNamespace(cell_I=np.repeat(np.arange(4), 2))  # 8 tokens, 2 per cell
+    within = np.asarray([1, 0, 3, 2, 5, 4, 7, 6])
+    orders = np.stack([np.arange(8), np.arange(8)[::-1], within])
+    cells = np.asarray([[0, 1], [3, 0], [2, 2], [-1, 1]])
+    got = cfa.order_reversed(spans, cells, orders)
+    want = [[0, 0, np.nan, np.nan], [1, 1, np.nan, np.nan], [0, 0, np.nan, np.nan]]
+    np.testing.assert_array_equal(got, want)
+    assert len(cfa.RANDOM_ORDERS) == 4 and sorted(cfa.random_order(8, 1)) == list(range(8))
+    assert not np.array_equal(cfa.random_order(8, 0), cfa.random_order(8, 1))  # seeded apart
+    m, lo, hi, n = cfa.pooled_ci([1, 2, 0], [2, 2, 2])
+    assert n == 6 and np.isclose(m, 0.5) and 0 <= lo < m < hi <= 1
+    assert cfa.pooled_ci([0, 0], [0, 0])[3] == 0 and np.isnan(cfa.pooled_ci([0], [0])[0])
+    d = cfa.pooled_ci([2, 1], [2, 2], minus=([0, 1], [2, 2]))
+    assert np.isclose(d[0], 0.75 - 0.25) and d[3] == 8
+    assert cfa.pooled_ci([1], [1], minus=([0], [0]))[3] == 0  # one group empty: no difference
+
+
+def _posthoc_res():
+    """One model, words (left, right, on, under); questions: 2 left / right (answers
+    left, right), 1 on / under (answer on), 1 above / below (no pair among the words).
+    The four random orders: question 0 moves to right (its mirror), on, itself, under;
+    question 1 to left (its mirror) under order 0 only; question 2 to under (its mirror)
+    under order 0. Margins flip where the word moved; X and Y's order reversed under
+    orders 0, 2 for question 0, 0, 1 for question 1 (2: no box), unknown for 2, 3."""
+    names = cfa.COUNTERFACTUALS + ("facing_order_h",) + cfa.RANDOM_ORDERS
+    r0 = len(names) - 4
+    says = np.tile(np.asarray([0, 1, 2, 0]), (len(names), 1))  # [C, B] word chosen
+    says[r0:, 0] = [1, 2, 0, 3]
+    says[r0, 1], says[r0, 2] = 0, 3
+    words = np.moveaxis(np.eye(4)[says], 2, 1)[None]  # [1, C, W, B]: 1 on the word said
+    margins = np.ones((1, len(names), 4))
+    margins[0, r0:, 0] = [-1, -1, 1, -1]
+    margins[0, r0, 1] = margins[0, r0, 2] = -1
+    reversed_ = np.asarray([[1, 1, np.nan, np.nan], [0, 1, np.nan, np.nan],
+                            [1, np.nan, np.nan, np.nan], [0, 0, np.nan, np.nan]])  # fmt: skip
+    return {"margins": margins, "swapped": np.ones((1, 4)), "relation": np.asarray([0, 0, 3, 1]),
+            "names": names, "words": words, "pair": np.asarray([0, 0, 1, -1]),
+            "reversed": reversed_}  # fmt: skip
+
+
+def test_posthoc_rows_count_changes_landing_on_the_mirror_and_order_reversals():
+    """Paper 004's post-hoc rows on hand-made reads (`_posthoc_res`): of 4 changed left /
+    right answers 2 land on the mirror word (chance 1/3 with 4 words); flips where the
+    objects' order is reversed 2/4, kept 2/3; a relation with nothing counted prints
+    "empty (n = 0)" and writes NaN, never 0.0."""
+    from jaxmech.reports import counterfactuals as report
+
+    res = _posthoc_res()
+    rows = {(r["relation"], r["row"]): r for r in report.posthoc_rows(res, (0,))}
+    land = rows["horizontal", "mirror_landing"]
+    assert (land["share"], land["n"]) == (0.5, 4) and np.isclose(land["chance"], 1 / 3)
+    assert land["ci_low"] <= 0.5 <= land["ci_high"]
+    assert (rows["on_under", "mirror_landing"]["share"], rows["on_under", "mirror_landing"]["n"]) == (1.0, 1)  # fmt: skip
+    flips = [rows["horizontal", k] for k in ("flips_reversed", "flips_kept", "reversed_minus_kept")]
+    assert [(x["share"], x["n"]) for x in flips[:2]] == [(0.5, 4), (2 / 3, 3)]
+    assert np.isclose(flips[2]["share"], 0.5 - 2 / 3) and flips[2]["n"] == 7
+    vertical = rows["vertical", "mirror_landing"]
+    assert vertical["n"] == 0 and np.isnan(vertical["share"]) and np.isnan(vertical["chance"])
+    lines = []
+    summary = report._posthoc_summary(list(rows.values()), lines.append)["posthoc"]["0"]
+    assert summary["horizontal"]["mirror_landing"][3] == 4
+    said = [x for x in lines if x.strip().startswith("vertical")]
+    assert len(said) == 4 and all(x.endswith("empty (n = 0)") for x in said)
+    assert report._posthoc_summary([], lines.append) == {}  # drawn scenes: none
+
+
 def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
     """`--protocol=authors` end to end on the fixture (the view asks in the authors'
     wording): the table is written, every cell of 2 questions has a finite interval."""
@@ -326,3 +477,31 @@ def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
     assert len(cells) == 2 * 2 * len(names)  # (agree, changed) x relations
     assert all(c[3] == 2 and np.isfinite(c[:3]).all() for c in cells)
     assert any("(n = 2)" in line and "identical to vit_w" in line for line in lines)
+    # drawn scenes: their own facing_order_w, no photograph's rows, no post-hoc table
+    assert names == set(cfa.COUNTERFACTUALS) and "posthoc" not in summary
+    assert not (tmp_path / "counterfactuals" / "posthoc.csv").exists()
+
+
+def test_the_row_mirror_of_a_video_is_the_identity_the_vit_sees():
+    """A video's ViT sees each frame alone as one row: mirroring its rows is an exact
+    no-op (the plain rows, so the plain forward), under sin-cos codes too, and a learned
+    table of one row takes it concretely (`check_edits`)."""
+    from jaxmech.families.toy_vlm.checks import check_edits
+
+    for vit_pos in ("learned2d", "sincos2d"):
+        config = tiny_vlm_config(task_kind="video", grid_h=4, vit_frames=True, vit_pos=vit_pos)
+        params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+        view = toy_view(config)
+        spans = view.render(sp.take(_video_spec(config), [0]))[1]
+        cfs = cfa.build(view, params, spans, ("plain", "vit_h"))
+        plain, vit_h = (_pick(cfs, n, ("plain", "vit_h")) for n in ("plain", "vit_h"))
+        np.testing.assert_array_equal(vit_h.vit_rows, plain.vit_rows)
+        check_edits(params, cfa.edits_of(vit_h), sc.Q_LEN)  # concrete: a real row
+
+
+def _video_spec(config):
+    from jaxmech.data import video
+
+    task = config.task
+    evals = video.build_eval_sets(task, video.build_tables(task))
+    return video.eval_specs(task, evals.unseen_pair)["examples"]

@@ -37,7 +37,7 @@ def test_coco_triples_parse_skip_and_coco_spatial_samples_with_boxes():
     assert parse_caption("A photo of an apple on top of the table.") == ("apple", "on", "table")
     assert parse_caption("A photo of a dog and a cat") is None
     coco = _load("whatsup_coco", "whatsup")
-    assert coco.sample["skipped"] == 1 and len(coco.questions) == 4
+    assert coco.sample["skipped"] == 1 and len(coco.questions) == 5
     cs = _load("coco_spatial", "whatsup", n=3)
     assert {x.relation for x in cs.questions} == {"left", "right"}
     boxes = {x.objects: x.boxes for x in cs.questions}
@@ -52,18 +52,71 @@ def test_coco_triples_parse_skip_and_coco_spatial_samples_with_boxes():
     first = _load("coco_spatial", "whatsup", n=2)
     assert first.questions == again.questions
     assert {x.where for x in other.questions} <= {x.where for x in cs.questions}
-    with pytest.raises(ValueError, match=r"n = 100: .*has only 3"):
-        _load("coco_spatial", "whatsup")  # the paper's default 100 on a 3-question sample
+
+
+def test_coco_spatial_asks_at_most_n_and_says_how_many_it_found():
+    """The paper's default 100 on a folder of 3 left / right triples, or 10 asked of
+    them: every one, the sample saying how many were asked and found (not an error)."""
+    for n, asked in ((None, 100), (10, 10)):
+        cs = _load("coco_spatial", "whatsup", n=n)
+        assert len(cs.questions) == 3 and cs.sample["found"] == 3
+        assert (
+            cs.sample["asked"] == asked
+            and cs.sample["fewer"] == f"{asked} asked, 3 found: every one taken"
+        )
+        assert {x.where for x in cs.questions} == {
+            x.where for x in _load("coco_spatial", "whatsup", n=3).questions
+        }
+    m = _load("manifest", "manifest", n=10)  # every source: "at most"
+    assert len(m.questions) == 2 and m.sample["fewer"]
+    assert "fewer" not in _load("coco_spatial", "whatsup", n=2).sample
+
+
+def test_coco_spatial_all_gives_every_row_of_both_relations_as_the_authors_steering():
+    """`coco_spatial_all`: every left / right and above / below row of the file, in file
+    order, boxes where COCO has them (the authors' steering reads every row); the
+    default `coco_spatial` keeps its 100 left / right."""
+    every = _load("coco_spatial_all", "whatsup")
+    assert [(x.objects, x.relation) for x in every.questions] == [
+        (("dog", "person"), "left"), (("cup", "laptop"), "right"), (("bird", "car"), "above"),
+        (("cat", "chair"), "left"), (("bench", "clock"), "below")]  # fmt: skip
+    assert every.source == "coco_spatial_all" and every.sample["skipped"] == 1
+    assert every.sample["by_relation"] == {"left": 2, "right": 1, "above": 1, "below": 1}
+    assert every.questions[-1].boxes == ((38.0, 14.0, 16.0, 28.0), (2.0, 14.0, 16.0, 28.0))
+    assert every.questions[2].boxes[1] is None  # no car annotated
+    assert {x.relation for x in _load("coco_spatial", "whatsup").questions} == {"left", "right"}
+    drawn = _load("coco_spatial_all", "whatsup", n=2, seed=42)  # a seeded sample when n is given
+    assert len(drawn.questions) == 2 and set(drawn.questions) <= set(every.questions)
+    from jaxmech.data import coco_spatial
+
+    with pytest.raises(ValueError, match=r"relations = 'vertical'"):
+        coco_spatial.load(os.path.join(DATA, "whatsup"), relations="vertical")
+
+
+def test_the_authors_sample_seed_draws_their_positions():
+    """Under the authors' protocol a dataset's sample is drawn from seed 42 (their
+    `random.seed(42)`; jaxmech's 0), and `random.Random(seed).sample` picks the positions
+    their `random.sample(range(n), k)` picks."""
+    import random
+
+    assert q.sample_seed(None, "authors") == 42 and q.sample_seed(None, "jaxmech") == 0
+    assert q.sample_seed(7, "authors") == 7
+    items = [f"row {i}" for i in range(250)]
+    random.seed(42)
+    theirs = [items[i] for i in random.sample(range(len(items)), 100)]
+    assert q.sample(items, 100, q.sample_seed(None, "authors")) == theirs
 
 
 def test_cvbench_jsonl_and_parquet_give_the_same_relation_questions():
     js = _load("cvbench", "cvbench")
     pq = _load("cvbench", os.path.join("cvbench", "parquet"))
-    assert js.sample["rows"] == 4 and len(js.questions) == 3  # the Count row left out
+    assert js.sample["rows"] == 6 and len(js.questions) == 5  # the Count row left out
     assert [x.answers for x in js.questions] == [
         ("left", "right"),
         ("right", "left"),
         ("below", "above"),
+        ("right", "left"),
+        ("above", "below"),
     ]
     assert js.questions[0].objects == ("book", "couch")
     assert "annotated by the red box" in js.questions[0].question
@@ -71,6 +124,26 @@ def test_cvbench_jsonl_and_parquet_give_the_same_relation_questions():
         assert (a.question, a.answers, a.objects) == (b.question, b.answers, b.objects)
         with open(a.image, "rb") as f:
             assert f.read() == b.image  # the parquet row embeds the same image file
+
+
+def test_cvbench_reads_both_relation_wordings():
+    """CV-Bench's Relation rows with "(annotated by the red box)" and without it (e.g.
+    "... of the bottle and the wine glass in the image provided, where is the bottle
+    located with respect to the wine glass?"): both read, X and Y from either."""
+    for folder in ("cvbench", os.path.join("cvbench", "parquet")):
+        js = _load("cvbench", folder)
+        assert js.sample["boxed"] == 3 and js.sample["unboxed"] == 2
+        plain = [x for x in js.questions if "red box" not in x.question]
+        assert [(x.objects, x.answers[0]) for x in plain] == [
+            (("bottle", "wine glass"), "right"), (("clock", "shelf"), "above")]  # fmt: skip
+        assert plain[0].question.startswith("Considering the relative positions of the bottle and")
+    from jaxmech.data.cvbench import _OBJECTS
+
+    boxed = _OBJECTS.search(
+        "Considering the relative positions of the book (annotated by the red box) and the "
+        "couch in the image provided, where is the book (annotated by the red box) located?"
+    )
+    assert (boxed["x"], boxed["y"]) == ("book", "couch")
 
 
 def test_a_manifest_needs_no_code():
@@ -112,6 +185,14 @@ def test_bad_records_are_refused_naming_file_line_and_field(tmp_path):
     _rewrite_jsonl(c / "test_2d.jsonl", 2, lambda r: r.update(answer="(C)"))
     with pytest.raises(ValueError, match=r"test_2d.jsonl:3: field 'answer'"):
         load_questions("cvbench", str(c))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(c / "parquet" / "test_2d.parquet").to_pylist()
+    rows[2]["answer"] = "(C)"  # the same record as the line above: counted from 1 alike
+    pq.write_table(pa.Table.from_pylist(rows), c / "parquet" / "test_2d.parquet")
+    with pytest.raises(ValueError, match=r"test_2d.parquet: row 3: field 'answer'"):
+        load_questions("cvbench", str(c / "parquet"))
     w = _copy(tmp_path, "whatsup")
     recs = json.loads((w / "controlled_images_dataset.json").read_text())
     recs[1]["caption_options"] = recs[1]["caption_options"][:3]
@@ -120,6 +201,11 @@ def test_bad_records_are_refused_naming_file_line_and_field(tmp_path):
         ValueError, match=r"controlled_images_dataset.json: record 2: field 'caption_options'"
     ):
         load_questions("whatsup_a", str(w))
+    ann = json.loads((w / "annotations" / "instances_val2017.json").read_text())
+    ann["annotations"][0]["bbox"] = [1, 2, 3]
+    (w / "annotations" / "instances_val2017.json").write_text(json.dumps(ann))
+    with pytest.raises(ValueError, match=r"instances_val2017.json: annotation 1: field 'bbox'"):
+        load_questions("coco_spatial", str(w))
     (w / "coco_qa_two_obj.json").write_text(json.dumps([[139, "A photo of a dog"]]))
     with pytest.raises(ValueError, match=r"coco_qa_two_obj.json: record 1: field 'record'"):
         load_questions("whatsup_coco", str(w))

@@ -184,9 +184,36 @@ def test_a_checkpoint_summary_has_intervals_over_its_questions(tmp_path, protoco
     assert all(np.isnan(v[1]) for k, v in cells.items() if v[3] == 0)
     rows = out["tables"]["deviation"]
     assert os.path.exists(tmp_path / "diagnostics" / "deviation.csv")
+    assert os.path.exists(tmp_path / "diagnostics" / "diagnostics_paper.png")  # Fig. 8A
     assert {r["site"] for r in rows} == ({1, 2} if layers is None else {2})
     assert any("bootstrap CI over questions" in line for line in lines)
     assert any("layer 0 left out" in line for line in lines) == (layers is not None)
     if layers is not None:
         with pytest.raises(ValueError, match=r"layers = \[0\]"):
             report.check_layers(run._replace(subject=run.subject._replace(layers=(0,))))
+
+
+def test_the_paper_figure_histograms_right_vs_wrong_deviations(tmp_path, saved_figures):
+    """Fig. 8A beside the table: per layer the densities of the ID deviation of right
+    and wrong answers (x "Margin Relative to GT", y "Density"), each side's n in the
+    legend; a side with no answer says n = 0 (no bars), a layer with none is empty."""
+    from conftest import texts
+
+    rng = np.random.default_rng(0)
+    margin = np.array([[1.0, 2.0, -1.0, 0.5, -0.3, 1.5]])  # [K = 1, B]: 4 right, 2 wrong
+    res = {"margin": margin, "deviation": rng.normal(size=(1, 2, 6)), "site": np.array([1, 2])}
+    report.plot_paper(res, str(tmp_path / "diagnostics_paper.png"), 1)
+    assert (tmp_path / "diagnostics_paper.png").exists()
+    ax = [a for a in saved_figures[-1].axes if a.get_visible()][0]
+    assert ax.get_xlabel().startswith("Margin Relative to GT") and ax.get_ylabel() == "Density"
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["right answers (n = 4)", "wrong answers (n = 2)"]
+    assert ax.get_title().startswith("Layer 1: Mann-Whitney p = ")
+    all_right = res | {"margin": np.abs(margin)}
+    report.plot_paper(all_right, str(tmp_path / "right.png"), 1)
+    ax = [a for a in saved_figures[-1].axes if a.get_visible()][0]
+    assert "wrong answers (n = 0)" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "no test" in ax.get_title() and len(ax.patches) == 10  # the right side's bins only
+    none = {"margin": np.zeros((1, 0)), "deviation": np.zeros((1, 1, 0)), "site": np.array([3])}
+    report.plot_paper(none, str(tmp_path / "none.png"), 1)
+    assert "n = 0" in texts(saved_figures[-1])

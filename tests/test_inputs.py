@@ -1,7 +1,7 @@
 """Strict inputs at the public boundary: each bad input a new user met is a ValueError
 that names the argument, the value and what was expected (checked before any compute).
 
-Shares test_models' small config and inputs (vocabulary: 20 labels, so image ids
+Shares test_dual_encoder's small config and inputs (vocabulary: 20 labels, so image ids
 0..20 with CLS = 21, text ids 0..28 with EOT = 28; L = 8, T = 9).
 """
 
@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_models import CAPTIONS, IMAGES, SMALL, H, L, random_params
+from test_dual_encoder import CAPTIONS, IMAGES, SMALL, H, L, random_params
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.analysis.rope import rope_logit_parts
@@ -185,3 +185,37 @@ def test_shape_validators():
     check_positions("p", np.asarray([[0.0, 2.5]]), 2, 1, 0, 3)
     with pytest.raises(ValueError, match=r"p has shape \(2, 2\): expected \[2\] or \[1, 2\]"):
         check_positions("p", np.zeros((2, 2)), 2, 1)
+
+
+@pytest.mark.parametrize("family", ["qwen2_vl", "llava", "internvl"])
+def test_several_images_for_one_question_are_refused_by_name(family):
+    """`encode([[img0, img1]], [q])`: a list where one image is expected is refused
+    naming `images[0]`, not numpy's "setting an array element with a sequence"; a
+    video given as a list of frames is not an image list."""
+    import importlib
+    import os
+
+    from PIL import Image
+
+    from jaxmech.families.registry import read_checkpoint_config
+
+    here = os.path.join(os.path.dirname(__file__), "fixtures", family)
+    folder = os.path.join(here, family)
+    _, config = read_checkpoint_config(folder)
+    processor = importlib.import_module(f"jaxmech.families.{family}.processor")
+    proc = processor.load_processor(folder, config)
+    encode = (
+        importlib.import_module(f"jaxmech.families.{family}.encode")
+        if family == "internvl"
+        else processor
+    )
+    img0 = Image.new("RGB", (30, 20))
+    img1 = Image.new("RGB", (20, 30))
+    with pytest.raises(ValueError, match=r"images\[0\]: a list of 2, expected one image"):
+        encode.encode(proc, [[img0, img1]], ["Is the cup left or right of the plate?"])
+    with pytest.raises(ValueError, match=r"images\[1\]: a tuple of 2"):
+        encode.encode(proc, [img0, (img0, img1)], ["a?", "b?"])
+    from jaxmech.data.prompts import check_batch
+
+    frames = [np.zeros((28, 28, 3), np.uint8)] * 2
+    check_batch([frames], ["q?"], what="videos")  # a video's frames may come as a list

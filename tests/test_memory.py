@@ -87,14 +87,20 @@ def _scratch_bytes(depth: int, tmp_path) -> tuple[float, float]:
     return float(compiled.memory_analysis().temp_size_in_bytes), 4.0 * block
 
 
-def test_low_precision_weights_are_converted_block_by_block(tmp_path):
-    """XLA's CPU backend computes a bfloat16 dot in float32 and converts the weights; tied
-    to each block's input (`model.after`), the conversions are made as the blocks run,
-    so the compiled forward's scratch does not grow by a float32 copy of each block
-    (untied, it grew by exactly that: 5.5 GB at Qwen2-VL-2B's size). Compile only."""
+@pytest.mark.parametrize("products", ["off", "on"])
+def test_low_precision_weights_are_converted_block_by_block(tmp_path, monkeypatch, products):
+    """With float32 products ("off"), XLA's CPU backend computes a bfloat16 dot in
+    float32 and converts the weights; tied to each block's input (`decoder.after`), the
+    conversions are made as the blocks run, so the compiled forward's scratch does not
+    grow by a float32 copy of each block (untied, it grew by exactly that: 5.5 GB at
+    Qwen2-VL-2B's size). With bf16 products ("on": `models.precision`) nothing is
+    converted, and the attention weights' relayout copies, tied, do not grow it either
+    (untied: 0.4 of a float32 block per block). Compile only."""
+    monkeypatch.setenv("JAXMECH_BF16_PRODUCTS", products)
     small, block = _scratch_bytes(2, tmp_path / "a")
     large, _ = _scratch_bytes(6, tmp_path / "b")
-    assert large - small < 1.5 * block, (large - small, block)  # untied: about 4 blocks
+    # untied: about 4 blocks (off), 1.6 (on); tied: 0 either way
+    assert large - small < (1.5 if products == "off" else 0.5) * block, (large - small, block)
 
 
 def test_the_tie_changes_no_value():

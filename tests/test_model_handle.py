@@ -1,7 +1,8 @@
 """The one model handle (`jaxmech.init`, `jaxmech.Model`) on the trained families: the
 sites it lists are exactly the ones its forward names, a capture holds what it asks for,
-and the handle's forward is the family's own; a loaded checkpoint's sites likewise (a
-stand-in checkpoint family: tests/test_checkpoint_family.py)."""
+and the handle's forward is the family's own. A loaded checkpoint's likewise: every
+registered checkpoint family in tests/test_checkpoint_contract.py, a stand-in one in
+tests/test_checkpoint_family.py."""
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ from jaxmech.config import Config
 from jaxmech.data.scenes import SceneBatch
 from jaxmech.families.dual_encoder import model as dual
 from jaxmech.families.toy_vlm import model as toy
+from jaxmech.model import check_capture
 from jaxmech.train import build_data
 
 DUAL = dict(d_embed=16, image_len=8, n_labels=8, n_val_labels=3, n_pair_labels=5,
@@ -73,25 +75,16 @@ def test_bad_uses_are_refused_by_name():
     model = jaxmech.init(kind, config, jax.random.key(1))
     with pytest.raises(ValueError, match="capture = 'vision/embed'"):
         model.forward(inputs, capture="vision/embed")
+    # a name the forward never records is refused, not returned missing; a site's part
+    # before its "." (every block's) is a name the recorders read
+    with pytest.raises(ValueError, match="capture: 'vision/nowhere' is not a site"):
+        model.forward(inputs, capture=[model.sites()[0], "vision/nowhere"])
+    check_capture(["lm/resid_pre", "lm/resid_pre.1"], ["lm/resid_pre.0", "lm/resid_pre.1"])
+    with pytest.raises(ValueError, match="'lm/resid_pre.2' is not a site"):
+        check_capture(["lm/resid_pre.2"], ["lm/resid_pre.0", "lm/resid_pre.1"])
     with pytest.raises(ValueError, match="not a loaded checkpoint"):
         model.encode(["x.png"], ["Is it?"])
     with pytest.raises(ValueError, match="not a VLM family"):
         model.view()
     with pytest.raises(ValueError, match="qwen2_vl.*checkpoint family"):
         jaxmech.init("qwen2_vl", config, jax.random.key(1))
-
-
-def test_a_loaded_checkpoint_names_its_sites_and_captures_them():
-    import os
-
-    folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
-    model = jaxmech.load(folder)
-    image = os.path.join(os.path.dirname(folder), "single0.png")
-    encoded = model.encode([image], ["Is the red circle left of the blue square?"])
-    out, aux = model.forward(encoded.inputs, capture=True)
-    assert set(aux) == set(model.sites())
-    one, aux_one = model.forward(encoded.inputs, capture=["lm/resid_post.1"])
-    assert list(aux_one) == ["lm/resid_post.1"]
-    np.testing.assert_array_equal(aux_one["lm/resid_post.1"], aux["lm/resid_post.1"])
-    np.testing.assert_allclose(one, out, rtol=1e-6, atol=1e-6)
-    assert model.describe() == "qwen2_vl, 2 LM blocks"  # its config, in the family's words

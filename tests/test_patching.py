@@ -73,3 +73,45 @@ def test_patching_every_token_at_layer_0_gives_the_twin_run(model_and_set):
     # embeddings do not depend on the image
     np.testing.assert_allclose(out["patched"][0, GROUPS.index("question")], out["orig"], atol=1e-5)
     assert np.abs(np.asarray(out["orig"] - out["twin"])).max() > 1e-4  # the mirror matters
+
+
+def _hand_made_shifts(k: int, n_layers: int, b: int, empty_twin: str | None = None) -> dict:
+    """`reports.patching.shifts`'s per-example dict, made by hand: [K, Y, G, B] shifts
+    per (twin, word, kind), NaN for every example of `empty_twin` (nothing counted)."""
+    rng = np.random.default_rng(0)
+    sh = {("n", w): np.full(k, b) for w in ("left", "right", "both")}
+    for twin in ("mirror", "recolour"):
+        for w in ("left", "right", "both"):
+            for kind in ("logp", "p"):
+                v = rng.normal(0.5, 0.3, (k, n_layers, len(GROUPS), b))
+                sh[(twin, w, kind)] = np.full_like(v, np.nan) if twin == empty_twin else v
+    return sh
+
+
+def test_the_paper_figure_draws_a_curve_per_token_group_over_layers(tmp_path, saved_figures):
+    """Fig. 4 beside the table: x "Layer", y "Belief Shift", one curve per token group
+    with its 95% band; a twin with nothing counted says "n = 0"; the authors' protocol
+    draws their three groups, a row per read word (Delta "left", Delta "right")."""
+    from conftest import texts
+
+    from jaxmech.reports import patching as report
+
+    layers = [3, 4, 5]
+    sh = _hand_made_shifts(1, len(layers), 6, empty_twin="recolour")
+    path = report.plot_paper(sh, str(tmp_path / "shifts_paper.png"), 1, layers)
+    assert path.endswith("shifts_paper.png") and (tmp_path / "shifts_paper.png").exists()
+    fig = saved_figures[-1]
+    mirror, recolour = fig.axes
+    assert mirror.get_xlabel() == "Layer" and mirror.get_ylabel() == "Belief Shift"
+    curves = [ln for ln in mirror.get_lines() if not ln.get_label().startswith("_")]
+    assert [ln.get_label() for ln in curves] == [report.GROUP_WORDS[g] for g in GROUPS]
+    np.testing.assert_array_equal(curves[0].get_xdata(), layers)
+    assert len(mirror.collections) == len(GROUPS)  # a band per curve
+    assert "(A) Mirror Swapping" in mirror.get_title()
+    assert "n = 0" in texts(fig) and "n = 0" not in "".join(t.get_text() for t in mirror.texts)
+    assert not [ln for ln in recolour.get_lines() if not ln.get_label().startswith("_")]
+    report.plot_paper(sh, str(tmp_path / "authors.png"), 1, layers, "authors")
+    axes = saved_figures[-1].axes
+    assert len(axes) == 4 and '"left"' in axes[0].get_title() and '"right"' in axes[2].get_title()
+    labels = [ln.get_label() for ln in axes[0].get_lines() if not ln.get_label().startswith("_")]
+    assert labels == ["Swapped All Image", "Swapped Obj Tokens", "Swapped All Text"]

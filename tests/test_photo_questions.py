@@ -15,6 +15,7 @@ import pytest
 from jaxmech.data.questions import load_questions
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.reports import batches
+from jaxmech.reports.questions import photo_relations
 from jaxmech.reports.subjects import open_checkpoint
 
 HERE = os.path.dirname(__file__)
@@ -27,7 +28,8 @@ quiet = lambda *_: None  # noqa: E731
 
 def opened(source, **kw):
     n = kw.pop("questions", 3 if source == "coco_spatial" else None)
-    return open_checkpoint(QWEN, grid=(2, 2), size=112, questions=n, batch=4, layers=(1,),
+    batch = kw.pop("batch", 4)
+    return open_checkpoint(QWEN, grid=(2, 2), size=112, questions=n, batch=batch, layers=(1,),
                            questions_from=source, data=os.path.join(DATA, FOLDERS[source]),
                            log=quiet, **kw)  # fmt: skip
 
@@ -82,9 +84,9 @@ def test_relations_a_flip_does_not_swap_are_left_out_and_said():
     "report, source",
     [
         ("patching", "coco_spatial"),
-        ("counterfactuals", "cvbench"),
-        ("counterfactuals", "whatsup_a"),
+        ("counterfactuals", "cvbench"),  # What'sUp A's: `test_the_counterfactual_table_has_...`
         ("steering", "manifest"),
+        ("steering", "manifest:authors"),
         ("diagnostics", "coco_spatial"),
     ],  # fmt: skip
 )
@@ -95,7 +97,8 @@ def test_each_report_runs_on_a_dataset_and_records_it(tmp_path, report, source):
 
     module = importlib.import_module(f"jaxmech.reports.{report}")
     assert module.REPORT.photos
-    run = opened(source)
+    source, _, protocol = source.partition(":")
+    run = opened(source, protocol=protocol or "jaxmech")
     res = analyse_subject(module.REPORT, run, str(tmp_path), log=quiet)
     summary = json.load(open(tmp_path / report / "summary.json"))
     record = summary["questions"]
@@ -106,9 +109,18 @@ def test_each_report_runs_on_a_dataset_and_records_it(tmp_path, report, source):
     assert record["files"][path] == sha256(path)
     per_question = {"patching": lambda r: r["answer"]}.get(report, lambda r: r["relation"])
     n = len(per_question(res["res"]))
-    asked = [q for q in run.subject.photos.questions if batches.photo_relation(q) is not None]
+    asked = [q for q in run.subject.photos.questions if batches.photo_relation(q) in (0, 1)]
+    boxed = [q for q in asked if q.boxes and all(b is not None for b in q.boxes)]
+    if report == "steering" and protocol == "authors":
+        # every question steered (corner IDs, no box read); the box-based tables keep
+        # the questions with both boxes (the manifest's second has none)
+        assert len(res["res"]["authors"]["plain"][0, 0]) == len(asked) == 2
+        n = len(res["res"]["flip_rates"][("flips", "id", "horizontal")][0, 0, 0])
+        assert summary["authors/both"]["id"][3] == 1  # one model: its top-sites mean
+        assert (tmp_path / "steering" / "steering_paper.png").exists()  # Fig. 2, beside
+        assert summary["steerability"]["accuracy"][3] == len(asked)  # Fig. 9's point
     if report in ("steering", "diagnostics"):  # only the questions with both boxes
-        asked = [q for q in asked if q.boxes and all(b is not None for b in q.boxes)]
+        asked = boxed
     assert n == len(asked) > 0
 
 
@@ -126,8 +138,24 @@ def test_bad_dataset_options_are_refused_before_the_weights():
                         log=quiet)  # fmt: skip
     with pytest.raises(ValueError, match="only read with a dataset"):
         open_checkpoint(QWEN, grid=(2, 2), size=112, data=DATA, log=quiet)
-    with pytest.raises(ValueError, match="has only 3 question"):
-        opened("coco_spatial", questions=100)
+
+
+def test_at_most_n_questions_and_the_authors_sample_seed():
+    """`--questions` is at most: 100 of a folder of 3 left / right triples asks the 3,
+    the log saying how many were found; a dataset's sample is drawn from seed 42 under
+    the authors' protocol (their `random.seed(42)`), 0 under jaxmech's, a given seed
+    kept under both."""
+    lines = []
+    run = open_checkpoint(QWEN, grid=(2, 2), size=112, questions=100, batch=4, layers=(1,),
+                          questions_from="coco_spatial", data=os.path.join(DATA, "whatsup"),
+                          log=lines.append)  # fmt: skip
+    assert len(run.subject.photos.questions) == 3
+    assert any("100 asked, 3 found: every one taken" in x for x in lines)
+    assert opened("coco_spatial", protocol="authors").subject.photos.sample["seed"] == 42
+    assert opened("coco_spatial").subject.photos.sample["seed"] == 0
+    assert opened("coco_spatial", protocol="authors", seed=5).subject.photos.sample["seed"] == 5
+    drawn = opened("coco_spatial", protocol="authors").subject.key["seed"]
+    assert drawn == 0  # the drawn scenes' seed stays jaxmech's
 
 
 def test_box_centres_weigh_on_the_cells_as_each_protocol_says():
@@ -171,6 +199,19 @@ def test_occlusions_hide_the_box_only_and_the_control_box_misses_it():
         image_twins.occluded(x, box, "erase")
 
 
+def test_the_blur_is_the_authors_radius_20():
+    """The authors' `coco_blur.sh` blurs at radius 20 (their script's default, 15, is
+    overridden there): the box's pixels are PIL's Gaussian blur of radius 20."""
+    from PIL import Image, ImageFilter
+
+    from jaxmech.data import image_twins
+
+    x = np.random.default_rng(1).integers(0, 256, (60, 80, 3)).astype(np.uint8)
+    box = (10.0, 5.0, 50.0, 40.0)
+    want = np.asarray(Image.fromarray(x[5:45, 10:60]).filter(ImageFilter.GaussianBlur(20)))
+    np.testing.assert_array_equal(image_twins.occluded(x, box, "blur")[5:45, 10:60], want)
+
+
 def test_a_photographs_words_are_centred_on_their_text_only_states():
     """The diagnostics read a photograph's word against its state in the question asked
     without the image: centred on its own state instead, every believed displacement is
@@ -191,6 +232,149 @@ def test_a_photographs_words_are_centred_on_their_text_only_states():
     occ = jax.tree_util.tree_map(lambda *x: np.stack(x), *(batch.twins[f"fill:{w}"].inputs
                                                            for w in ("x", "y", "random")))  # fmt: skip
     params = jax.tree_util.tree_map(lambda x: x[0], run.params)
-    go = lambda text: dg.diagnose(view, params, ex, probes, occ, None, batch.cell_weights, text)  # noqa: E731
-    np.testing.assert_allclose(np.asarray(go(ex)["believed"]), 0, atol=1e-5)
-    assert np.abs(np.asarray(go(batch.twins["text"])["believed"])).max() > 1e-3
+    # one compiled call for both centrings (op by op, the two diagnoses cost ~20 s)
+    go = jax.jit(lambda text: dg.diagnose(view, params, ex, probes, occ, None,
+                                          batch.cell_weights, text)["believed"])  # fmt: skip
+    np.testing.assert_allclose(np.asarray(go(ex)), 0, atol=1e-5)
+    assert np.abs(np.asarray(go(batch.twins["text"]))).max() > 1e-3
+
+
+def readable(run):
+    """`run` whose view reads on / under and front / behind as a real tokenizer does:
+    the fixture's word-level one has neither pair (both words read as [UNK]), so two
+    pairs of its own distinct words stand in for them."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(QWEN, "tokenizer.json"))
+    view = run.subject.vlm_view
+    words = np.asarray(view.answer_words).copy()
+    words[3] = [tok.token_to_id("before"), tok.token_to_id("after")]
+    words[4] = [tok.token_to_id("yes"), tok.token_to_id("no")]
+
+    def read(v):  # each photograph bucket's view too
+        return v._replace(answer_words=words, at_image_grid=lambda g: read(v.at_image_grid(g)))
+
+    return run._replace(subject=run.subject._replace(vlm_view=read(view)))
+
+
+def test_on_under_and_front_behind_are_asked_where_their_words_can_be_read():
+    """What'sUp A's on / under and B's front / behind: where the tokenizer reads both
+    answer words alike they are left out, saying why, and asking for them is refused;
+    where it tells them apart, their answers are the relation's words, the height flip
+    swaps on / under (as above / below) and no flip swaps front / behind, so it has no
+    mirror twin."""
+    run = opened("whatsup_a")
+    ids, unread = photo_relations(run)
+    assert ids == () and "both answer words begin with token" in unread["on_under"]
+    with pytest.raises(ValueError, match="relations: on_under asked, but relation 3"):
+        run.subject.question_batches(run, (3,), ())
+    run = readable(run)
+    assert photo_relations(run) == ((3,), {})
+    words = np.asarray(run.subject.vlm_view.answer_words)
+    (b,) = run.subject.question_batches(run, (0, 1, 3), ("swap", "scene:1", "scene:2"))
+    rel = [run.subject.photos.questions[i].relation for i in b.index]
+    on = np.isin(rel, ["on", "under"])
+    assert on.sum() == 2 and (~on).sum() == 2  # the sample's two of each
+    want = [words[3, 0] if r == "on" else words[3, 1] for r in np.asarray(rel)[on]]
+    np.testing.assert_array_equal(b.examples.answer_B[on], want)
+    twins = b.twins
+    np.testing.assert_array_equal(twins["swap"].answer_B, b.examples.other_B)
+    height = np.where(on, b.examples.other_B, b.examples.answer_B)  # swaps on / under only
+    np.testing.assert_array_equal(twins["scene:2"].answer_B, height)
+    width = np.where(on, b.examples.answer_B, b.examples.other_B)  # swaps left / right only
+    np.testing.assert_array_equal(twins["scene:1"].answer_B, width)
+    with pytest.raises(ValueError, match="on_under, which has no mirror twin .its height flip"):
+        run.subject.question_batches(run, (0, 3), ("mirror",))
+    run = readable(opened("whatsup_b"))
+    (b,) = run.subject.question_batches(run, (4,), ("scene:1", "scene:2"))
+    for t in ("scene:1", "scene:2"):  # no flip swaps front / behind
+        np.testing.assert_array_equal(b.twins[t].answer_B, b.examples.answer_B)
+    with pytest.raises(ValueError, match="front_behind, which has no mirror twin .no image flip"):
+        run.subject.question_batches(run, (4,), ("mirror",))
+    q = run.subject.photos.questions[1]
+    assert batches.worded(q, 4, "authors").endswith(
+        'behind the sphere? Answer "front" or "behind" only.'
+    )
+    assert (
+        batches.worded(q, 3, "jaxmech")
+        == "Is the cube on or under the sphere? Answer with one word."
+    )
+
+
+def test_the_counterfactual_table_has_on_under_and_front_behind_rows(tmp_path):
+    """One report run on What'sUp A's images (one size: one compile), its left / right
+    and on / under questions and two front / behind ones asked of the same images:
+    on / under's reference is the height mirror (its own row agrees with itself),
+    front / behind has none (agree empty, relations.csv says so) and its changed
+    shares are numbers over its 2 questions; above / below, asked of none, is empty. The
+    dataset is recorded as every report's (`test_each_report_runs_on_a_dataset_...`)."""
+    import csv
+
+    from jaxmech.analysis import counterfactuals as cfa
+    from jaxmech.data.questions import OPPOSITE, sha256
+    from jaxmech.reports import counterfactuals as report
+    from jaxmech.reports.driver import analyse_subject
+
+    run = readable(opened("whatsup_a", batch=8))
+    photos = run.subject.photos
+    on = [q for q in photos.questions if q.relation in ("on", "under")]
+    fb = tuple(
+        q._replace(relation=r, answers=(r, OPPOSITE[r])) for q, r in zip(on, ("front", "behind"))
+    )
+    run = run._replace(
+        subject=run.subject._replace(photos=photos._replace(questions=photos.questions + fb))
+    )
+    lines = []
+    out = analyse_subject(report.REPORT, run, str(tmp_path), log=lines.append)
+    record = out["summary"]["questions"]
+    path = next(iter(record["files"]))
+    assert record["source"] == "whatsup_a" and record["files"][path] == sha256(path)
+    assert len(out["res"]["relation"]) == 6  # the sample's 4 and the 2 asked of its images
+    read = lambda name: list(csv.DictReader(open(tmp_path / "counterfactuals" / f"{name}.csv")))  # noqa: E731
+    rows = {(r["counterfactual"], r["relation"]): r for r in read("table")}
+    n = {
+        rel: rows["plain", rel]["n"]
+        for rel in ("horizontal", "vertical", "on_under", "front_behind")
+    }
+    assert n == {"horizontal": "2", "vertical": "0", "on_under": "2", "front_behind": "2"}
+    assert rows["image_h", "on_under"]["agree_mirror"] == "1.0"  # its own reference
+    assert rows["image_w", "horizontal"]["agree_mirror"] == "1.0"
+    for name in out["res"]["names"]:
+        assert rows[name, "front_behind"]["agree_mirror"] == "nan"
+        assert 0 <= float(rows[name, "front_behind"]["changed"]) <= 1
+        assert rows[name, "vertical"]["changed"] == "nan"  # n = 0: never 0.0
+    relations = {r["relation"]: r for r in read("relations")}
+    assert (
+        relations["on_under"]["mirror"] == "image_h" and relations["front_behind"]["mirror"] == ""
+    )
+    assert relations["front_behind"]["reference"].startswith("no image mirror swaps it")
+    summary = out["summary"]
+    assert summary["relations"]["front_behind"]["mirror"] is None
+    assert summary["vit_w/front_behind"]["changed"][3] == 2
+    assert np.isfinite(summary["vit_w/front_behind"]["changed"][0])
+    margins = out["res"]["margins"][0, 0]  # read between two distinct words: never 0
+    assert np.abs(margins[np.isin(out["res"]["relation"], (3, 4))]).min() > 0
+    plain = next(x for x in lines if x.strip().startswith("plain "))
+    assert "no mirror" in plain and "empty (n = 0)" in plain
+    # content and order flipped, codes not: the flipped photograph with the ViT's codes
+    # mirrored back (`cfa.PHOTO_CHANGES`); facings alone cannot flip in a photograph
+    names = out["res"]["names"]
+    assert {"facing_order_w", "facing_order_h"} <= set(names) and "facing_order_ids_w" not in names
+    assert rows["facing_order_h", "on_under"]["n"] == "2"
+    # post-hoc rows (paper 004): the relation words' logits read beside the margins
+    # (left, right and the stand-ins for on, under, front, behind: 6 words, chance 1/5;
+    # the margin is one pair's difference), random orders in the table, and no boxes
+    # in What'sUp: n = 0, NaN
+    res = out["res"]
+    assert set(cfa.RANDOM_ORDERS) <= set(names) and res["words"].shape[2] == 6
+    pair = res["pair"]
+    w = res["words"][0][:, :, pair >= 0]  # [C, W, b]
+    p = pair[pair >= 0]
+    diff = np.take_along_axis(w, 2 * p[None, None], 1) - np.take_along_axis(w, 2 * p[None, None] + 1, 1)  # fmt: skip
+    np.testing.assert_allclose(
+        np.abs(diff[:, 0]), np.abs(res["margins"][0][:, pair >= 0]), atol=1e-5
+    )
+    posthoc = {(r["relation"], r["row"]): r for r in read("posthoc")}
+    assert len(posthoc) == 4 * 4 and posthoc["horizontal", "mirror_landing"]["chance"] == "0.2"
+    assert posthoc["on_under", "flips_reversed"]["n"] == "0"
+    assert posthoc["on_under", "flips_reversed"]["share"] == "nan"

@@ -133,8 +133,8 @@ def test_bad_folders(tmp_path):
     with pytest.raises(ValueError, match="not a safetensors file"):
         load_checkpoint(str(folder))
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "gemma3"}))
-    with pytest.raises(ValueError, match="model_type = 'gemma3' is not supported"):
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "molmo"}))
+    with pytest.raises(ValueError, match="model_type = 'molmo' is not supported"):
         load_checkpoint(str(folder))
     with pytest.raises(ValueError, match="place = 'gpu'"):
         load.load_checkpoint(HUB, place="gpu")
@@ -146,10 +146,6 @@ def test_processor_errors():
     small, big = np.zeros((56, 56, 3), np.uint8), np.zeros((56, 112, 3), np.uint8)
     with pytest.raises(ValueError, match="different patch grids"):
         processor.encode(proc, [small, big], [QUESTION, QUESTION])
-    with pytest.raises(ValueError, match="images: 1 images for 2 questions"):
-        processor.encode(proc, [small], [QUESTION, QUESTION])
-    with pytest.raises(ValueError, match="no such file"):
-        processor.encode(proc, ["/nonexistent.png"], [QUESTION])
     enc = processor.encode(proc, [small], [QUESTION])
     with pytest.raises(ValueError, match="'purple' is not a word"):
         processor.spans(enc, [("red", "purple")])
@@ -186,6 +182,7 @@ def test_ask_sharded_over_two_devices(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "on 2 device(s)" in lines[0]
-    rows = [line.split() for line in lines[3:6]]
+    head = next(i for i, line in enumerate(lines) if line.split()[:3] == ["rank", "p", "id"])
+    rows = [line.split() for line in lines[head + 1 : head + 4]]
     assert [int(r[2]) for r in rows] == list(np.argsort(-p_ref)[:3])
     np.testing.assert_allclose([float(r[1]) for r in rows], np.sort(p_ref)[::-1][:3], atol=2e-4)

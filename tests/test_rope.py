@@ -1,14 +1,14 @@
 """Rotary vision towers (`vision_pos = "rope"`): config, params, the relative-position
 property, rotation edits, the content / position decomposition, training.
 
-Shares test_models' small config and inputs (fewer XLA compiles on CPU).
+Shares test_dual_encoder's small config and inputs (fewer XLA compiles on CPU).
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_models import CAPTIONS, IMAGES, IMAGES_NP, SMALL, H, L, random_params
+from test_dual_encoder import CAPTIONS, IMAGES, IMAGES_NP, SMALL, H, L, random_params
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.analysis.rope import (
@@ -39,7 +39,7 @@ ATOL = 1e-5
 
 
 def rope_params(cfg=ROPE, seed=0, freqs=None):
-    """test_models' random params for a rotary config, with real (or given) frequencies."""
+    """test_dual_encoder's random params for a rotary config, with real (or given) frequencies."""
     p = random_params(cfg, seed)
     f = rope_frequencies(cfg.model.d_head, cfg.model.rope_base) if freqs is None else freqs
     return {**p, "vision": {**p["vision"], "rope_freqs": jnp.asarray(f, jnp.float32)}}

@@ -180,7 +180,7 @@ def test_the_additive_baseline_fits_an_additive_id_whole():
     assert float(si.rank_k_r2(basis, jnp.asarray(mixed[None]), ranks)[0, -1]) < 0.99
 
 
-def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
+def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path, capsys):
     """The spatial-ID report on the fixture checkpoint (2 x 2 grid at 112 px: 4 merged
     tokens per cell), `--protocol=authors --layers=1:2`, end to end (~5-10 s): factorial
     probes (10 shapes x 4 cells x 3 other cells), only sites 1 and 2 (block 1's
@@ -197,7 +197,11 @@ def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
                           batch=1024, protocol="authors", log=lambda *_: None)  # fmt: skip
     lines = []
     out = analyse_subject(report.REPORT, run, str(tmp_path), log=lines.append)
+    printed = capsys.readouterr().out  # the estimate, before the compile and the compute
+    assert "estimate ~" in printed and "compiling (" in printed
+    assert printed.index("estimate ~") < printed.index(": compiling") < printed.index("computed in")
     assert (tmp_path / "spatial_ids" / "r2.csv").exists()
+    assert (tmp_path / "spatial_ids" / "spatial_ids_paper.png").exists()  # Fig. 5, beside
     assert {r["site"] for r in out["tables"]["r2"]} == {r["site"] for r in out["tables"]["axes"]}
     assert {r["site"] for r in out["tables"]["r2"]} == {1, 2}
     assert {r["block"] for r in out["tables"]["analytic"]} == {1}
@@ -211,3 +215,33 @@ def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):
     text = "\n".join(lines)
     assert "no interval: one fit of one model" in text and "nan" not in text.lower()
     assert "one-hot row + one-hot column" in text
+
+
+def test_the_paper_figure_draws_the_id_grid_on_its_two_axes(tmp_path, saved_figures):
+    """Fig. 5 beside the table: a planted ID col * h + row * v (h, v orthogonal) lands
+    on the plane at (col |h|, row |v|), all of its variance explained; the grid's points
+    joined along rows and columns, v pointing down as in the image; a site without an
+    axis (h = 0) says n = 0."""
+    from conftest import texts
+
+    from jaxmech.reports import spatial_ids as report
+
+    H, W, D = 2, 3, 5
+    h, v = np.eye(D)[0] * 2.0, np.eye(D)[1] * 0.5
+    rows, cols = np.divmod(np.arange(H * W), W)
+    delta = cols[:, None] * h + rows[:, None] * v
+    delta -= delta.mean(0)  # an ID is centred over the cells
+    xy, explained = report.plane_coords(delta, h, v)
+    np.testing.assert_allclose(xy - xy.mean(0), np.stack([2.0 * cols, 0.5 * rows], -1)
+                               - [2.0, 0.25], atol=1e-12)  # fmt: skip
+    assert explained == pytest.approx(1.0)
+    res = {"delta": np.stack([delta, delta])[None], "h": np.stack([h, 0 * h])[None],
+           "v": np.stack([v, v])[None]}  # fmt: skip
+    report.plot_paper(res, str(tmp_path / "spatial_ids_paper.png"), H, W, [4, 5])
+    assert (tmp_path / "spatial_ids_paper.png").exists()
+    fig = saved_figures[-1]
+    full, empty = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(full.get_lines()) == H + W  # a line per row and per column
+    assert full.yaxis_inverted() and full.get_xlabel() == "ID along h (column axis)"
+    assert full.get_title() == "Layer 4: Explained 1.00"
+    assert not empty.get_lines() and "n = 0" in texts(fig)

@@ -1,6 +1,8 @@
 """Steering with spatial IDs (`analysis.steering`, `reports.steering`)
 and the small statistics it and the diagnostics use."""
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -159,6 +161,100 @@ def test_steering_refuses_a_one_block_lm(tmp_path):
     assert report.steering_refusal(tiny_vlm_config(lm_n_layers=2), "RUN") is None
 
 
+def test_the_authors_steering_window_is_found_by_model_type_and_lm_size(tmp_path):
+    """Under the authors' protocol without --layers, a checkpoint is steered at their
+    window for the model (`adversarial_steering.sh`: qwen2-2b 6:16, llava-7b 8:20),
+    identified by config.json's model_type and its LM's blocks and width whatever the
+    folder's name (a LLaVA text config that leaves them out: Llama's 32 x 4096); a
+    model not in their table keeps every site, said in the log."""
+    import json
+    import os
+
+    here = os.path.join(os.path.dirname(__file__), "fixtures")
+    qwen = json.load(open(os.path.join(here, "qwen2_vl", "qwen2_vl", "config.json")))
+    qwen.update(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+                rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})  # fmt: skip
+    qwen["vision_config"]["hidden_size"] = 1536  # Qwen2-VL-2B-Instruct's sizes
+    llava = json.load(open(os.path.join(here, "llava", "llava", "config.json")))
+    for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+              "num_key_value_heads"):  # fmt: skip
+        llava["text_config"].pop(k)  # llava-1.5-7b-hf's config.json names none of them
+    lines, sites = [], list(range(1, 28))
+    for name, config, want in (("renamed", qwen, range(6, 17)), ("my_llava", llava, range(8, 21))):
+        os.makedirs(tmp_path / name)
+        json.dump(config, open(tmp_path / name / "config.json", "w"))
+        identity = report.checkpoint_identity(str(tmp_path / name))
+        assert report.authors_sites(sites, identity, lines.append) == list(want)
+    assert "qwen2-2b (Qwen/Qwen2-VL-2B-Instruct): layers 6:16" in lines[0]
+    assert "llava-7b" in lines[1]
+    tiny = report.checkpoint_identity(os.path.join(here, "qwen2_vl", "qwen2_vl"))
+    assert tiny == ("qwen2_vl", 2, 32)
+    assert report.authors_sites([1], tiny, lines.append) == [1]
+    assert "none for model_type 'qwen2_vl' with 2 LM blocks of width 32" in lines[2]
+    from jaxmech.reports.subjects import open_checkpoint  # the report's own lookup
+
+    for protocol, layers, said in (
+        ("authors", None, 1),
+        ("authors", (1,), 0),
+        ("jaxmech", None, 0),
+    ):
+        run = open_checkpoint(os.path.join(here, "qwen2_vl", "qwen2_vl"), grid=(2, 2), size=112,
+                              layers=layers, protocol=protocol, log=lambda *_: None)  # fmt: skip
+        lines = []
+        assert report.steering_sites(run, lines.append) == [1] and len(lines) == said
+
+
+def test_the_authors_steering_asks_questions_without_boxes():
+    """The authors' corner steering reads no box: under their protocol every question of
+    a photograph batch is steered (CV-Bench's have no boxes), `boxed` marking the ones
+    the box-based tables may read; jaxmech's keeps the boxed ones only (here none)."""
+    import os
+
+    from jaxmech.reports.subjects import open_checkpoint
+
+    here = os.path.join(os.path.dirname(__file__), "fixtures")
+    for protocol, kept in (("authors", 5), ("jaxmech", 0)):
+        run = open_checkpoint(os.path.join(here, "qwen2_vl", "qwen2_vl"), grid=(2, 2),
+                              size=112, batch=4, layers=(1,), protocol=protocol,
+                              questions_from="cvbench",
+                              data=os.path.join(here, "datasets", "cvbench"),
+                              log=lambda *_: None)  # fmt: skip
+        got = [report.steered_questions(run, b, protocol)
+               for b in run.subject.question_batches(run, (0, 1))]  # fmt: skip
+        assert sum(len(ex.answer_B) for ex, *_ in got) == kept
+        assert not any(boxed.any() for *_, boxed in got)
+        for ex, source, target, boxed in got:
+            assert len(source) == len(target) == len(boxed) == len(ex.answer_B)
+            assert (source == 0).all() and (target == 0).all()
+    # drawn scenes under the authors' protocol: every cell known, as jaxmech steers them
+    run = open_checkpoint(os.path.join(here, "qwen2_vl", "qwen2_vl"), grid=(2, 2), size=112,
+                          questions=4, batch=4, layers=(1,), protocol="authors",
+                          log=lambda *_: None)  # fmt: skip
+    (batch,) = run.subject.question_batches(run, (0, 1))
+    ex, source, target, boxed = report.steered_questions(run, batch, "authors")
+    ex_j, source_j, target_j = report.steering_examples(run, batch)
+    assert boxed.all() and len(ex.answer_B) == len(ex_j.answer_B) == 8
+    np.testing.assert_array_equal(source, source_j)
+    np.testing.assert_array_equal(target, target_j)
+
+
+def test_the_authors_rate_pools_both_relations_as_theirs():
+    """Their `fig2.ipynb` counts every row of the file in one rate: the pooled rate is
+    each example's own relation's flip over every counted example, and the top sites
+    are chosen on it."""
+    nan = np.nan
+    f_h = np.array([[[1, 0, nan, nan], [0, 0, nan, nan]]])  # [K=1, Y'=2, B=4]
+    f_v = np.array([[[nan, nan, 1, nan], [nan, nan, 1, 1]]])  # example 3 counted at site 1
+    ar = {("n", "horizontal"): np.array([[2, 2]]), ("n", "vertical"): np.array([[1, 2]])}
+    for kind in st.KINDS:
+        ar[("flips", kind, "horizontal")], ar[("flips", kind, "vertical")] = f_h, f_v
+    out = report.pooled_authors(ar, np.array([0, 0, 1, 1]))
+    np.testing.assert_allclose(out[("id", "both")], [[2 / 3, 2 / 4]])
+    np.testing.assert_array_equal(out[("n", "both")], [[3, 4]])
+    np.testing.assert_allclose(out[("top", "both")]["id"], [(2 / 3 + 2 / 4) / 2])
+
+
 def test_correlation_ci():
     rng = np.random.default_rng(0)
     x = rng.normal(size=30)
@@ -180,3 +276,123 @@ def test_mann_whitney_u():
     brute = sum(float(x > y) + 0.5 * float(x == y) for x in a for y in b)
     assert mann_whitney_u(a, b)[0] == pytest.approx(brute)
     assert mann_whitney_u(rng.normal(size=200), rng.normal(size=200) + 1.0)[1] < 1e-6
+
+
+def _hand_made_authors_rates(flips_YxB) -> dict:
+    """`pooled_authors`'s "both" entries for one model from its per-site flips [Y', B]
+    (NaN: not counted), the same for every kind but the noise (its flips halved)."""
+    f = np.asarray(flips_YxB, float)[None]
+    n = np.isfinite(f).sum(-1)
+    rate = np.where(n > 0, np.nansum(f, -1) / np.maximum(n, 1), np.nan)
+    ar = {("id", "both"): rate}
+    for kind in st.KINDS:
+        ar[("flips", kind, "both")] = f * (0.5 if kind == "noise" else 1.0)
+    ar[("top", "both")] = st.top_sites_mean(rate, {k: rate for k in st.KINDS if k != "id"})
+    return ar
+
+
+def test_the_paper_figure_bars_flip_rates_against_the_controls(tmp_path, saved_figures):
+    """Fig. 2 beside the table: per model a bar per kind (ID, noise, orthogonal) of the
+    mean over its 3 best sites, "% belief swapped"; the per-question top-site flips
+    average to Fig. 2's number; a model with nothing counted says n = 0."""
+    from conftest import texts
+
+    from jaxmech import plots
+
+    flips = [[1, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [1, 1, 1, np.nan]]  # [Y' = 4, B]
+    ar = _hand_made_authors_rates(np.where(np.isnan(flips[3]), np.nan, flips))
+    top = report.top_site_flips(ar)
+    assert np.nanmean(top["id"][0]) == pytest.approx(ar[("top", "both")]["id"][0])
+    report.plot_paper(ar, str(tmp_path / "steering_paper.png"), ["tiny-qwen"])
+    assert (tmp_path / "steering_paper.png").exists()
+    fig = saved_figures[-1]
+    (ax,) = fig.axes
+    words = texts(fig)
+    assert "5x steered - Spatial ID Steering by Model - % Belief Swapped" in ax.get_title()
+    assert ax.get_xlabel().startswith("% belief swapped") and "tiny-qwen" in words
+    assert all(plots.KIND_WORDS[k] in words for k in st.KINDS)
+    widths = sorted(p.get_width() for p in ax.patches)
+    assert widths[-1] == pytest.approx(np.nanmean(top["id"][0]))
+    empty = _hand_made_authors_rates(np.full((4, 3), np.nan))
+    report.plot_paper(empty, str(tmp_path / "empty.png"), ["tiny-qwen"])
+    fig = saved_figures[-1]
+    assert "n = 0" in texts(fig) and not fig.axes[0].patches  # no bar drawn as a zero
+
+
+def _point(acc: float, flip: float, n: int = 20) -> dict:
+    cell = lambda m: (m, m - 0.1, m + 0.1, n)  # noqa: E731
+    return {"accuracy": cell(acc), "id_flip_rate": cell(flip),
+            "noise_flip_rate": cell(flip / 3), "orthogonal_flip_rate": cell(flip / 4)}  # fmt: skip
+
+
+def test_accuracy_vs_steerability_across_checkpoints(tmp_path, saved_figures):
+    """Fig. 9 from a hand-made across-checkpoints record: a point per model
+    (steerability on x, accuracy on y, the paper's axes), the correlation across
+    models with its Fisher-z interval from 4 models, "not defined" (no number) below;
+    a checkpoint with n = 0 is no point and is named so."""
+    from conftest import texts
+
+    accs, flips = [0.9, 0.8, 0.6, 0.5, 0.7], [0.7, 0.5, 0.3, 0.2, 0.1]
+    summaries = {
+        f"m{i}": {"steerability": _point(a, f)} for i, (a, f) in enumerate(zip(accs, flips))
+    }
+    rec = report.across_steerability(summaries, str(tmp_path))["accuracy_vs_steerability"]
+    r, lo, hi, n = correlation_ci(flips, accs)
+    assert rec["checkpoints"] == list(summaries) and rec["pearson"]["n"] == n == 5
+    assert rec["pearson"]["r"] == pytest.approx(r) and rec["pearson"]["ci_low"] == pytest.approx(lo)
+    assert rec["accuracy"][0] == summaries["m0"]["steerability"]["accuracy"]
+    assert os.path.exists(rec["figure"]) and rec["figure"].endswith(report.ACROSS_FIGURE)
+    (ax,) = saved_figures[-1].axes
+    assert ax.get_xlabel().startswith("Steerability: ID flip rate")
+    assert ax.get_ylabel().startswith("Accuracy") and "Accuracy vs. Steerability" in ax.get_title()
+    assert f"[{lo:+.2f}, {hi:+.2f}]" in ax.get_title()
+    points = [c.lines[0].get_xdata()[0] for c in ax.containers]  # errorbars: a point each
+    assert sorted(points) == pytest.approx(sorted(flips))
+    three = dict(list(summaries.items())[:3])
+    rec = report.across_steerability(three, str(tmp_path))["accuracy_vs_steerability"]
+    assert (
+        rec["pearson"]["ci_low"] is None and "CI not defined (n = 3 < 4" in rec["pearson"]["words"]
+    )
+    two = {"a": summaries["m0"], "b": summaries["m1"], "c": {"steerability": _point(0.5, 0.5, 0)}}
+    rec = report.across_steerability(two, str(tmp_path))["accuracy_vs_steerability"]
+    assert rec["pearson"]["r"] is None and "not defined (n = 2 models)" in rec["pearson"]["words"]
+    words = texts(saved_figures[-1])
+    assert "n = 0, not drawn: c" in words and "r not defined" in words
+
+
+def test_the_steering_report_adds_fig_9_across_checkpoints():
+    """`--checkpoint=A,B` hands the steering summaries to `across_steerability`."""
+    assert report.REPORT.across is report.across_steerability
+
+
+def test_two_checkpoints_write_fig_9_beside_the_medians(tmp_path):
+    """`checkpoints_main` over two checkpoints (the fixture under two names; each
+    report stubbed by its summary) adds `Report.across`'s record to
+    `across_checkpoints.json`: their accuracy and flip rates, r not defined (2 models),
+    and the figure."""
+    import json
+    import types
+
+    from jaxmech.reports.driver import checkpoints_main
+
+    fixture = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+    for name in ("a", "b"):
+        os.symlink(fixture, tmp_path / name)
+    points = {"a": _point(0.9, 0.6), "b": _point(0.6, 0.2)}
+
+    class Flags(types.SimpleNamespace):
+        def __contains__(self, name):
+            return hasattr(self, name)
+
+    F = Flags(checkpoint=f"{tmp_path / 'a'},{tmp_path / 'b'}", out=str(tmp_path / "out"),
+              grid="2x2", size=112, questions=1, question_seed=0, layers=None, batch=1,
+              dtype="float32", memory=None, protocol="jaxmech", questions_from="drawn",
+              data=None, per_block=False)  # fmt: skip
+    on_checkpoint = lambda run, out: {"summary": {"steerability": points[os.path.basename(out)]}}  # noqa: E731
+    checkpoints_main(F, on_checkpoint, False, report.REPORT.across)
+    record = json.load(open(tmp_path / "out" / "across_checkpoints.json"))
+    fig9 = record["accuracy_vs_steerability"]
+    assert fig9["checkpoints"] == ["a", "b"] and fig9["pearson"]["r"] is None
+    assert [c[0] for c in fig9["accuracy"]] == [0.9, 0.6]
+    assert record["steerability"]["accuracy"]["median"] == pytest.approx(0.75)
+    assert os.path.exists(tmp_path / "out" / report.ACROSS_FIGURE)

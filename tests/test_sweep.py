@@ -135,9 +135,12 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
     _params_equal(one, four, rtol=1e-4, atol=1e-5, exact=False)
 
 
+@pytest.mark.slow
 def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
-    """~25 s: two CLI subprocesses (each ~2.5 s of imports, then the shared cache's
-    programs) and 10 checkpoints each."""
+    """Slow (~16-25 s: two CLI subprocesses, each ~2.5 s of imports, then the shared
+    cache's programs, 10 checkpoints each). In the suite, a CLI sweep killed with SIGKILL
+    and resumed to the uninterrupted run's bits is `test_vlm_family`'s, and in-process
+    interrupted resumes are tested here and in `test_families`."""
     steps = ["--steps=100", "--eval_every=10"]
     out = str(tmp_path / "killed")
     proc = subprocess.Popen(

@@ -208,3 +208,23 @@ def test_paper_003_004_reports_run_on_a_stand_in_family(tmp_path):
         assert os.path.isfile(os.path.join(out, folder, "summary.json"))
     # the family declares no steering report: refused by name before any compute
     assert "model_kind = 'bag_vlm' has no steering report" in refused
+
+
+def test_answer_ids_say_no_where_the_named_label_is_not_drawn():
+    """A question about a label that is not drawn (cell -1) is answered "no" as the toy
+    renders it (against "yes"), side questions included; the others by their side."""
+    from jaxmech.data.spec import SceneSpec
+    from jaxmech.families.toy_vlm.view import toy_view
+    from jaxmech.families.vlm_view import answer_ids
+
+    view = toy_view(tiny_vlm_config())
+    # rows: absent X asked left/right, above/below and "shown?"; present X the same
+    cells = [[-1, 0, 4], [-1, 0, 4], [-1, 0, 4], [0, 0, -1], [0, 0, -1], [0, 0, -1]]
+    labels = [[2, 0, 1], [2, 0, 1], [2, 0, 1], [2, 0, 0], [2, 0, 0], [2, 0, 0]]
+    ones = np.ones((6, 3), np.int32)
+    spec = SceneSpec(np.int32(cells), np.int32(labels), ones, ones, np.int32([0, 1, 2] * 2))
+    answer, other = (np.asarray(x) for x in answer_ids(view, spec))
+    np.testing.assert_array_equal(answer, np.asarray(view.render(spec)[0].answer_B))
+    yes, no = sc.TOKEN["yes"], sc.TOKEN["no"]
+    assert (answer[:3] == no).all() and (other[:3] == yes).all()
+    assert {int(a) for a in answer[3:]} == {sc.TOKEN["left"], sc.TOKEN["above"], yes}

@@ -45,6 +45,29 @@ The names (`COUNTERFACTUALS`; _w: width, _h: height):
                      position codes)
   facing_order_ids_w facings flipped and order_ids_w
 
+On a photograph (no facings to flip, no scene to redraw: `PHOTO_CHANGES`) the content
+is flipped by flipping the image, so paper 004's "content and token order flipped,
+position codes not" is the flipped photograph with the ViT's codes mirrored back: the
+ViT sees each patch's (flipped) content at its own position code and the LM reads the
+tokens in mirrored order, ids staying with the slots, as order_w's. On a drawn scene
+that is facing_order_w already (equal on the toy, tested), so the photograph's keeps
+the name; its height version facing_order_h (the photograph flipped upside down, the
+row codes mirrored back) is on a drawn scene order_h (nothing in a drawn scene turns
+upside down), so only a photograph's table has it:
+
+  facing_order_w     (photograph) image_w with vit_w: content and order flipped across
+                     the width, the column codes not
+  facing_order_h     (photograph) image_h with vit_h: the same across the height
+  order_random_k     (photograph) the k-th seeded random order of the image tokens
+                     (`RANDOM_ORDERS`; content moved, ids with the slots), read by
+                     paper 004's post-hoc rows: `mirror_landing`, `order_reversed`
+
+Each relation's reference (`MIRROR_OF`, paper 004's "the flipped image's answer"): the
+width mirror swaps left / right, the height mirror above / below and, as the paper's
+What'sUp rows have it, on / under (the supported object ends up below); no image mirror
+swaps front / behind (depth is not a direction in the image plane), so it has no
+reference, and its rows report only the share changed from the plain run's.
+
 A model's answer under a counterfactual is read as the margin of the example's own
 answer word over the other word of its relation (`families.vlm_view.margin`): the sign
 says which of the two it chose, so two counterfactuals agree when their margins have
@@ -93,6 +116,13 @@ CHANGES = {
     "facing_order_ids_w": {"flip": True, "order": "w", "ids": "w"},
 }
 COUNTERFACTUALS = tuple(CHANGES)
+# On a photograph (module docstring): the flipped image with the ViT's codes mirrored
+# back is its "content and order flipped" (a drawn scene flips facings instead);
+# facing_order_h is a photograph's only (on a drawn scene it is order_h).
+PHOTO_CHANGES = {
+    "facing_order_w": {"cells": "w", "flip": True, "vit": "w"},
+    "facing_order_h": {"cells": "h", "vit": "h"},
+}
 # With a position table beside the rotary (`VLMView.vit_table`): which mechanism a ViT
 # change reaches ("table", "rotary"; the names of `CHANGES` reach both).
 TABLE_CHANGES = {
@@ -102,20 +132,43 @@ TABLE_CHANGES = {
     "vit_h_rotary": {"vit": "h", "at": "rotary"},
     "vit_half_table": {"vit": "half", "at": "table"},
 }
+# Paper 004's post-hoc rows read seeded random orders of the image tokens (content
+# moved, each slot keeping its ids, as order_w); a photograph's table only, beside the
+# dataset's boxes and relation words they are read with (`order_reversed`, `mirror_landing`)
+RANDOM_ORDERS = tuple(f"order_random_{k}" for k in range(4))
+# relation -> the counterfactual whose answers are its reference (the image mirror that
+# swaps it), None where none does (module docstring)
+MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h", "on_under": "image_h",
+             "front_behind": None}  # fmt: skip
+MIRROR_WORDS = {
+    "image_w": "width mirror (image_w): it swaps the relation; agree = equal to its answers",
+    "image_h": "height mirror (image_h): it swaps the relation; agree = equal to its answers",
+    None: "no image mirror swaps it: no reference (agree empty); changed vs the plain run",
+}
 # The versions of the scenes a counterfactual shows: (cells, flip) -> index.
 SCENES = ((None, False), ("w", True), ("h", False), ("w", False), (None, True))
 
 
-def names_for(view: VLMView, params, per_block: bool = True) -> tuple[str, ...]:
-    """`COUNTERFACTUALS`; with a position table beside rotary ViT positions,
-    `TABLE_CHANGES` (each mechanism alone); and where the ViT's positions act in every
+def changes_of(name: str, photo: bool = False) -> dict:
+    """What counterfactual `name` changes (`CHANGES`, `TABLE_CHANGES`; a photograph's
+    own recipe where `PHOTO_CHANGES` has one); {} for a per-block ViT mirror."""
+    if photo and name in PHOTO_CHANGES:
+        return PHOTO_CHANGES[name]
+    return CHANGES.get(name) or TABLE_CHANGES.get(name, {})
+
+
+def names_for(view: VLMView, params, per_block: bool = True, photo: bool = False
+              ) -> tuple[str, ...]:  # fmt: skip
+    """`COUNTERFACTUALS` (for a `photo`, also facing_order_h and `RANDOM_ORDERS`); with a
+    position table beside rotary ViT positions, `TABLE_CHANGES` (each mechanism alone); and where the ViT's positions act in every
     block (rotary) and `per_block`, the ViT mirrors applied in one block at a time:
     `vit_w@b`, `vit_h@b` for block b (2 per block: 64 rows at Qwen2-VL's 32 blocks,
     which is why a checkpoint's table asks for them by name, `--per_block`)."""
     n_blocks = view.vit_blocks(params)
     table = tuple(TABLE_CHANGES) if n_blocks and view.vit_table else ()
     blocks = range(n_blocks if per_block else 0)
-    return COUNTERFACTUALS + table + tuple(f"vit_{a}@{b}" for a in "wh" for b in blocks)
+    own = ("facing_order_h",) + RANDOM_ORDERS if photo else ()
+    return COUNTERFACTUALS + own + table + tuple(f"vit_{a}@{b}" for a in "wh" for b in blocks)
 
 
 class Counterfactual(NamedTuple):
@@ -152,9 +205,9 @@ def token_mirrors(spans: Spans) -> dict:
     return {a: np.asarray([index[f(*x)] for x in trc.tolist()], np.int32) for a, f in flip.items()}
 
 
-def _vit_positions(view: VLMView, params, name: str):
-    """(rows, cols) the ViT sees under counterfactual `name`: [P], or one row per place
-    positions enter: [n_blocks, P], or [1 + n_blocks, P] with a table (row 0)."""
+def _vit_positions(view: VLMView, params, name: str, photo: bool = False):
+    """(rows, cols) the ViT sees under counterfactual `name` (`changes_of`): [P], or one
+    row per place positions enter: [n_blocks, P], or [1 + n_blocks, P] with a table (row 0)."""
     rows, cols, (h, w) = view.vit_positions(params)
     mirrored = {"w": (rows, w - 1 - cols), "h": (h - 1 - rows, cols), "half": (rows, cols + 0.5)}
     mirrored["half_mirror"] = (rows, w - 1 - cols + 0.5)
@@ -167,7 +220,7 @@ def _vit_positions(view: VLMView, params, name: str):
         change = name[4]
         at = np.arange(table + n_blocks) == table + int(name.split("@")[1])
     else:
-        c = CHANGES[name] if name in CHANGES else TABLE_CHANGES[name]
+        c = changes_of(name, photo)
         change = c.get("vit")
         at[:table] = c.get("at") != "rotary"
         at[table:] = c.get("at") != "table"
@@ -177,16 +230,19 @@ def _vit_positions(view: VLMView, params, name: str):
     return tuple(jnp.where(at[:, None], m, x) for m, x in ((vr, rows), (vc, cols)))
 
 
-def scene_of(name: str) -> int:
-    """The index in `SCENES` of the scene version counterfactual `name` shows."""
-    c = CHANGES.get(name, {})  # a per-block ViT mirror ("vit_w@3") shows the plain scene
+def scene_of(name: str, photo: bool = False) -> int:
+    """The index in `SCENES` of the scene version counterfactual `name` shows (on a
+    photograph where `photo`)."""
+    c = changes_of(name, photo)  # a per-block ViT mirror ("vit_w@3") shows the plain scene
     return SCENES.index((c.get("cells"), c.get("flip", False)))
 
 
-def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counterfactual:
+def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS, photo: bool = False
+          ) -> Counterfactual:  # fmt: skip
     """The named counterfactuals stacked [C, ...] for one model's params (its default
-    positions and LM ids) and the examples' spans (host NumPy in, jnp out)."""
-    known = names_for(view, params)
+    positions and LM ids) and the examples' spans (host NumPy in, jnp out); `photo`:
+    the examples are photographs (`PHOTO_CHANGES`' recipes)."""
+    known = names_for(view, params, photo=photo)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown counterfactuals {unknown}; known: {', '.join(known)}")
@@ -203,19 +259,26 @@ def build(view: VLMView, params, spans: Spans, names=COUNTERFACTUALS) -> Counter
         return row(ids, image) if ids.ndim == 2 else jax.vmap(row)(ids, jnp.asarray(image))
 
     def one(name):
-        c = CHANGES.get(name, {})
-        vr, vc = _vit_positions(view, params, name)
+        c = changes_of(name, photo)
+        vr, vc = _vit_positions(view, params, name, photo)
         lm = ids
         if c.get("ids") is not None:
             lm = mirrored_ids(c["ids"])
         order = ident if c.get("order") is None else perm[c["order"]]
+        if name in RANDOM_ORDERS:
+            order = random_order(len(ident), RANDOM_ORDERS.index(name))
         return Counterfactual(
-            jnp.asarray(scene_of(name)),
+            jnp.asarray(scene_of(name, photo)),
             jnp.asarray(vr, jnp.float32), jnp.asarray(vc, jnp.float32),
             jnp.asarray(lm, jnp.float32), jnp.asarray(order),
         )  # fmt: skip
 
     return jax.tree_util.tree_map(lambda *x: jnp.stack(x), *(one(n) for n in names))
+
+
+def random_order(n_tokens: int, k: int, seed: int = 0) -> np.ndarray:
+    """[I] the k-th seeded random order of `n_tokens` image tokens (`RANDOM_ORDERS`)."""
+    return np.random.default_rng([seed, 41, k]).permutation(n_tokens).astype(np.int32)
 
 
 def edits_of(cf: Counterfactual) -> Edits:
@@ -225,14 +288,17 @@ def edits_of(cf: Counterfactual) -> Edits:
 
 
 def margins(view: VLMView, params, versions, answer_B, other_B, cfs: Counterfactual,
-            batch_size: int | None = None):  # fmt: skip
+            batch_size: int | None = None, words=None):  # fmt: skip
     """[C, B] the answer margin of every example under every counterfactual; `versions`:
     the rendered `scene_versions` stacked (leading axis: `SCENES`). One vmap over the
-    counterfactuals, or a `lax.map` of `batch_size` at a time (a large model's memory)."""
+    counterfactuals, or a `lax.map` of `batch_size` at a time (a large model's memory).
+    With `words` [W] token ids: ([C, B], [C, B, W] their logits at the answer)."""
 
     def one(cf):
         inputs = jax.tree_util.tree_map(lambda x: jnp.asarray(x)[cf.scene], versions)
-        return margin(view.forward(params, inputs, edits_of(cf))[0], answer_B, other_B)
+        logits = view.forward(params, inputs, edits_of(cf))[0]
+        m = margin(logits, answer_B, other_B)
+        return m if words is None else (m, logits[:, jnp.asarray(words)])
 
     if batch_size is None:
         return jax.vmap(one)(cfs)
@@ -244,3 +310,60 @@ def binding_failures(margin_B, swapped_margin_B) -> jax.Array:
     (for `is X left of Y` and `is Y left of X` alike), from the two margins (each over
     its own question's answer word)."""
     return (margin_B > 0) != (swapped_margin_B > 0)
+
+
+def order_reversed(spans: Spans, cells_Bx2, orders_RxI) -> np.ndarray:
+    """[R, B] float: 1 where order r (the LM reads token `order[s]` at slot s) puts X's
+    cell and Y's (`cells_Bx2`, -1: no box) the other way round from the plain order, 0
+    where it keeps them, NaN where a cell is unknown or both are one cell. An object
+    sits where its cell's tokens are read on average (a cell holds several tokens)."""
+    cell_I = np.asarray(spans.cell_I)
+    slot_RxI = np.argsort(np.asarray(orders_RxI), axis=1)  # where each token is read
+    plain = np.arange(len(cell_I))
+    out = np.full((len(slot_RxI), len(cells_Bx2)), np.nan)
+    for b, (x, y) in enumerate(np.asarray(cells_Bx2)):
+        tx, ty = cell_I == x, cell_I == y
+        if x < 0 or y < 0 or x == y or not (tx.any() and ty.any()):
+            continue
+        after = slot_RxI[:, tx].mean(1) > slot_RxI[:, ty].mean(1)
+        out[:, b] = after != (plain[tx].mean() > plain[ty].mean())
+    return out
+
+
+def mirror_landing(words_CxWxB, pair_B, rows) -> tuple[np.ndarray, np.ndarray]:
+    """([B] changed answers, [B] of them on the mirror word) over the conditions `rows`
+    (the random orders), answers read as the argmax over W relation words in pairs
+    (word w's mirror is w ^ 1; row 0 the plain run): counted where the plain answer is
+    a word of the question's own pair `pair_B` (paper 004's post-hoc (a))."""
+    says = np.argmax(np.asarray(words_CxWxB), axis=1)  # [C, B]
+    plain = says[0]
+    own = plain // 2 == np.asarray(pair_B)
+    moved = says[list(rows)]  # [R, B]
+    changed = (moved != plain) & own
+    return changed.sum(0), (changed & (moved == (plain ^ 1))).sum(0)
+
+
+def pooled_ci(hits_B, counts_B, seed: int = 0, draws: int = 2000, minus=None):
+    """(sum hits / sum counts, 95% interval, n = sum counts): a share pooled over
+    questions whose units (a question's random orders) are not independent, so the
+    interval resamples questions (seeded). `minus` (hits, counts) of a second group on
+    the same questions: the difference of the two shares instead (n: the units of both;
+    0 where either group has none)."""
+    h, c = np.asarray(hits_B, float), np.asarray(counts_B, float)
+    h2, c2 = (np.zeros_like(h), np.zeros_like(c)) if minus is None else map(np.asarray, minus)
+    keep = (c + c2) > 0  # a question with no unit in either group weighs nothing
+    h, c, h2, c2 = h[keep], c[keep], h2[keep], c2[keep]
+    # a difference needs both groups: one empty is no number (n = 0), never a 0.0
+    n = int(c.sum() + c2.sum()) if minus is None or min(c.sum(), c2.sum()) > 0 else 0
+
+    def share(i):  # [..., B'] question indices -> the pooled share (or difference)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = h[i].sum(-1) / c[i].sum(-1)
+            return a if minus is None else a - h2[i].sum(-1) / c2[i].sum(-1)
+
+    m = float(share(np.arange(len(c)))) if n else float("nan")
+    if not np.isfinite(m) or len(c) < 2:
+        return m, float("nan"), float("nan"), n
+    draws_ = share(np.random.default_rng([seed, 95]).integers(0, len(c), (draws, len(c))))
+    lo, hi = np.nanquantile(draws_, [0.025, 0.975])
+    return m, float(lo), float(hi), n

@@ -8,17 +8,29 @@ with its peak resident memory (from the OS), wall time and the plan the sizing l
   row per command: wall seconds, peak resident GB (`memory.peak_run`), the plan's GB and the
   first chunk's measured GB where the log states them.
 
+* `against_reference(folder, python, out)`: jaxmech's forward and the reference's
+  (transformers, sdpa; `tests/fixtures/qwen2_vl/reference_speed.py --inputs`, run by
+  `python`, an interpreter with torch and transformers: the `fixtures` extra) on the
+  same folder and the same processed inputs, for each dtype, each side its own process:
+  the first call apart, the median of `repeats` calls after it, peak resident memory,
+  their ratio and the largest difference of the answer row's log-probabilities. The
+  library never imports torch; jaxmech's side is `forward_time` (this module run as
+  `python -m jaxmech.bench.real_size`).
+
 No real weights: the values are random, so the answers mean nothing; memory and time
 are what a real download of the same size costs.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 
 from jaxmech.families.registry import stand_in_family
 from jaxmech.memory import peak_run
@@ -93,3 +105,154 @@ def run_reports(folder: str, out: str, dtype: str = "bfloat16", questions: int =
         if code:
             log("    " + "\n    ".join(text.strip().splitlines()[-5:]))
     return rows
+
+
+REFERENCE_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "tests", "fixtures", "qwen2_vl", "reference_speed.py")  # fmt: skip
+REFERENCE_MODULES = ("torch", "transformers", "safetensors")
+
+
+def reference_python(given: str | None) -> str:
+    """The interpreter that runs the reference's forward: `given` (`--reference_python`)
+    where it imports `REFERENCE_MODULES`, else this one where it does; ValueError naming
+    the flag and the `fixtures` extra otherwise, or where the reference script (a source
+    checkout's) is missing. Checked before anything runs."""
+    if not os.path.exists(REFERENCE_SCRIPT):
+        raise ValueError(f"--reference runs {REFERENCE_SCRIPT}, a source checkout's "
+                         "script: not found (run from a clone of the repository)")  # fmt: skip
+    python = given or sys.executable
+    probe = ("import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
+             f"{REFERENCE_MODULES!r}) else 3)")  # fmt: skip
+    try:
+        code = subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode
+    except OSError as e:
+        code = f"not runnable ({e.strerror})"
+    if code == 0:
+        return python
+    need = ", ".join(REFERENCE_MODULES)
+    if given:
+        raise ValueError(f"--reference_python={given}: cannot import {need} (exit {code}); "
+                         "give a python where the `fixtures` extra is installed")  # fmt: skip
+    raise ValueError(f"--reference: this python ({sys.executable}) cannot import {need}; "
+                     "install the `fixtures` extra (pip install -e '.[fixtures]') or give "
+                     "a python that has it as --reference_python=/path/to/venv/bin/python")  # fmt: skip
+
+
+def forward_time(folder: str, dtype: str, size: int, repeats: int, inputs_out: str,
+                 logits_out: str) -> dict:  # fmt: skip
+    """jaxmech's forward (every row's logits, as the reference's) on checkpoint `folder`
+    in `dtype`, one drawn `size` px scene and its first question: the first call
+    (compile included) timed apart, then `repeats` calls. Writes the processed inputs
+    to `inputs_out` (.npz, the arrays `reference_speed.batch_from_arrays` reads) and the
+    last row's float32 logits to `logits_out` (.npy)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxmech.data import pictures
+    from jaxmech.data.spec import Grid, pair_questions
+    from jaxmech.model import load
+    from jaxmech.models.precision import describe
+
+    grid = Grid(4, 4)
+    spec = pair_questions(grid, 1, len(pictures.SHAPES), len(pictures.COLOURS))["examples"]
+    t = time.perf_counter()
+    model = load(folder, dtype=getattr(jnp, dtype))
+    load_s = time.perf_counter() - t
+    enc = model.encode([pictures.draw(grid, spec, size)[0]], [pictures.questions(spec)[0]])
+    x = enc.inputs
+    np.savez(inputs_out, tokens=np.asarray(x.tokens_BxS), valid=np.asarray(x.valid_BxS),
+             pixels=np.asarray(x.pixels_BxPxF[0], np.float32), grid=np.asarray([enc.grid]),
+             image_token_id=np.asarray(model.config.image_token_id))  # fmt: skip
+    fwd = jax.jit(lambda p, x: model.family.forward(p, x, config=model.config)[0])
+    t = time.perf_counter()
+    logits = fwd(model.params, x).block_until_ready()
+    first = time.perf_counter() - t
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fwd(model.params, x).block_until_ready()
+        times.append(time.perf_counter() - t)
+    np.save(logits_out, np.asarray(logits[:, -1], np.float32))
+    return {"side": "jaxmech", "dtype": dtype, "load_s": load_s, "first_s": first,
+            "times": times, "median_s": float(np.median(times)), "products": describe(dtype),
+            "tokens": int(x.tokens_BxS.shape[1])}  # fmt: skip
+
+
+def _result(text: str) -> dict:
+    lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT ") :]) if lines else {}
+
+
+def _log_softmax(x):
+    import numpy as np
+
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def against_reference(folder: str, python: str, out: str, dtypes=("float32", "bfloat16"),
+                      repeats: int = 3, size: int = 448, log=print) -> list[dict]:  # fmt: skip
+    """jaxmech's forward and the reference's on checkpoint `folder` (a Qwen2-VL layout),
+    for each of `dtypes`, each side in its own process (`memory.peak_run`; jaxmech's
+    with a compilation cache of its own, so its first call compiles), the reference's
+    run by `python` (`reference_python`). One row per dtype: each side's first call,
+    median of `repeats` calls after it and peak resident GB, jaxmech / reference, and
+    the largest |log p difference| at the last row with whether the top 5 agree.
+    Logs under `out`; a side that fails raises RuntimeError with its log's tail."""
+    import numpy as np
+
+    os.makedirs(out, exist_ok=True)
+    rows = []
+    for dtype in dtypes:
+        inputs, ours_path, theirs_path = (os.path.join(out, f"{n}_{dtype}.{e}") for n, e in
+                                          (("inputs", "npz"), ("jaxmech_logits", "npy"),
+                                           ("reference_logits", "npy")))  # fmt: skip
+        cmds = {
+            "jaxmech": [sys.executable, "-m", "jaxmech.bench.real_size", folder, dtype,
+                        str(size), str(repeats), inputs, ours_path],
+            "reference": [python, REFERENCE_SCRIPT, f"--checkpoint={folder}",
+                          f"--dtype={dtype}", f"--inputs={inputs}", f"--repeats={repeats}",
+                          f"--logits_out={theirs_path}"],
+        }  # fmt: skip
+        row = {"dtype": dtype}
+        for side, cmd in cmds.items():
+            log(f"  {side}, {dtype}: {' '.join(cmd)}")
+            code, wall, peak, text = peak_run(cmd, os.path.join(out, f"{side}_{dtype}.log"))
+            res = _result(text)
+            if code or not res:
+                tail = "\n    ".join(text.strip().splitlines()[-8:])
+                raise RuntimeError(
+                    f"the {side} forward ({dtype}) failed (exit {code}):\n    {tail}"
+                )
+            row |= {f"{side}_first_s": res["first_s"], f"{side}_median_s": res["median_s"],
+                    f"{side}_peak_gb": peak}  # fmt: skip
+            if side == "reference":
+                row["threads"] = res["threads"]
+            else:
+                row["tokens"], row["products"] = res["tokens"], res["products"]
+            log(f"    first call {res['first_s']:.2f} s, median {res['median_s']:.2f} s over "
+                f"{len(res['times'])}, peak {peak:.2f} GB resident, {wall:.0f} s in all")  # fmt: skip
+        ours, theirs = (
+            _log_softmax(np.load(p).astype(np.float64)) for p in (ours_path, theirs_path)
+        )
+        top = lambda a: np.argsort(-a, -1)[:, :5]  # noqa: E731
+        row |= {"ratio": row["jaxmech_median_s"] / row["reference_median_s"],
+                "max_logp_diff": float(np.abs(ours - theirs).max()),
+                "top5_same": bool((top(ours) == top(theirs)).all())}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def main(argv) -> None:
+    """`python -m jaxmech.bench.real_size FOLDER DTYPE SIZE REPEATS INPUTS LOGITS`:
+    `forward_time` in a process of its own, its result one `RESULT {json}` line."""
+    folder, dtype, size, repeats, inputs, logits = argv
+    # one device, no compilation cache (as `reference_speed.py`'s forwards): the first
+    # call compiles
+    res = forward_time(folder, dtype, int(size), int(repeats), inputs, logits)
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

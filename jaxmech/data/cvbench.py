@@ -4,14 +4,17 @@ folder at each row's `filename`, e.g. `img/2D/relation/coco_203.png`) or
 `test_2d.parquet` (the image embedded in each row's `image`). Rows whose `task` is
 "Relation" only (650 in the published file).
 
-Each row: `question` ("Considering the relative positions of the book (annotated by
-the red box) and the couch in the image provided, where is the book (annotated by the
-red box) located with respect to the couch?"), `choices` (two words: left / right or
-above / below), `answer` ("(A)" or "(B)"). The question keeps the benchmark's wording;
-its answers are the right choice and the other; X and Y are read from the question (a
-row that does not name them is refused). The red box is drawn into the pixels, so an
-image mirror flips it too. Its `bbox` column is not read (its layout is not stated by
-the card).
+Each row: `question` in one of two wordings, with the red box ("Considering the relative
+positions of the book (annotated by the red box) and the couch in the image provided,
+where is the book (annotated by the red box) located with respect to the couch?") or
+without it ("Considering the relative positions of the bottle and the wine glass in the
+image provided, where is the bottle located with respect to the wine glass?"); `choices`
+(two words: left / right or above / below), `answer` ("(A)" or "(B)"). The question
+keeps the benchmark's wording; its answers are the right choice and the other; X and Y
+are read from the question (a row that names no object pair is refused). Where the
+wording names a red box, it is drawn into the pixels, so an image mirror flips it too.
+The sample counts the rows of each wording (`boxed`, `unboxed`). Its `bbox` column is
+not read (its layout is not stated by the card).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ import re
 from jaxmech.data import questions as q
 
 FILES = ("test_2d.jsonl", "test_2d.parquet")
+RED_BOX = " (annotated by the red box)"
+# X (the red box's object where the wording names one) and Y of either wording
 _OBJECTS = re.compile(
-    r"relative positions of the (?P<x>.+?) \(annotated by the red box\) and the (?P<y>.+?)"
-    r" in the image",
+    r"relative positions of the (?P<x>.+?)(?P<box> \(annotated by the red box\))? and the "
+    r"(?P<y>.+?) in the image",
     re.IGNORECASE,
 )
 
@@ -33,10 +38,12 @@ def load(folder: str, n=None, seed: int = 0) -> q.QuestionSet:
     path = q.first_file(folder, FILES, "CV-Bench 2D file")
     rows = _parquet_rows(path) if path.endswith(".parquet") else q.read_jsonl(path)
     out = [_question(folder, r, where) for r, where in rows if r.get("task") == "Relation"]
-    chosen = q.sample(out, n, seed, f"{path} (Relation)")
+    boxed = sum(RED_BOX in x.question.lower() for x in out)
+    chosen = q.sample(out, n, seed)
     return q.QuestionSet("cvbench", tuple(chosen), {path: q.sha256(path)},
-                         {"rows": len(rows), "relation": len(out), "n": len(chosen),
-                          "seed": seed})  # fmt: skip
+                         {"rows": len(rows), "relation": len(out), "boxed": boxed,
+                          "unboxed": len(out) - boxed,
+                          **q.drawn(n, len(out), chosen, seed)})  # fmt: skip
 
 
 def _parquet_rows(path: str):
@@ -45,7 +52,8 @@ def _parquet_rows(path: str):
     except ImportError:  # pragma: no cover - pyarrow is a dependency
         raise ValueError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
     table = pq.read_table(path)
-    return [(r, f"{path}:row {i}") for i, r in enumerate(table.to_pylist())]
+    # rows counted from 1, as a JSON-lines file's lines and a JSON list's records
+    return [(r, f"{path}: row {i + 1}") for i, r in enumerate(table.to_pylist())]
 
 
 def _question(folder: str, r: dict, where: str) -> q.ImageQuestion:
@@ -77,5 +85,5 @@ def _image(folder: str, r: dict, where: str):
     if isinstance(image, dict) and isinstance(image.get("bytes"), bytes):
         return image["bytes"]
     if isinstance(name, str) and name:
-        raise ValueError(f"{os.path.join(folder, name)}: no such image (row {where})")
+        raise ValueError(f"{os.path.join(folder, name)}: no such image (of {where})")
     raise q.record_error(where, "filename", "expected an image file name or embedded image bytes")

@@ -26,9 +26,9 @@ def load(folder: str, n=None, seed: int = 0) -> q.QuestionSet:
     out = [_question(os.path.dirname(path), r, where) for r, where in q.read_jsonl(path)]
     if not out:
         raise ValueError(f"{path}: no questions (n = 0)")
-    chosen = q.sample(out, n, seed, path)
+    chosen = q.sample(out, n, seed)
     return q.QuestionSet("manifest", tuple(chosen), {path: q.sha256(path)},
-                         {"records": len(out), "n": len(chosen), "seed": seed})  # fmt: skip
+                         {"records": len(out), **q.drawn(n, len(out), chosen, seed)})  # fmt: skip
 
 
 def _manifest(folder: str) -> str:

@@ -69,9 +69,14 @@ VIDEO_TEMPLATES = (
 MIDDLE = "centre of the image"  # what a question names when Y's label is 0
 # the words each wording's answers begin with, by relation: jaxmech's capitalised (the
 # answer starts the assistant's turn, where a chat model writes a capital), the authors'
-# the lower-case words their prompt quotes; a video's relation 1 is time
-ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"))
-AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"))
+# the lower-case words their prompt quotes; a video's relation 1 is time. Rows 3 and 4
+# are photographs' relations no drawn scene has (What'sUp's on / under, front / behind;
+# `reports.batches.PHOTO_RELATIONS`): here so each family reads their ids from its own
+# tokenizer as it reads left / right's
+ANSWERS = (("Left", "Right"), ("Above", "Below"), ("Yes", "No"), ("On", "Under"),
+           ("Front", "Behind"))  # fmt: skip
+AUTHORS_ANSWERS = (("left", "right"), ("above", "below"), ("yes", "no"), ("on", "under"),
+                   ("front", "behind"))  # fmt: skip
 VIDEO_ANSWERS = (("Left", "Right"), ("Before", "After"), ("Yes", "No"))
 WORDINGS = {"jaxmech": (TEMPLATES, ANSWERS), "authors": (AUTHORS_TEMPLATES, AUTHORS_ANSWERS)}
 

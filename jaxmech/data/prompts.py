@@ -58,13 +58,26 @@ def last_subtoken(offsets_Sx2, char_range) -> int:
     return int(hit[-1])
 
 
-def check_batch(images, questions) -> None:
+def check_batch(images, questions, what: str = "images") -> None:
     """ValueError naming `questions` unless a non-empty list of strings, or `images`
-    unless one per question (None: a text-only batch, no images to count)."""
+    unless one per question (None: a text-only batch, no images to count). `what`:
+    "images" (a list or tuple in place of an image, several images for one question,
+    is refused by its position) or "videos" (each may be a list of frames)."""
     if isinstance(questions, str) or not len(questions):
         raise ValueError("questions: expected a non-empty list of strings")
-    if images is not None and len(images) != len(questions):
-        raise ValueError(f"images: {len(images)} images for {len(questions)} questions (one each)")
+    if images is None:
+        return
+    if isinstance(images, (str, os.PathLike)):
+        raise ValueError(f"{what} = {str(images)!r}: expected a list, one per question")
+    if len(images) != len(questions):
+        raise ValueError(f"{what}: {len(images)} {what} for {len(questions)} questions (one each)")
+    for i, image in enumerate(images if what == "images" else ()):
+        if isinstance(image, (list, tuple)):
+            raise ValueError(
+                f"images[{i}]: a {type(image).__name__} of {len(image)}, expected one image "
+                "(a path, a PIL image or an [H, W, 3] array) per question; a question "
+                "about several images is not supported"
+            )
 
 
 def templated(questions, template, tail: str) -> tuple[list, np.ndarray]:

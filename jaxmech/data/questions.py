@@ -3,7 +3,10 @@
 A question source is one module under `data/` with `load(folder, n=None, seed=0) ->
 QuestionSet`, registered by name in `SOURCES` (the one place that lists them):
 
-  coco_spatial   paper 003's COCO-Spatial (`data.coco_spatial`)
+  coco_spatial   paper 003's COCO-Spatial (`data.coco_spatial`): left / right, 100 drawn
+  coco_spatial_all  the same file's every left / right and above / below row, with
+                 COCO's boxes (the population the authors' steering asks,
+                 `adversarial_steering.sh`; `whatsup_coco` has no boxes)
   whatsup_a      What'sUp, Controlled A (`data.whatsup`)
   whatsup_b      What'sUp, Controlled B
   whatsup_coco   What'sUp's COCO two-object triples, every relation
@@ -15,6 +18,11 @@ A loader reads the user's copy of the published files (nothing is downloaded), c
 every record before any model is touched (a malformed record: a ValueError naming the
 file, the line and the field; a missing image: its path), and records the sha256 of
 each file it read and the sample it drew, so a results folder can say what it asked.
+Records are counted from 1 in every message: a JSON-lines file's line, a JSON list's or
+a parquet file's record ("file: record 3", "file: row 3").
+
+`n` is the most questions asked: a folder with fewer gives them all, its `sample`
+saying how many were asked for and found.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from typing import Any, NamedTuple
 # source name -> (module, keyword arguments of its `load`)
 SOURCES = {
     "coco_spatial": ("jaxmech.data.coco_spatial", {}),
+    "coco_spatial_all": ("jaxmech.data.coco_spatial", {"relations": "all"}),
     "whatsup_a": ("jaxmech.data.whatsup", {"subset": "a"}),
     "whatsup_b": ("jaxmech.data.whatsup", {"subset": "b"}),
     "whatsup_coco": ("jaxmech.data.whatsup", {"subset": "coco"}),
@@ -74,9 +83,23 @@ class QuestionSet(NamedTuple):
     sample: dict
 
 
+# the seed of a dataset's sample under `--protocol=authors`: the authors' scripts call
+# `random.seed(42)` before `random.sample` (`mirror_swapping.py` 33, 196)
+AUTHORS_SEED = 42
+
+
+def sample_seed(seed: int | None, protocol: str) -> int:
+    """The seed a dataset's sample is drawn from: `seed` where given, else the
+    protocol's (the authors' 42, jaxmech's 0)."""
+    if seed is not None:
+        return seed
+    return AUTHORS_SEED if protocol == "authors" else 0
+
+
 def load_questions(source: str, folder: str, n: int | None = None, seed: int = 0):
     """The `QuestionSet` of `source` (a key of `SOURCES`) read from `folder`: at most `n`
-    questions (None: every one; a seeded sample where the source draws one)."""
+    questions (None: the source's default, every one or COCO-Spatial's 100; a seeded
+    sample where the source draws one)."""
     if source not in SOURCES:
         raise ValueError(f"questions_from = {source!r}: expected one of {', '.join(SOURCES)}")
     if not os.path.isdir(folder):
@@ -164,13 +187,23 @@ def box_value(value, where: str, field: str):
     return tuple(float(v) for v in value)
 
 
-def sample(items: list, n: int | None, seed: int, where: str) -> list:
-    """`n` of `items` drawn without replacement by `random.Random(seed)` (their order
-    kept as drawn), or all of them for n None; refused when fewer than `n` exist."""
+def sample(items: list, n: int | None, seed: int) -> list:
+    """At most `n` of `items` drawn without replacement by `random.Random(seed)` (their
+    order kept as drawn; fewer than `n` exist: every one, in the order drawn), or all
+    of them in file order for n None. `random.Random(seed).sample(items, n)` picks the
+    positions `random.seed(seed); random.sample(range(len(items)), n)` does (the
+    authors' draw)."""
     import random
 
     if n is None:
         return list(items)
-    if n > len(items):
-        raise ValueError(f"n = {n}: {where} has only {len(items)} question(s)")
-    return random.Random(seed).sample(list(items), n)
+    return random.Random(seed).sample(list(items), min(n, len(items)))
+
+
+def drawn(n: int | None, found: int, chosen: list, seed: int) -> dict:
+    """What a sample records of its draw: `n` asked (None: all), `found` candidates, the
+    questions `chosen`, the seed; where fewer were found than asked, a line saying so."""
+    out = {"asked": n, "found": found, "n": len(chosen), "seed": seed}
+    if n is not None and found < n:
+        out["fewer"] = f"{n} asked, {found} found: every one taken"
+    return out

@@ -11,7 +11,8 @@ exactly that in NumPy integers (equal to torchvision 0.29's output, every value,
 fixture cases: `tests/fixtures/resize`). Their PIL backend (`...ImageProcessorPil`)
 resizes with Pillow's BICUBIC (the same filter, 22-bit int32 weights): `"pil"`. The
 two differ by a level or two in a few values per thousand, more where the width grows
-and the height shrinks.
+and the height shrinks. `resize_bilinear` is the same kernel with the triangle filter
+(support 1, widened alike; torchvision's BILINEAR, Pillow's BILINEAR): Gemma-3's processor.
 """
 
 from __future__ import annotations
@@ -39,9 +40,29 @@ def resize_bicubic(x_HxWx3: np.ndarray, height: int, width: int,
     return y
 
 
-def _resample(x_u8, axis: int, n_out: int) -> np.ndarray:
-    """uint8 `x` resampled along `axis` to n_out (one pass of torch's uint8 kernel)."""
-    index, k, bits = _taps(x_u8.shape[axis], n_out)
+def resize_bilinear(x_HxWx3: np.ndarray, height: int, width: int,
+                    backend: str = "torchvision") -> np.ndarray:  # fmt: skip
+    """uint8 [height, width, 3] of uint8 RGB `x` resized with the antialiased triangle
+    filter as `backend` does (module docstring)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"resize = {backend!r}: expected one of {', '.join(BACKENDS)}")
+    x = np.asarray(x_HxWx3)
+    if backend == "pil":
+        from PIL import Image
+
+        return np.asarray(Image.fromarray(x).resize((width, height), Image.BILINEAR))
+    y = x
+    if width != x.shape[1]:
+        y = _resample(y, 1, width, _triangle, 1.0)
+    if height != x.shape[0]:
+        y = _resample(y, 0, height, _triangle, 1.0)
+    return y
+
+
+def _resample(x_u8, axis: int, n_out: int, kernel=None, half_support: float = 2.0) -> np.ndarray:
+    """uint8 `x` resampled along `axis` to n_out (one pass of torch's uint8 kernel;
+    `kernel` of `half_support`: Keys' cubic by default)."""
+    index, k, bits = _taps(x_u8.shape[axis], n_out, kernel, half_support)
     x = np.moveaxis(x_u8, axis, 0).astype(np.int64)
     acc = np.full((n_out,) + x.shape[1:], 1 << (bits - 1), np.int64)  # rounds the shift
     for t in range(index.shape[1]):
@@ -49,18 +70,20 @@ def _resample(x_u8, axis: int, n_out: int) -> np.ndarray:
     return np.moveaxis(np.clip(acc >> bits, 0, 255).astype(np.uint8), 0, axis)
 
 
-def _taps(n_in: int, n_out: int):
+def _taps(n_in: int, n_out: int, kernel=None, half_support: float = 2.0):
     """([n_out, T] input indices, [n_out, T] int weights (0 past a row's taps), the
-    weights' fixed-point bits) of torch's antialiased bicubic from n_in to n_out."""
+    weights' fixed-point bits) of torch's antialiased bicubic (or `kernel` of
+    `half_support`) from n_in to n_out."""
+    kernel = _cubic if kernel is None else kernel
     scale = n_in / n_out
-    support = 2.0 * max(scale, 1.0)
+    support = half_support * max(scale, 1.0)
     inv = 1.0 / scale if scale >= 1 else 1.0
     rows = []
     for i in range(n_out):
         center = scale * (i + 0.5)
         lo = max(int(center - support + 0.5), 0)
         hi = min(int(center + support + 0.5), n_in)
-        w = _cubic((np.arange(lo, hi) - center + 0.5) * inv)
+        w = kernel((np.arange(lo, hi) - center + 0.5) * inv)
         rows.append((lo, w / w.sum()))
     T = max(len(w) for _, w in rows)
     largest = max(float(w.max()) for _, w in rows)
@@ -82,3 +105,8 @@ def _cubic(t: np.ndarray, a: float = -0.5) -> np.ndarray:
     near = ((a + 2) * t - (a + 3)) * t * t + 1
     far = ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
     return np.where(t < 1, near, np.where(t < 2, far, 0.0))
+
+
+def _triangle(t: np.ndarray) -> np.ndarray:
+    """The bilinear (triangle) kernel, in float64."""
+    return np.maximum(0.0, 1.0 - np.abs(t))

@@ -88,9 +88,9 @@ def _controlled(folder, n, seed, subset) -> q.QuestionSet:
         rel = _prep(os.path.basename(rel_path), subset)
         out.append(q.ImageQuestion(image, None, (rel, q.OPPOSITE[rel]),
                                    (tokens[0], tokens[-1]), rel, None, where))  # fmt: skip
-    chosen = q.sample(out, n, seed, path)
+    chosen = q.sample(out, n, seed)
     return q.QuestionSet(f"whatsup_{subset}", tuple(chosen), {path: q.sha256(path)},
-                         {"records": len(out), "n": len(chosen), "seed": seed})  # fmt: skip
+                         {"records": len(out), **q.drawn(n, len(out), chosen, seed)})  # fmt: skip
 
 
 def _resolve(folder: str, rel_path: str) -> str:
@@ -136,8 +136,8 @@ def _triples(folder, n, seed, subset) -> q.QuestionSet:
     rows, path, skipped = read_triples(folder, subset)
     out = [q.ImageQuestion(image, None, (rel, q.OPPOSITE[rel]), (x, y), rel, None, where)
            for _, image, x, rel, y, where in rows]  # fmt: skip
-    chosen = q.sample(out, n, seed, path)
+    chosen = q.sample(out, n, seed)
     return q.QuestionSet(f"whatsup_{subset}", tuple(chosen), {path: q.sha256(path)},
                          {"records": len(out) + skipped, "skipped": skipped,
                           "skipped_why": "caption names no known relation",
-                          "n": len(chosen), "seed": seed})  # fmt: skip
+                          **q.drawn(n, len(out), chosen, seed)})  # fmt: skip

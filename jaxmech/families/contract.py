@@ -42,6 +42,10 @@ A **checkpoint** family (`CheckpointFamily`) is loaded from a Hugging Face folde
   encode(processor, images, questions) -> encoded   (`encoded.inputs`: forward's)
   tokenizer(processor) -> tokenizer         (`decode([id])`)
   next_token(config, params, encoded) -> [B, V] log-probabilities after each prompt
+  generate(config, params, encoded, *, max_new_tokens, ...) -> Generation
+                                            greedy generation with a key / value cache
+                                            (`models.generate.generate` with the
+                                            family's `decoding` bound; None: not offered)
   describe(config) -> str                   one line for logs (variant, size)
   trainable(params) -> spec                 the parameters a fine-tune trains by
                                             default (a `train_only` pattern spec)
@@ -131,6 +135,7 @@ class CheckpointFamily(NamedTuple):
     sites: Callable
     stand_in: StandIn | None = None
     reports: tuple[str, ...] = VLM_REPORTS
+    generate: Callable | None = None
 
     kind = "checkpoint"
 

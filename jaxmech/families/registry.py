@@ -23,8 +23,10 @@ from jaxmech.config import Config, ConfigError, register_model_config
 from jaxmech.data.tasks import get_task
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, StandIn, TrainedFamily
 from jaxmech.families.dual_encoder.family import FAMILY as DUAL_ENCODER
+from jaxmech.families.gemma3.family import FAMILY as GEMMA3
 from jaxmech.families.internvl.family import FAMILY as INTERNVL
 from jaxmech.families.llava.family import FAMILY as LLAVA
+from jaxmech.families.mllama.family import FAMILY as MLLAMA
 from jaxmech.families.qwen2_vl.family import FAMILY as QWEN2_VL
 from jaxmech.families.toy_vlm.family import FAMILY as TOY_VLM
 
@@ -79,7 +81,7 @@ def trainable(params):
     return params
 
 
-for _family in (DUAL_ENCODER, TOY_VLM, QWEN2_VL, LLAVA, INTERNVL):
+for _family in (DUAL_ENCODER, TOY_VLM, QWEN2_VL, LLAVA, INTERNVL, MLLAMA, GEMMA3):
     register(_family)
 
 

@@ -19,7 +19,10 @@ family's own modules. A family's view:
                                   (without it a family may compute only what the
                                   logits need: the toy's last block, the answer row)
   answer_words [3, 2]           token ids of each relation's (first, second) answer word
-                                  (relation ids as `data.spec`: 0 h, 1 v, 2 presence)
+                                  (relation ids as `data.spec`: 0 h, 1 v, 2 presence);
+                                  a checkpoint's [5, 2] adds photographs' 3 on / under
+                                  and 4 front / behind (`relation_words` says whether
+                                  they can be read)
   n_lm_blocks(params)           the LM's blocks
   lm_position_ids(params, spans) -> [3, S] or [B, 3, S]
                                 the LM's (t, row, col) position ids, as `Edits.lm_pos_ids`
@@ -86,7 +89,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data.spec import Grid, SceneSpec, first_word
+from jaxmech.data.spec import PRESENCE, Grid, SceneSpec, first_word
 
 
 class Spans(NamedTuple):
@@ -195,10 +198,38 @@ def resid_site(site: int, n_blocks: int) -> str:
 
 
 def answer_ids(view: VLMView, specs: SceneSpec) -> tuple[jax.Array, jax.Array]:
-    """([B] the answer word's id, [B] the other word of its relation) of each scene."""
+    """([B] the answer word's id, [B] the other word of its relation) of each scene.
+
+    A question naming X where X is not drawn (cell -1: the toy's absent-label rows) is
+    answered "no" whatever its relation, as the toy renders it (`data.scenes.render`),
+    against "yes": its side has no answer, and a left / right margin there would read
+    a word the model was never taught for it."""
     words = jnp.asarray(view.answer_words)[jnp.asarray(specs.relation_B)]
     first = jnp.asarray(first_word(view.grid, specs))
-    return jnp.where(first, words[:, 0], words[:, 1]), jnp.where(first, words[:, 1], words[:, 0])
+    answer = jnp.where(first, words[:, 0], words[:, 1])
+    other = jnp.where(first, words[:, 1], words[:, 0])
+    absent = jnp.asarray(specs.cells_BxK)[:, 0] < 0
+    yes, no = (jnp.asarray(view.answer_words)[PRESENCE, i] for i in (0, 1))
+    return jnp.where(absent, no, answer), jnp.where(absent, yes, other)
+
+
+def relation_words(view: VLMView, relation: int):
+    """(first, second) token ids of relation `relation`'s answer words, or (None, why)
+    where they cannot be read: the view has no row for it (a toy's or a video's
+    answer words stop at presence) or both words begin with the same token (a tokenizer
+    without them, e.g. the fixtures' word-level ones reading both as [UNK]: a margin
+    between them is 0 whatever the model says). Left / right and above / below are
+    refused when the view is built instead (`data.prompts.answer_ids`): every table
+    needs them, where a photograph's relations are asked only of datasets that have
+    them."""
+    words = np.asarray(view.answer_words)
+    if not 0 <= relation < len(words):
+        return None, f"relation {relation}: {view.name}'s view has no answer words for it"
+    first, second = (int(w) for w in words[relation])
+    if first == second:
+        return None, (f"relation {relation}: both answer words begin with token {first} in "
+                      f"{view.name}'s tokenizer, so their margin cannot tell them apart")  # fmt: skip
+    return first, second
 
 
 def rows_at(x_BxSx, pos_B) -> jax.Array:

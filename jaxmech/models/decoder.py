@@ -33,6 +33,7 @@ from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
+from jaxmech.models.precision import choose, einsum, matmul
 
 POINTS = (
     "resid_pre",
@@ -121,7 +122,7 @@ def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=No
         return site(f"{part}/{point}.{i}", x)
 
     def proj(w, x):
-        y = jnp.einsum("bnd,hde->bnhe", x, block[f"W_{w}"])
+        y = einsum("bnd,hde->bnhe", x, block[f"W_{w}"])
         y = y + block[f"b_{w}"] if f"b_{w}" in block else y
         norm_w = block.get(f"{w.lower()}_norm_w")
         return y if norm_w is None else rms_norm(y, norm_w, eps)
@@ -139,13 +140,13 @@ def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=No
     B, N, H, E = q.shape
     C = k.shape[2]
     qg = q.reshape(B, N, C, H // C, E)
-    scores = jnp.einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
+    scores = einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
     scores = at("attn_scores", scores * E**-0.5)
     logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
     pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
     pg = pattern.reshape(B, C, H // C, N, k.shape[1])
-    z = at("z", jnp.einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E))
-    out = jnp.einsum("bqhe,hed->bqd", z, block["W_O"])
+    z = at("z", einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E))
+    out = einsum("bqhe,hed->bqd", z, block["W_O"])
     return out + block["b_O"] if "b_O" in block else out
 
 
@@ -154,7 +155,7 @@ def mlp(block, x, act):
     where the block has them."""
 
     def lin(w, b):
-        y = x @ block[w]
+        y = matmul(x, block[w])
         return y + block[b] if b in block else y
 
     h = (
@@ -162,16 +163,34 @@ def mlp(block, x, act):
         if "W_gate" in block
         else act(lin("W_in", "b_in"))
     )
-    y = h @ block["W_out"]
+    y = matmul(h, block["W_out"])
     return y + block["b_out"] if "b_out" in block else y
+
+
+# weights a product reads as stored ([D, M] / [M, D]): nothing of theirs is hoisted
+# when their products run in their own dtype
+READ_AS_STORED = ("W_in", "W_gate", "W_out", "W1", "W2")
 
 
 def after(x, weights):
     """(x, weights), low-precision `weights` computed after `x` (`models.order.tie`):
     XLA's CPU backend would otherwise convert every block's weights to float32 at the
     start and hold them all (5.5 GB of scratch at Qwen2-VL-2B's size); tied, each
-    block's copy is made when the block runs. Float32 weights pass untouched."""
-    return (x, tie(weights, x)) if low_precision(weights) else (x, weights)
+    block's copy is made when the block runs. Float32 weights pass untouched. With
+    low-precision products (`models.precision`) nothing is converted, but the attention
+    weights' relayout copies would be hoisted alike (the scratch grew by 0.8 of a block's
+    bytes per block, measured): those are tied, the MLP's (`READ_AS_STORED`) not, as a
+    tied copy costs a pass over the weights."""
+    if not low_precision(weights):
+        return x, weights
+    narrowest = min(
+        (w.dtype for w in jax.tree_util.tree_leaves(weights)),
+        key=lambda d: jnp.dtype(d).itemsize if jnp.issubdtype(d, jnp.inexact) else 9,
+    )
+    if not choose(narrowest)[0]:
+        return x, tie(weights, x)
+    tied = tie({k: w for k, w in weights.items() if k not in READ_AS_STORED}, x)
+    return x, {**weights, **tied}
 
 
 def block_forward(
@@ -257,8 +276,8 @@ def unembed(lm, x):
     `x` (`after`): a table's runs share one float32 copy of the unembedding, 0.9 GB at
     Qwen2-VL-2B's size, where tied ones would each make their own."""
     if "W_U" in lm:
-        return x @ lm["W_U"]
-    return jnp.einsum("...d,vd->...v", x, lm["E"])
+        return matmul(x, lm["W_U"])
+    return einsum("...d,vd->...v", x, lm["E"])
 
 
 # the last block's sites that hold every row when that block queries the last row only

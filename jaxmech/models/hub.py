@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import struct
 from typing import Callable
@@ -38,6 +39,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxmech.config import ConfigError
+from jaxmech.models import precision
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 PLACES = ("auto", "one", "shard")
@@ -230,6 +232,8 @@ def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto", *, from_
         config = dataclasses.replace(config, tie_embeddings=False)
     m = key_map(config)
     check_tensors(stored, m, ignore=tuple(unused) + ((HEAD,) if config.tie_embeddings else ()))
+    if np.dtype(dtype).itemsize < 4:  # which products a low-precision model runs, and why
+        logging.getLogger(__name__).info(precision.describe(dtype))
     return config, place_params(stored, m, dtype, place)
 
 

@@ -29,8 +29,12 @@ answer words):
               others are the plain image and a report leaves their rows out
 
 A photograph's `Examples.spec` is descriptive, never rendered: the cells of X's and Y's
-box centres on the view's grid (-1: no box), labels (1, 2), relation 0 (left / right)
-or 1 (above / below).
+box centres on the view's grid (-1: no box), labels (1, 2), relation 0 (left / right),
+1 (above / below), or a relation no drawn scene has (`PHOTO_RELATIONS`: 3 on / under,
+4 front / behind; What'sUp's), asked only where a report asks for it by id and the
+view's tokenizer tells its two answer words apart (`vlm_view.relation_words`). The
+height flip swaps on / under as it swaps above / below (`MIRROR_AXIS`); no image flip
+swaps front / behind, so it has no mirror twin.
 """
 
 from __future__ import annotations
@@ -44,16 +48,32 @@ import numpy as np
 
 from jaxmech.data import image_twins, pictures
 from jaxmech.data.spec import SceneSpec, swap_named, take
-from jaxmech.families.vlm_view import Examples, VLMView, answer_ids, examples
+from jaxmech.families.vlm_view import Examples, VLMView, answer_ids, examples, relation_words
 
 ALL_SCENES = (0, 1, 2, 3, 4)  # a drawn scene has every version (`counterfactuals.SCENES`)
 PHOTO_SCENES = (0, 1, 2)  # a photograph: plain, flipped across its width, its height
-RELATION_OF = {"left": 0, "right": 0, "above": 1, "below": 1}  # answer word -> relation id
+# answer word -> relation id (0, 1 as `data.spec`; 2 is presence; 3, 4 photographs' only)
+RELATION_OF = {"left": 0, "right": 0, "above": 1, "below": 1, "on": 3, "under": 3,
+               "front": 4, "behind": 4}  # fmt: skip
+PHOTO_RELATIONS = {3: "on_under", 4: "front_behind"}  # relations no drawn scene has
+FIRST_WORD = {0: "left", 1: "above", 3: "on", 4: "front"}  # each relation's answer_words[r, 0]
+# the image axis whose flip swaps a relation (1: the width, 0: the height); none swaps
+# front / behind (depth is not a direction in the image plane)
+MIRROR_AXIS = {0: 1, 1: 0, 3: 0}
 # the answer instruction appended to a benchmark's own question, by wording and relation
 INSTRUCTIONS = {
-    "jaxmech": (" Answer with one word.", " Answer with one word."),
-    "authors": (' Answer "left" or "right" only.', ' Answer "above" or "below" only.'),
-}
+    "jaxmech": dict.fromkeys((0, 1, 3, 4), " Answer with one word."),
+    "authors": {0: ' Answer "left" or "right" only.', 1: ' Answer "above" or "below" only.',
+                3: ' Answer "on" or "under" only.', 4: ' Answer "front" or "behind" only.'},
+}  # fmt: skip
+# the photographs' relations' questions, by wording (`pictures.TEMPLATES`' style; paper
+# 003's authors have none for them: theirs quote the two answers as their others do)
+PHOTO_TEMPLATES = {
+    "jaxmech": {3: "Is the {x} on or under the {y}? Answer with one word.",
+                4: "Is the {x} in front of or behind the {y}? Answer with one word."},
+    "authors": {3: 'Is the {x} on or under the {y}? Answer "on" or "under" only.',
+                4: 'Is the {x} in front of or behind the {y}? Answer "front" or "behind" only.'},
+}  # fmt: skip
 
 
 class QuestionBatch(NamedTuple):
@@ -98,8 +118,9 @@ def _scene(name: str) -> int:
 
 
 def photo_relation(question) -> int | None:
-    """The relation id of a photograph's question (None: not left / right / above /
-    below, e.g. What'sUp's on / under: no mirror twin, left out of the tables)."""
+    """The relation id of a photograph's question (`RELATION_OF`; None: none of them, a
+    manifest's other words). Relations 3, 4 (on / under, front / behind) are asked only
+    by a report that names their ids; the others ask 0, 1 and leave them out."""
     return RELATION_OF.get(question.relation)
 
 
@@ -109,6 +130,8 @@ def worded(question, relation: int, wording: str, swap: bool = False) -> str:
     template of `wording` over the object names."""
     x, y = question.objects[::-1] if swap else question.objects
     if question.question is None or swap:
+        if relation in PHOTO_RELATIONS:
+            return PHOTO_TEMPLATES[wording][relation].format(x=x, y=y)
         templates = pictures.AUTHORS_TEMPLATES if wording == "authors" else pictures.TEMPLATES
         return templates[relation].format(x=x, y=y)
     return question.question.rstrip() + INSTRUCTIONS[wording][relation]
@@ -190,6 +213,7 @@ def photo_batches(view: VLMView, qset, relations, twins=(), wording: str = "jaxm
     (module docstring; the recolour twin of question i drawn from (seed, i))."""
     if view.render_images is None:
         raise ValueError(f"{view.name}: its view renders drawn scenes only, not photographs")
+    _check_photo_relations(view, relations, twins)
     keep = [i for i, q in enumerate(qset.questions) if photo_relation(q) in relations]
     sizes = dict(zip(keep, photo_sizes([qset.questions[i] for i in keep])))
     groups = defaultdict(list)
@@ -198,6 +222,31 @@ def photo_batches(view: VLMView, qset, relations, twins=(), wording: str = "jaxm
     order = sorted(groups, key=lambda g: (-len(groups[g]), g))
     return [_photo_batch(view.at_image_grid(g), qset, np.asarray(groups[g]), sizes, twins,
                          wording, seed, g) for g in order]  # fmt: skip
+
+
+def _check_photo_relations(view: VLMView, relations, twins) -> None:
+    """ValueError naming the relation where a photograph relation asked (3, 4) has no
+    answer words the view can tell apart, or the mirror twin is asked of one: it is
+    left / right's and above / below's (`image_twins.mirror_twin`; on / under's height
+    flip is the scene version `scene:2`, front / behind has none). A report asks only
+    those that pass (`readable_relations`)."""
+    for r in set(relations) & set(PHOTO_RELATIONS):
+        first, second_or_why = relation_words(view, r)
+        if first is None:
+            raise ValueError(f"relations: {PHOTO_RELATIONS[r]} asked, but {second_or_why}")
+        if "mirror" in twins:
+            flip = "its height flip is scene:2" if r in MIRROR_AXIS else "no image flip swaps it"
+            raise ValueError(f"twins: mirror asked of {PHOTO_RELATIONS[r]}, which has no "
+                             f"mirror twin ({flip})")  # fmt: skip
+
+
+def readable_relations(view: VLMView, qset) -> tuple[tuple, dict]:
+    """(the photograph relations (`PHOTO_RELATIONS`) that `qset` has and the view can
+    read, {name: why} of those it has but cannot: their questions are left out)."""
+    have = sorted({photo_relation(q) for q in qset.questions} & set(PHOTO_RELATIONS))
+    words = {r: relation_words(view, r) for r in have}
+    unread = {PHOTO_RELATIONS[r]: w[1] for r, w in words.items() if w[0] is None}
+    return tuple(r for r in have if words[r][0] is not None), unread
 
 
 def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> QuestionBatch:
@@ -214,7 +263,7 @@ def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> Questi
         words = [q.objects[::-1] if swap else q.objects for q in questions]
         inputs, spans = view.render_images(images, texts, words)
         ans = np.asarray(view.answer_words)[rel]  # [B, 2] the relation's (first, second)
-        first = np.asarray([q.answers[0] in ("left", "above") for q in questions]) != swap
+        first = np.asarray([q.answers[0] == FIRST_WORD[r] for q, r in zip(questions, rel)]) != swap
         answer, other = np.where(first, ans[:, 0], ans[:, 1]), np.where(first, ans[:, 1], ans[:, 0])
         return Examples(spec, inputs, spans, answer, other)
 
@@ -265,11 +314,13 @@ FLIPS = {1: 1, 2: 0}  # scene version -> the image axis flipped (1: the width, 0
 def _flipped(asked, qs, pixels, rel, axes) -> Examples:
     """The photographs flipped along `axes` (per question: 1 the width, 0 the height,
     None as is), each asked its own question, the answer swapped where the flip swaps
-    its relation (axis 1 for left / right, 0 for above / below)."""
+    its relation (`MIRROR_AXIS`: the width for left / right, the height for above /
+    below and on / under, none for front / behind)."""
     images, asks = [], []
     for q, p, r, a in zip(qs, pixels, rel, axes):
         images.append(p if a is None else np.ascontiguousarray(np.flip(p, a)))
-        asks.append(q._replace(answers=q.answers[::-1]) if a == 1 - r else q)
+        swaps = a is not None and a == MIRROR_AXIS.get(int(r))
+        asks.append(q._replace(answers=q.answers[::-1]) if swaps else q)
     return asked(images, asks)
 
 

@@ -77,7 +77,8 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     the subject's batches (`common.question_batches`). Drawn scenes: X's, Y's or a
     random free cell blanked. A dataset's photographs with both boxes (the others left
     out, said): X's box, Y's, or a box of X's size elsewhere blurred (the authors'
-    protocol: radius 15 px) or filled with the image's mean colour (jaxmech's); the
+    protocol: radius 20 px as their `coco_blur.sh`, `image_twins.BLUR_RADIUS`) or
+    filled with the image's mean colour (jaxmech's); the
     true IDs at the box centres, bilinear on the ID grid (`batches.box_weights`), each
     word centred on its state in the question asked without the image (the authors'
     text-only baseline: a photograph's object is no probed label)."""
@@ -158,7 +159,8 @@ def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
     models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
     n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)
     what = f"diagnostics ({n_probes} probe scenes, {len(ex.answer_B)} questions x 4)"
-    out = compiled_call(models, ((run.params, occ), inputs), what)
+    out = compiled_call(models, ((run.params, occ), inputs), what,
+                        estimate=run.subject.estimates_time)  # fmt: skip
     return out | {"relation": np.asarray(ex.spec.relation_B)}
 
 
@@ -382,8 +384,11 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
         d = res["deviation"][:, y]
         lo, hi = np.percentile(d, [1, 99])
         bins = np.linspace(lo, hi, 40)
-        axes[y].hist(d[right], bins, density=True, alpha=0.5, color="C0", label="right")
-        axes[y].hist(d[~right], bins, density=True, alpha=0.5, color="C3", label="wrong")
+        for v, colour, word in ((d[right], "C0", "right"), (d[~right], "C3", "wrong")):
+            if len(v):  # an empty side has no density: named n = 0, not drawn as zeros
+                axes[y].hist(v, bins, density=True, alpha=0.5, color=colour, label=word)
+            else:
+                axes[y].plot([], [], "s", color=colour, label=f"{word} (n = 0)")
         axes[y].axvline(0, color="k", lw=0.5)
         axes[y].set_xlabel("signed ID deviation (cells)")
         axes[y].set_title(f"site {_sites(res)[y]}", fontsize=9)
@@ -405,6 +410,26 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
     ax.set_ylabel("|margin change| (logits)")
     ax.set_title("occlusion", fontsize=9)
     ax.legend(fontsize=7)
+    return plots.save(fig, path)
+
+
+def plot_paper(res: dict, path: str, k: int) -> str:
+    """Fig. 8A as the paper draws it: per layer, the densities of the signed ID
+    deviation (the margin relative to the ground truth, in cells) of right and of
+    wrong answers (a run's pooled over its models), titled with the Mann-Whitney p of
+    wrong against right."""
+    from jaxmech import plots
+
+    right = res["margin"] > 0  # [K, B]
+    panels = []
+    for y, site in enumerate(_sites(res)):
+        d = res["deviation"][:, y]
+        _, p = mann_whitney_u(d[~right], d[right])
+        test = f"Mann-Whitney p = {p:.2g}" if np.isfinite(p) else "no test (a side is empty)"
+        panels.append((f"Layer {site}: {test}", d[right], d[~right]))
+    over = "one model" if k == 1 else f"{k} models pooled"
+    fig = plots.deviation_histograms_figure(panels, f"ID deviation of right vs wrong "
+                                            f"answers ({over}; > 0: towards the right answer)")  # fmt: skip
     return plots.save(fig, path)
 
 
@@ -432,7 +457,10 @@ REPORT = Report(
     compute=compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(res, tables["occlusion"], path),
+    plot=lambda res, tables, run, path: [
+        plot(res, tables["occlusion"], path),
+        plot_paper(res, path.replace(".png", "_paper.png"), run.k),
+    ],
     figure="diagnostics.png",
     check=lambda run, log: check_layers(run, log),  # --layers, before any compute
     examples=EXAMPLES,

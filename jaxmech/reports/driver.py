@@ -7,7 +7,9 @@ folders, every one checked before any compute.
 * `declared(name)`: a report's refusal, from what the run's family and task declare
   (`Family.reports`, `Task.reports`); `needs_depth` for the LM-site reports;
 * `report_parts`: a report split into (question set, model group) parts, main first
-  (`subjects.model_groups`: the generalising models, then the others);
+  (`subjects.model_groups`: the generalising models, then the others; a run trained
+  with `--seeds_until`: the models passing its selection rule, then the failing ones,
+  every report saying "n = k of m trained (rule: ...)");
 * `compiled_call`: one compiled call with its compile and compute times logged.
 """
 
@@ -99,8 +101,9 @@ def report_main(report, refusal=None, on_checkpoint=None, video: bool = False):
 
     from jaxmech.cli import setup_runtime
 
+    across = None
     if isinstance(report, Report):
-        refusal, video = report.refusal, report.video
+        refusal, video, across = report.refusal, report.video, report.across
         analyse_one = lambda path: analyse(report, path)  # noqa: E731
 
         def on_checkpoint(run, out):
@@ -125,7 +128,7 @@ def report_main(report, refusal=None, on_checkpoint=None, video: bool = False):
                     f"--questions_from={source}: this report asks drawn scenes only (its "
                     "probes or edits are cells of a drawn grid); use --questions_from=drawn"
                 )
-            return checkpoints_main(F, on_checkpoint, video)
+            return checkpoints_main(F, on_checkpoint, video, across)
         try:
             runs = check_runs(F.run, refusal)
         except ValueError as e:
@@ -137,21 +140,26 @@ def report_main(report, refusal=None, on_checkpoint=None, video: bool = False):
     return main
 
 
-def checkpoints_main(F, on_checkpoint, video: bool) -> None:
+def checkpoints_main(F, on_checkpoint, video: bool, across=None) -> None:
     """`--checkpoint=A[,B,...]`: each checkpoint's report into `--out` (several: into
-    OUT/NAME/ each, then `across_checkpoints.json`, the paper's median over models).
+    OUT/NAME/ each, then `across_checkpoints.json`, the paper's median over models,
+    with the report's own record across them, `across(summaries, OUT)`: `Report.across`).
+    Each is a folder or a Hub name `ORG/NAME[@REVISION]` (resolved through the Hugging
+    Face cache, fetched here: `hub_names.checkpoint_folder`; NAME names its results).
     Every folder and option is checked before any weight is read."""
     from absl import app
 
     from jaxmech.cli import checkpoint_options
     from jaxmech.families.registry import read_checkpoint_config
+    from jaxmech.hub_names import checkpoint_folder
 
     folders = [f for f in F.checkpoint.split(",") if f]
     name = lambda f: os.path.basename(os.path.normpath(f))  # noqa: E731
     try:
         opts = checkpoint_options(F)
+        local = {f: checkpoint_folder(f) for f in folders}
         for f in folders:
-            read_checkpoint_config(f)
+            read_checkpoint_config(local[f])
         if len({name(f) for f in folders}) < len(folders):
             raise ValueError(f"--checkpoint = {F.checkpoint!r}: two folders share a name")
     except ValueError as e:
@@ -162,7 +170,7 @@ def checkpoints_main(F, on_checkpoint, video: bool) -> None:
     for f in folders:
         sub = os.path.join(out, name(f)) if many else out
         try:
-            run = open_checkpoint(f, **opts, video=video)
+            run = open_checkpoint(local[f], **opts, video=video)
         except ValueError as e:
             raise app.UsageError(str(e)) from None
         print(f"\n=== {f} -> {sub}")
@@ -173,7 +181,10 @@ def checkpoints_main(F, on_checkpoint, video: bool) -> None:
               f"{budget.bytes / 2**30:.1f} GB)")  # fmt: skip
     if many:
         path = os.path.join(out, "across_checkpoints.json")
-        write_json(path, across_checkpoints(summaries))
+        record = across_checkpoints(summaries)
+        if across is not None:  # e.g. steering's Fig. 9: one point per checkpoint
+            record |= across(summaries, out)
+        write_json(path, record)
         print(f"\nmedian over {len(folders)} checkpoints of every number, with its spread: {path}")
 
 
@@ -233,6 +244,9 @@ class Report(NamedTuple):
     check: Callable | None = None  # check(run, log): refuses a subject before compute
     video: bool = False  # its checkpoints are opened as videos
     photos: bool = False  # it takes a dataset's photographs (`--questions_from`)
+    # across(summaries, out) -> dict: its record over several checkpoints (their
+    # summaries by name), added to `across_checkpoints.json`, its figures in `out`
+    across: Callable | None = None
 
 
 class _Part(NamedTuple):
@@ -245,14 +259,24 @@ class _Part(NamedTuple):
     tables: dict
 
 
-def _group_words(group: str, models) -> str:
+def _group_words(group: str, models, selection=None) -> str:
+    if group == "passing":  # a selected run's: its count and rule, fixed before training
+        return f"passing models, {selection.words()}: {list(models)}"
+    if group == "failing":
+        return (f"failing models, n = {len(models)} of {selection.trained} trained fail "
+                f"{selection.rule} (not averaged in): {list(models)}")  # fmt: skip
     sign, name = (">=", "generalising") if group == "generalising" else ("<", "other")
     return f"{name} models (unseen_min_acc {sign} {GENERALISING:g}): {list(models)}"
 
 
-def _labelled(rows: list[dict], examples: str | None, group_of: dict | None) -> list[dict]:
-    """`rows` with their question set (`examples`) and model group after `model`."""
+def _labelled(
+    rows: list[dict], examples: str | None, group_of: dict | None, group: str | None = None
+) -> list[dict]:
+    """`rows` with their question set (`examples`) and model group after `model`
+    (`group_of` by model, or the `group` every row was computed on)."""
     head = {} if examples is None else {"examples": examples}
+    if group is not None:
+        head["model_group"] = group
     if group_of is None:
         return [{**head, **x} for x in rows]
     return [{"model": x["model"], **head, "model_group": group_of[x["model"]], **x} for x in rows]
@@ -266,7 +290,7 @@ def _part(report: Report, run: LoadedRun, res, tables: dict, group: str, index) 
            for n, rows in tables.items()}  # fmt: skip
     e = run.examples if report.examples else None
     words = ([report.example_words[e]] if e else []) + (
-        [] if group == "all" else [_group_words(group, sub.models)]
+        [] if group == "all" else [_group_words(group, sub.models, run.selection)]
     )
     key = "/".join(x for x in (e, None if group == "all" else group) if x)
     return _Part(key, ", ".join(words), sub, take_models(res, report.per_model, index), own)
@@ -275,12 +299,20 @@ def _part(report: Report, run: LoadedRun, res, tables: dict, group: str, index) 
 def report_parts(report: Report, run: LoadedRun) -> tuple[list[_Part], dict, dict]:
     """(every (question set, model group) part, main first; the tables of every set,
     each row labelled with its `examples` and `model_group` where the report splits
-    them; {question set: `compute`'s result over every model})."""
-    groups = model_groups(run) if report.per_model else [("all", np.arange(run.k))]
+    them; {question set: `compute`'s result over every model}).
+
+    A run with a selection (`LoadedRun.selection`) is always split into its passing
+    and failing models: a report without per-model results (`Report.per_model` empty)
+    is then computed on each group apart, and `full` holds the passing models'."""
+    apart = not report.per_model and run.selection is not None
+    groups = model_groups(run) if report.per_model or apart else [("all", np.arange(run.k))]
     group_of = {run.models[i]: g for g, index in groups for i in index}
     parts, tables, full = [], {}, {}
     for e in (report.examples if run.examples else ()) or (None,):
         r = run if e is None else run._replace(examples=e)
+        if apart:
+            parts += _parts_apart(report, r, groups, tables, full)
+            continue
         res = full[e] = report.compute(r)
         own = report.tables(res, r)
         for name, rows in own.items():
@@ -289,6 +321,21 @@ def report_parts(report: Report, run: LoadedRun) -> tuple[list[_Part], dict, dic
             )
         parts += [_part(report, r, res, own, g, index) for g, index in groups]
     return parts, tables, full
+
+
+def _parts_apart(report: Report, run: LoadedRun, groups, tables: dict, full: dict) -> list:
+    """`report_parts` of one question set, `compute` run on each model group alone (its
+    rows labelled with the group; `full` keeps the first group's result)."""
+    e, parts = run.examples if report.examples else None, []
+    for g, index in groups:
+        sub = subset(run, index)
+        res = report.compute(sub)
+        full.setdefault(e, res)
+        own = report.tables(res, sub)
+        for name, rows in own.items():
+            tables.setdefault(name, []).extend(_labelled(rows, e, None, g))
+        parts.append(_part(report, sub, res, own, g, np.arange(sub.k)))
+    return parts
 
 
 def analyse(report: Report, path: str, log=print) -> dict:
@@ -314,10 +361,16 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
     parts, tables, full = report_parts(report, run)
     for name, rows in tables.items():
         write_csv(os.path.join(out, f"{name}.csv"), rows)
+    if run.selection is not None:  # the models the main rows rest on, and the rule
+        log(f"selection: {run.selection.words()}")
     if len(parts) == 1 and not parts[0].key:
         summary = report.summarise(parts[0].res, parts[0].tables, run, log)
     else:
-        summary = {"main": parts[0].key, "threshold": GENERALISING}
+        summary = {"main": parts[0].key}
+        if run.selection is None:
+            summary["threshold"] = GENERALISING
+        else:
+            summary["selection"] = run.selection.record()
         for i, p in enumerate(parts):
             log(f"\n--- {'main: ' if i == 0 else 'beside: '}{p.words}")
             summary[p.key] = report.summarise(p.res, p.tables, p.run, log)
@@ -351,14 +404,19 @@ def take_models(res: dict, keys, index) -> dict:
     return res | {k: jax.tree_util.tree_map(pick, res[k]) for k in keys}
 
 
-def compiled_call(fn, args: tuple, what: str, log=print):
+def compiled_call(fn, args: tuple, what: str, log=print, estimate: bool = False):
     """`jax.device_get(jax.jit(fn)(*args))`, compiled first, with compile and compute
-    times logged apart (`what` names the call), so a long call is not a silent one."""
+    times logged apart (`what` names the call), so a long call is not a silent one;
+    `estimate` (a checkpoint's: `subject.estimates_time`): both times estimated first
+    (`estimate_line`)."""
     import time
 
     t0 = time.perf_counter()
+    traced = jax.jit(fn).trace(*args)
+    if estimate:
+        log(estimate_line(traced.jaxpr, what))
     log(f"  {what}: compiling")
-    call = jax.jit(fn).lower(*args).compile()
+    call = traced.lower().compile()
     release_freed()  # the compile's scratch
     t1 = time.perf_counter()
     m = call.memory_analysis()
@@ -367,3 +425,35 @@ def compiled_call(fn, args: tuple, what: str, log=print):
     out = jax.device_get(call(*args))
     log(f"  {what}: computed in {time.perf_counter() - t1:.0f} s")
     return out
+
+
+def estimate_line(jaxpr, what: str) -> str:
+    """The estimated compute and compile times of the program `jaxpr` (one line, for
+    before it is compiled): its products' FLOPs (`sizing.program_cost`, loops counted
+    whole) over this machine's matmul rates (`sizing.matmul_rate`: float32, and bf16
+    with float32 accumulation where the program has such products), a rate the
+    program's other work does not let it beat on CPU; the compile apart: its equations
+    x `sizing.COMPILE_S_PER_EQUATION` (measured on a 2-core CPU; less where the
+    compilation cache holds the program)."""
+    import jax.numpy as jnp
+
+    from jaxmech.sizing import COMPILE_S_PER_EQUATION, matmul_rate, program_cost
+
+    cost = program_cost(jaxpr)
+    rate = matmul_rate(1024, 5)
+    secs, rates = cost["flops"] / rate, f"{rate / 1e9:.0f} GFLOP/s float32"
+    if cost["flops_low"]:
+        low = matmul_rate(1024, 5, jnp.bfloat16)
+        secs += cost["flops_low"] / low
+        rates += f", {low / 1e9:.0f} bf16"
+    flops = (cost["flops"] + cost["flops_low"]) / 1e9
+    compile_s = cost["equations"] * COMPILE_S_PER_EQUATION
+    return (f"  {what}: estimate ~{_duration(secs)} computing ({flops:.4g} GFLOP of products "
+            f"at this machine's {rates}) after ~{_duration(compile_s)} compiling "
+            f"({cost['equations']} operations x {COMPILE_S_PER_EQUATION * 1e3:.1f} ms)")  # fmt: skip
+
+
+def _duration(secs: float) -> str:
+    if secs < 10:
+        return f"{secs:.2g} s"
+    return f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.1f} min"

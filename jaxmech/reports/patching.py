@@ -268,6 +268,52 @@ def plot_shifts(sh: dict, path: str, k: int, layers) -> str:
     return plots.save(fig, path)
 
 
+# Fig. 4's panels: the twin ((A) the mirror, (B) its control) and the token groups
+# it draws (the authors' three; jaxmech's every group), in the paper's words
+PAPER_TWINS = {"mirror": "(A) Mirror Swapping", "recolour": "(B) Attribute Swapping (recolour)"}
+PAPER_GROUPS = ("image", "text", "objects")
+GROUP_WORDS = {"image": "Swapped All Image", "text": "Swapped All Text",
+               "objects": "Swapped Obj Tokens", "question": "Swapped Question",
+               "last": "Swapped Last Token", "all": "Swapped All Tokens"}  # fmt: skip
+
+
+def plot_paper(sh: dict, path: str, k: int, layers, protocol: str = "jaxmech") -> str:
+    """Fig. 4 as the paper draws it: belief shift (log-prob) against layer, one curve
+    per token group with its 95% interval (over questions for a checkpoint, over
+    models for a run) as a band; a column per twin, a row per read word (the authors'
+    protocol: Delta "left", Delta "right"; jaxmech's: the answer word)."""
+    from jaxmech import plots
+
+    n_groups = sh[("mirror", "both", "logp")].shape[2]
+    groups = [g for g in GROUPS[:n_groups] if protocol != "authors" or g in PAPER_GROUPS]
+    words = [key[1] for key in sh if key[0] == "n"][:2] if protocol == "authors" else ["both"]
+    panels = [
+        [(f"{PAPER_TWINS[twin]}: " + (f'\u0394"{w}"' if w != "both" else "answer word"),
+          {GROUP_WORDS[g]: _curve(sh[(twin, w, "logp")][:, :, GROUPS.index(g)]) for g in groups})
+         for twin in TWINS]
+        for w in words
+    ]  # fmt: skip
+    over = "questions (bootstrap)" if k == 1 else f"{k} models"
+    fig = plots.shift_curves_figure(
+        panels, layers, f"belief shift per token group; band: 95% CI over {over}; layer L: "
+        "the residual after L blocks")  # fmt: skip
+    return plots.save(fig, path)
+
+
+def _curve(per_example_KxYxB) -> np.ndarray:
+    """[Y, 4] each layer's (mean, ci_low, ci_high, n) (`cell_interval`)."""
+    v = np.asarray(per_example_KxYxB)
+    return np.asarray([cell_interval(v[:, y]) for y in range(v.shape[1])], float)
+
+
+def _plot(res: dict, tables: dict, run: LoadedRun, path: str) -> list[str]:
+    """The table figure (`plot_shifts`) and Fig. 4 beside it (`plot_paper`)."""
+    sh, layers = res["shifts"], res["layers"]
+    paper = path.replace(".png", "_paper.png")
+    return [plot_shifts(sh, path, run.k, layers),
+            plot_paper(sh, paper, run.k, layers, res["protocol"])]  # fmt: skip
+
+
 def with_shifts(res: dict) -> dict:
     return res | {"shifts": shifts(res, res["protocol"])}
 
@@ -300,7 +346,7 @@ REPORT = Report(
     compute=lambda run: with_shifts(compute(run)),
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot_shifts(res["shifts"], path, run.k, res["layers"]),
+    plot=_plot,
     figure="shifts.png",
     examples=EXAMPLES,
     per_model=("logp", "shifts"),

@@ -10,6 +10,9 @@ import numpy as np
 from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.data.spec import PRESENCE, take
 from jaxmech.families.vlm_view import Examples, VLMView, examples, model_outline
+
+# PHOTO_RELATIONS re-exported: a report may import this module, not `batches`
+from jaxmech.reports.batches import PHOTO_RELATIONS, readable_relations  # noqa: F401
 from jaxmech.reports.subjects import LoadedRun
 
 
@@ -29,6 +32,17 @@ def question_batches(run: LoadedRun, relations, twins=()) -> list:
     batches of one shape (`reports.batches`): drawn scenes are one batch, a dataset's
     photographs one per processed image size."""
     return run.subject.question_batches(run, relations, twins)
+
+
+def photo_relations(run: LoadedRun) -> tuple[tuple, dict]:
+    """(ids of the photograph relations (`batches.PHOTO_RELATIONS`: on / under, front /
+    behind) the subject's dataset has and its view can read, {name: why} of those it
+    has but cannot read: a tokenizer whose two answer words begin alike); ((), {}) for
+    drawn scenes, which have none."""
+    photos = getattr(run.subject, "photos", None)
+    if photos is None:
+        return (), {}
+    return readable_relations(view_of(run), photos)
 
 
 def id_labels(run: LoadedRun) -> range:
@@ -133,17 +147,23 @@ def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: s
     """Log, before a checkpoint's table computes, its estimated time: `forwards` full
     forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
     0 is lowered, not compiled) at XLA's count of one forward's FLOPs over this
-    machine's float32 matmul rate (`sizing.matmul_rate`, a rate the forward
-    does not beat on CPU), compile not included. Only where the subject asks for it
-    (`estimates_time`: a checkpoint; a toy's tables take seconds)."""
+    machine's matmul rate (`sizing.matmul_rate`, a rate the forward does not beat on
+    CPU: float32's, or bf16's where the params' products run in it, `models.precision`),
+    compile not included. Only where the subject asks for it (`estimates_time`: a
+    checkpoint; a toy's tables take seconds)."""
     if not run.subject.estimates_time:
         return
+    import jax.numpy as jnp
+
+    from jaxmech.models.precision import choose
     from jaxmech.sizing import matmul_rate
 
     one = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], inputs)
     fn = jax.jit(lambda p, x: view.forward(p, x)[0])
     flops = fn.lower(model_outline(run.params), one).cost_analysis()["flops"]
-    rate = matmul_rate(1024, 5)
+    dtype = min((x.dtype for x in jax.tree_util.tree_leaves(run.params)
+                 if jnp.issubdtype(x.dtype, jnp.floating)), key=lambda d: np.dtype(d).itemsize)  # fmt: skip
+    rate = matmul_rate(1024, 5, dtype if choose(dtype)[0] else np.float32)
     secs = forwards * flops / rate
     log(f"  estimate: {what} = {forwards:.0f} forwards of {flops / 1e9:.3g} GFLOP at this "
         f"machine's {rate / 1e9:.0f} GFLOP/s matmul rate: ~{_duration(secs)} (compile not "

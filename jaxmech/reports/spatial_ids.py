@@ -139,8 +139,9 @@ def compute(run: LoadedRun) -> dict:
 
     models = lambda ps, x: over_models(lambda p: one_model(p, x), ps)  # noqa: E731
     return compiled_call(
-        models, (run.params, pr.inputs), f"spatial IDs ({len(label)} probe scenes)"
-    )
+        models, (run.params, pr.inputs), f"spatial IDs ({len(label)} probe scenes)",
+        estimate=run.subject.estimates_time,
+    )  # fmt: skip
 
 
 def _rows(res: dict, models, sites, blocks) -> tuple[list[dict], list[dict], list[dict]]:
@@ -271,6 +272,50 @@ def plot(res: dict, path: str, grid_h: int, grid_w: int, sites) -> str:
     return plots.save(fig, path)
 
 
+def plane_coords(delta_LxD, h_D, v_D) -> tuple[np.ndarray, float]:
+    """([L, 2] each cell's ID on the plane of h and v, v made orthogonal to h first;
+    the share of the IDs' variance over cells that plane holds), as Fig. 5 projects
+    them. NaNs where h or v is zero (no axis to project on)."""
+    d = np.asarray(delta_LxD, float)
+    u = np.asarray(h_D, float)
+    u = u / np.linalg.norm(u) if np.linalg.norm(u) > 0 else np.full_like(u, np.nan)
+    w = np.asarray(v_D, float) - (np.asarray(v_D, float) @ u) * u
+    w = w / np.linalg.norm(w) if np.linalg.norm(w) > 0 else np.full_like(w, np.nan)
+    xy = np.stack([d @ u, d @ w], -1)
+    total = d.var(0).sum()
+    return xy, float(xy.var(0).sum() / total) if total > 0 else float("nan")
+
+
+def plot_paper(res: dict, path: str, grid_h: int, grid_w: int, sites) -> str:
+    """Fig. 5 as the paper draws it: per site, every cell's ID projected on the plane
+    of its two axes (h, v), a grid of points joined along rows and columns, titled by
+    the share of the IDs' variance the plane explains; a run's: the mean over models
+    of each model's own projection."""
+    from jaxmech import plots
+
+    k = res["delta"].shape[0]
+    panels = []
+    for j, y in enumerate(sites):
+        fits = [plane_coords(res["delta"][i, j], res["h"][i, j], res["v"][i, j]) for i in range(k)]
+        xy = np.mean([f[0] for f in fits], 0)
+        if not np.isfinite(xy).all():  # a model without an axis: nothing to draw
+            panels.append((f"Layer {y}", None))
+            continue
+        explained = np.mean([f[1] for f in fits])
+        panels.append((f"Layer {y}: Explained {explained:.2f}", xy))
+    over = "one model" if k == 1 else f"mean over {k} models"
+    fig = plots.id_grid_figure(panels, grid_h, grid_w, f"Spatial ID grid on its h, v axes "
+                               f"({over}; colour: the cell's column, darker lower rows)")  # fmt: skip
+    return plots.save(fig, path)
+
+
+def _plot(res: dict, tables: dict, run: LoadedRun, path: str) -> list[str]:
+    """The table figure (`plot`) and Fig. 5 beside it (`plot_paper`)."""
+    grid, sites = view_of(run).grid, sites_of(run)[0]
+    return [plot(res, path, *grid, sites),
+            plot_paper(res, path.replace(".png", "_paper.png"), *grid, sites)]  # fmt: skip
+
+
 def _tables(res: dict, run: LoadedRun) -> dict:
     r2_rows, axes_rows, analytic_rows = _rows(res, run.models, *sites_of(run))
     return {"r2": r2_rows, "axes": axes_rows, "analytic": analytic_rows}
@@ -300,7 +345,7 @@ REPORT = Report(
     compute=compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(res, path, *view_of(run).grid, sites_of(run)[0]),
+    plot=_plot,
     figure="spatial_ids.png",
     examples=EXAMPLES,
     per_model=tuple("delta r2 baseline ceiling h v cos_train_val analytic peak_probes".split()),

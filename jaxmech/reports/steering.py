@@ -20,17 +20,29 @@ labels (`common.id_labels`):
 * the authors' protocol beside it (`analysis.steering.authors_margins`): the unit ID
   difference at AUTHORS_SCALE x the token's own norm, added to X's word and the other
   way to Y's, each site on its own, a flip any sign change over all examples; the mean
-  of the TOP_LAYERS best sites, the controls at the same sites.
+  of the TOP_LAYERS best sites, the controls at the same sites; per relation and both
+  pooled ("both": their `fig2.ipynb` rate, over every row of the file).
+
+Under `--protocol=authors` on a checkpoint: every question is steered, boxes or not
+(their corner steering reads no box; the box-based tables above keep the questions
+with both boxes, n = 0 where none has them), and without `--layers` the sites are the
+authors' window for the model (`AUTHORS_WINDOWS`, `adversarial_steering.sh`'s CONFIG),
+else every site, said in the log. Their population is every row of
+`coco_qa_two_obj.json`, both relations: `--questions_from=coco_spatial_all`.
 
 Writes into `RUN/steering/` (every row also names its `examples` and `model_group`):
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
   curves.csv    model, site, relation, target_row, target_col, belief
   curves_paper.csv  the same at the paper's alpha (PAPER_CURVE_ALPHA = 5)
-  authors.csv   model, site, relation, kind, flip_rate (the authors' protocol, every site)
-  summary.json  means over models with 95% intervals; figure steering.png
+  authors.csv   model, site, relation (horizontal, vertical, both), kind, flip_rate, n
+                (the authors' protocol, every site)
+  summary.json  means over models with 95% intervals; figures steering.png, steering_paper.png
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import numpy as np
 
@@ -39,6 +51,7 @@ from jaxmech.analysis.steering import (
     ALPHAS,
     CURVE_ALPHA,
     REF_ALPHA,
+    adversarial_targets,
     flip_rates,
 )
 from jaxmech.data.spec import RELATIONS
@@ -58,10 +71,12 @@ from jaxmech.reports.common import (
     probe_rows,
     protocol_of,
     question_batches,
+    question_ci,
     steered_sites,
     steering_examples,
     view_of,
 )
+from jaxmech.reports.questions import first_answer
 from jaxmech.stats import correlation_ci, mean_ci
 
 
@@ -71,34 +86,161 @@ def steering_refusal(config, path: str) -> str | None:
 
 
 # where each per-question result keeps its questions (`batches.joined`)
-QUESTION_AXES = {"flips": -1, "curves": -2, "curves_paper": -2, "authors": -1, "relation": -1}
+QUESTION_AXES = {"flips": -1, "curves": -2, "curves_paper": -2, "authors": -1, "relation": -1,
+                 "boxed": -1}  # fmt: skip
+BOX_TABLES = ("flips", "curves", "curves_paper", "relation")  # need X's cell: boxed questions
+
+# The authors' steered layers per model (`adversarial_steering.sh` CONFIG, `seq START
+# END`: both ends; layer L the residual after L blocks, their hook on `layers[L - 1]`'s
+# output), keyed by what identifies a checkpoint whatever its folder is called: its
+# config.json `model_type` and its LM's depth and width (blocks, hidden size) ->
+# (their name, the Hub checkpoint, (first, last) layer). The families jaxmech loads;
+# their llama-11b (10:20) and gemma-12b (10:22; its depth and width not checked here)
+# are not listed, llava-cot has no window there.
+AUTHORS_WINDOWS = {
+    ("qwen2_vl", 28, 1536): ("qwen2-2b", "Qwen/Qwen2-VL-2B-Instruct", (6, 16)),
+    ("qwen2_5_vl", 36, 2048): ("qwen-3b", "Qwen/Qwen2.5-VL-3B-Instruct", (8, 18)),
+    ("qwen2_5_vl", 28, 3584): ("qwen-7b", "Qwen/Qwen2.5-VL-7B-Instruct", (6, 16)),
+    ("llava", 32, 4096): ("llava-7b", "llava-hf/llava-1.5-7b-hf", (8, 20)),
+    ("llava", 40, 5120): ("llava-13b", "llava-hf/llava-1.5-13b-hf", (10, 20)),
+    ("internvl", 24, 896): ("internvl-1b", "OpenGVLab/InternVL3-1B-hf", (6, 16)),
+    ("internvl", 28, 1536): ("internvl-2b", "OpenGVLab/InternVL3-2B-hf", (6, 16)),
+    ("internvl", 28, 3584): ("internvl-8b", "OpenGVLab/InternVL3-8B-hf", (6, 16)),
+    ("internvl", 48, 5120): ("internvl-14b", "OpenGVLab/InternVL3-14B-hf", (12, 24)),
+    ("gemma3", 34, 2560): ("gemma-4b", "google/gemma-3-4b-it", (10, 22)),
+    ("mllama", 40, 4096): ("llama-11b", "meta-llama/Llama-3.2-11B-Vision-Instruct", (10, 20)),
+}
+
+
+def checkpoint_identity(folder: str) -> tuple[str, int, int]:
+    """(config.json's `model_type`, the LM's blocks, its width) of checkpoint `folder`,
+    as its family reads them (defaults a config leaves out included, e.g. LLaVA-1.5-7B's
+    Llama text config); the weights are not read."""
+    from jaxmech.families.registry import read_checkpoint_config
+
+    _, config = read_checkpoint_config(folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        model_type = json.load(f).get("model_type")
+    return model_type, int(config.lm_layers), int(config.lm_width)
+
+
+def authors_sites(sites, identity, log=print) -> list[int]:
+    """The sites the authors' protocol steers when `--layers` is not given: `sites`
+    within the authors' window of the model `identity` (`checkpoint_identity`), or all
+    of `sites` where their table has no such model, each said in the log."""
+    found = AUTHORS_WINDOWS.get(tuple(identity))
+    model_type, blocks, width = identity
+    if found is None:
+        log(f"the authors' steering window: none for model_type {model_type!r} with "
+            f"{blocks} LM blocks of width {width} (not a model of their "
+            "adversarial_steering.sh); every layer, as jaxmech (--layers chooses)")  # fmt: skip
+        return list(sites)
+    name, hub, (lo, hi) = found
+    log(f"the authors' steering window for {name} ({hub}): layers {lo}:{hi} "
+        "(adversarial_steering.sh; --layers overrides)")  # fmt: skip
+    return [y for y in sites if lo <= y <= hi]
+
+
+def steering_sites(run: LoadedRun, log=print) -> list[int]:
+    """The LM sites steered (`common.steered_sites`); under the authors' protocol on a
+    checkpoint without `--layers`, the authors' window for it (`authors_sites`)."""
+    sites = steered_sites(run)
+    subject = run.subject
+    if protocol_of(run) != "authors" or subject.layers is not None:
+        return sites
+    return authors_sites(sites, checkpoint_identity(subject.key["checkpoint"]), log)
+
+
+def steered_questions(run: LoadedRun, batch, protocol: str):
+    """(Examples, source cells, target cells, boxed [B] bool) of a batch
+    (`common.steering_examples`). jaxmech's protocol: the questions whose X and Y cells
+    are known (a photograph's: both boxes), all boxed. The authors': every question
+    (their corner steering reads no box), X's cell and its target 0 where one is not
+    known, `boxed` saying which the box-based tables may read (a drawn scene's: all)."""
+    if batch is None or protocol != "authors":
+        ex, source, target = steering_examples(run, batch)
+        return ex, source, target, np.ones(len(ex.answer_B), bool)
+    ex, grid = batch.examples, batch.view.grid
+    cells = np.asarray(ex.spec.cells_BxK)
+    named = np.asarray(ex.spec.labels_BxK)[:, :2] > 0  # as `steering_examples` reads them
+    boxed = ((cells[:, :2] >= 0) | ~named).all(1)
+    known = np.where(boxed[:, None], cells, 0)
+    target = adversarial_targets(known, np.asarray(ex.spec.relation_B), grid.h, grid.w,
+                                 first_answer(view_of(run), ex))  # fmt: skip
+    return ex, known[:, 0], np.where(boxed, target, 0).astype(np.int32), boxed
 
 
 def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     """`analysis.steering.steer_models` on the relation questions of `run.examples`,
     with the universal IDs of the training-pair labels (`common.id_labels`), at every
-    site y >= 1 (a checkpoint's: its `--layers` from 1 on), and the sites; a dataset's
+    site y >= 1 (a checkpoint's: its `--layers` from 1 on; under the authors' protocol
+    without them, their window: `steering_sites`), and the sites; a dataset's
     photographs per image size (`common.question_batches`), those whose X and Y boxes
     are both known (their centres' cells: where X is steered from, and which side Y is
-    on), the IDs from drawn probes as the paper's (the same in every batch)."""
-    sites, protocol, out = steered_sites(run), protocol_of(run), []
+    on; the authors' protocol: every one, `steered_questions`), the IDs from drawn
+    probes as the paper's (the same in every batch)."""
+    sites, protocol, out = steering_sites(run, log), protocol_of(run), []
+    if not sites:
+        raise ValueError("steering: no LM site to steer (n = 0): --layers chooses them")
+    source_name = getattr(run.subject, "source", None)
+    if protocol == "authors" and isinstance(source_name, dict):
+        if source_name.get("source") == "coco_spatial":
+            log("  the authors' steering asks every row of coco_qa_two_obj.json, left / right "
+                "and above / below (adversarial_steering.sh): --questions_from=coco_spatial_all; "
+                "here coco_spatial's left / right sample")  # fmt: skip
     for batch in question_batches(run, (0, 1)):
-        ex, source, target = steering_examples(run, batch)
+        ex, source, target, boxed = steered_questions(run, batch, protocol)
+        if not boxed.all():
+            log(f"  {int((~boxed).sum())} question(s) without both boxes: steered as the "
+                "authors (corner IDs), left out of the box-based tables")  # fmt: skip
         if len(ex.answer_B) < len(batch.index):
             log(f"  {len(batch.index) - len(ex.answer_B)} question(s) without both boxes: "
                 "left out (no cell to steer from)")  # fmt: skip
         if not len(ex.answer_B):
             continue
         what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
-        out.append(st.steer_models(
+        res = st.steer_models(
             batch.view, run.params, ex, source, target, seed, id_labels(run), sites,
-            probe_rows(run), lambda fn, args: compiled_call(fn, args, what),
+            probe_rows(run),
+            lambda fn, args: compiled_call(fn, args, what, estimate=run.subject.estimates_time),
             against="answer" if protocol == "authors" else "truth",
-            factorial=protocol == "authors"))  # fmt: skip
+            factorial=protocol == "authors")  # fmt: skip
+        out.append(res | {"boxed": boxed})
     if not out:
         raise ValueError("steering: no question has both objects' boxes (n = 0); "
-                         "COCO-Spatial and a manifest with boxes have them")  # fmt: skip
+                         "COCO-Spatial and a manifest with boxes have them, and "
+                         "--protocol=authors steers without them")  # fmt: skip
     return joined(out, QUESTION_AXES) | {"sites": sites, "protocol": protocol}
+
+
+def boxed_only(res: dict) -> dict:
+    """`res` with the box-based tables' per-question results (`BOX_TABLES`) of the
+    boxed questions only (`steered_questions`)."""
+    keep = np.flatnonzero(np.asarray(res["boxed"], bool))
+    if len(keep) == len(res["boxed"]):
+        return res
+    import jax
+
+    take = lambda axis: lambda x: np.take(np.asarray(x), keep, axis=axis)  # noqa: E731
+    return res | {k: jax.tree_util.tree_map(take(QUESTION_AXES[k]), res[k]) for k in BOX_TABLES}
+
+
+def pooled_authors(ar: dict, relation_B) -> dict:
+    """`ar` (`analysis.steering.authors_flip_rates`) with both relations pooled under
+    "both": per example its own relation's flip (NaN: not counted), the rate over every
+    counted example and the top-sites mean of that rate (the authors' `fig2.ipynb`
+    counts every row of the file in one rate)."""
+    rel = np.asarray(relation_B)
+    out = dict(ar)
+    for kind in st.KINDS:
+        f = np.where(rel == 0, ar[("flips", kind, RELATIONS[0])], ar[("flips", kind, RELATIONS[1])])
+        n = np.isfinite(f).sum(-1)
+        out[("flips", kind, "both")] = f
+        out[(kind, "both")] = np.where(n > 0, np.nansum(f, -1) / np.maximum(n, 1), np.nan)
+    out[("n", "both")] = ar[("n", RELATIONS[0])] + ar[("n", RELATIONS[1])]
+    controls = {k: out[(k, "both")] for k in st.KINDS if k != "id"}
+    out[("top", "both")] = st.top_sites_mean(out[("id", "both")], controls)
+    return out
 
 
 def curve_beliefs(res: dict, grid_h: int, grid_w: int, key: str = "curves") -> dict:
@@ -172,6 +314,9 @@ def _edge_gap(cb: dict) -> dict:
     }
 
 
+AUTHORS_RELATIONS = (*RELATIONS, "both")  # the authors' rates: each relation, and pooled
+
+
 def authors_rows(ar: dict, models, sites) -> list[dict]:
     k, n_sites = ar[("id", "horizontal")].shape
     return [
@@ -179,7 +324,7 @@ def authors_rows(ar: dict, models, sites) -> list[dict]:
          "flip_rate": float(ar[(kind, rel)][i, y]), "n": int(ar[("n", rel)][i, y])}
         for i in range(k)
         for y in range(n_sites)
-        for rel in RELATIONS
+        for rel in AUTHORS_RELATIONS
         for kind in st.KINDS
     ]  # fmt: skip
 
@@ -210,14 +355,14 @@ def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
         f"site alone, {how}; a flip: the answer changed")  # fmt: skip
     out = {}
     for y, site in enumerate(sites):
-        for rel in RELATIONS:
+        for rel in AUTHORS_RELATIONS:
             cells = {k: cell_interval(ar[("flips", k, rel)][:, y], 0.0, 1.0) for k in st.KINDS}
             out[f"authors/layer {site}/{rel}"] = cells
             log(
                 f"layer {site:>3} {rel:>10} "
                 + " ".join(f"{k} {fmt_interval(c, signed=False)}" for k, c in cells.items())
             )
-    for rel in RELATIONS:
+    for rel in AUTHORS_RELATIONS:
         top = ar[("top", rel)]
         out[f"authors/{rel}"] = {k: mean_ci(v) for k, v in top.items()}
         log(f"mean of the {st.TOP_LAYERS} best layers per model, 95% CI over models: {rel:>10} "
@@ -298,14 +443,113 @@ def plot(fr: dict, cb: dict, acc: np.ndarray, path: str, sites) -> str:
     return plots.save(fig, path)
 
 
+def top_site_flips(ar: dict, rel: str = "both") -> dict:
+    """{kind: [K, B]} each question's flip under the authors' steering, averaged over
+    its model's `TOP_LAYERS` sites of highest ID flip rate (NaN: not counted), so the
+    mean over questions is Fig. 2's number (`top_sites_mean`) and its bootstrap over
+    questions that number's interval."""
+    rate = np.nan_to_num(np.asarray(ar[("id", rel)], float), nan=-1.0)  # empty sites last
+    top = np.argsort(-rate, axis=1, kind="stable")[:, : st.TOP_LAYERS]  # [K, T]
+    out = {}
+    for kind in st.KINDS:
+        f = np.take_along_axis(np.asarray(ar[("flips", kind, rel)], float), top[..., None], 1)
+        n = np.isfinite(f).sum(1)  # counted at every site alike: the unsteered answer's
+        out[kind] = np.where(n > 0, np.nansum(f, 1) / np.maximum(n, 1), np.nan)
+    return out
+
+
+def model_names(run: LoadedRun) -> list[str]:
+    """How a figure names each model: a checkpoint by its folder, a run's by index."""
+    key = getattr(run.subject, "key", None)
+    folder = key.get("checkpoint") if isinstance(key, dict) else None
+    if folder and run.k == 1:
+        return [os.path.basename(os.path.normpath(folder))]
+    return [f"model {m}" for m in run.models]
+
+
+def plot_paper(ar: dict, path: str, names) -> str:
+    """Fig. 2 as the paper draws it: per model, bars of the share of beliefs swapped
+    by ID steering at `AUTHORS_SCALE` x the token's norm and by its norm-matched
+    controls (noise, orthogonal), each the mean of the model's `TOP_LAYERS` best
+    sites over both relations, with its per-question bootstrap 95% interval; a run
+    of several models adds their mean (95% CI over models)."""
+    from jaxmech import plots
+
+    flips = top_site_flips(ar)
+    bars = {name: {k: question_ci(flips[k][i], 0.0, 1.0) for k in st.KINDS}
+            for i, name in enumerate(names)}  # fmt: skip
+    if len(names) > 1:
+        top = ar[("top", "both")]
+        bars = {f"mean over {len(names)} models": {k: mean_ci(top[k]) for k in st.KINDS}} | bars
+    title = (f"{st.AUTHORS_SCALE:g}x steered - Spatial ID Steering by Model - % Belief "
+             f"Swapped\n(mean of the {st.TOP_LAYERS} best layers, both relations)")  # fmt: skip
+    return plots.save(plots.flip_bars_figure(bars, title), path)
+
+
+def steerability(res: dict) -> dict:
+    """One checkpoint's point of Fig. 9 (model 0), each a (mean, ci_low, ci_high, n)
+    over its questions (bootstrap): "accuracy", the unsteered answer right (its word's
+    logit above the other's) on every question steered, and the flip rates of Fig. 2
+    (`top_site_flips`: "id_flip_rate", and the controls')."""
+    a = res["authors"]
+    right = (np.asarray(a["plain"])[0, 0] > 0).astype(float)  # the same at every site
+    flips = top_site_flips(res["authors_rates"])
+    return {"accuracy": question_ci(right, 0.0, 1.0)} | {
+        f"{k}_flip_rate": question_ci(flips[k][0], 0.0, 1.0) for k in st.KINDS
+    }
+
+
+def correlation_cell(x, y, rank: bool = False) -> dict:
+    """{"r", "ci_low", "ci_high", "n", "words"}: the correlation across models
+    (`stats.correlation_ci`: Pearson, Spearman's with `rank`) with its Fisher-z 95%
+    interval; where a number is not defined (fewer than 3 models for r, than 4 for the
+    interval: z's standard error is 1 / sqrt(n - 3)) it is None and `words` says why."""
+    r, lo, hi, n = correlation_ci(x, y, rank)
+    name = "Spearman" if rank else "Pearson"
+    if n < 3 or not np.isfinite(r):
+        why = f"n = {n} models" if n < 3 else "one side is constant"
+        return {"r": None, "ci_low": None, "ci_high": None, "n": n,
+                "words": f"{name} r not defined ({why})"}  # fmt: skip
+    if not np.isfinite(lo):
+        return {"r": r, "ci_low": None, "ci_high": None, "n": n,
+                "words": f"{name} r {r:+.2f}, 95% CI not defined (n = {n} < 4 models)"}  # fmt: skip
+    return {"r": r, "ci_low": lo, "ci_high": hi, "n": n,
+            "words": f"{name} r {r:+.2f} [{lo:+.2f}, {hi:+.2f}] (n = {n} models)"}  # fmt: skip
+
+
+ACROSS_FIGURE = "accuracy_vs_steerability.png"
+
+
+def across_steerability(summaries: dict, out: str) -> dict:
+    """`--checkpoint=A,B,...`'s Fig. 9: {"accuracy_vs_steerability": per checkpoint
+    its accuracy and flip rates (each summary's "steerability": `steerability`),
+    Pearson and Spearman r of accuracy against the ID flip rate across them
+    (`correlation_cell`) and the figure, one point per model, written into `out`}."""
+    from jaxmech import plots
+
+    names = [n for n, s in summaries.items() if "steerability" in s]
+    points = [summaries[n]["steerability"] for n in names]
+    col = lambda key: np.asarray([p[key] for p in points], float).reshape(-1, 4)  # noqa: E731
+    acc, steer = col("accuracy"), col("id_flip_rate")
+    ok = (acc[:, 3] > 0) & (steer[:, 3] > 0)  # an empty number is no point
+    x, y = np.where(ok, steer[:, 0], np.nan), np.where(ok, acc[:, 0], np.nan)
+    pearson, spearman = correlation_cell(x, y), correlation_cell(x, y, rank=True)
+    fig = plots.accuracy_vs_steerability_figure(names, acc, steer, pearson["words"])
+    path = plots.save(fig, os.path.join(plots.ensure_dir(out), ACROSS_FIGURE))
+    record = {"checkpoints": names, "pearson": pearson, "spearman": spearman, "figure": path}
+    record |= {key: [p[key] for p in points] for key in points[0]} if points else {}
+    return {"accuracy_vs_steerability": record}
+
+
 def _compute(run: LoadedRun) -> dict:
     res = compute(run)
     grid = view_of(run).grid
-    cb = curve_beliefs(res, grid.h, grid.w)
-    cb_paper = curve_beliefs(res, grid.h, grid.w, "curves_paper")
+    boxed = boxed_only(res)  # the box-based tables; the authors' steering reads every one
+    cb = curve_beliefs(boxed, grid.h, grid.w)
+    cb_paper = curve_beliefs(boxed, grid.h, grid.w, "curves_paper")
     return res | {
-        "flip_rates": flip_rates(res),
-        "authors_rates": st.authors_flip_rates(res),
+        "flip_rates": flip_rates(boxed),
+        "authors_rates": pooled_authors(st.authors_flip_rates(res), res["relation"]),
         "beliefs": cb,
         "beliefs_paper": cb_paper,
         "accuracy": accuracy(run),
@@ -333,6 +577,10 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     against = "answer" if res["protocol"] == "authors" else "truth"
     summary |= summarise_authors(res["authors_rates"], log, sites, against)
     summary |= summarise_paper_curves(res["beliefs_paper"], log, sites)
+    if run.subject.over_questions:  # a checkpoint: its point of Fig. 9 across checkpoints
+        summary["steerability"] = point = steerability(res)
+        log("Fig. 9's point, over every question steered: "
+            + "; ".join(f"{k} {fmt_interval(c, signed=False)}" for k, c in point.items()))  # fmt: skip
     return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded),
                       "protocol": res["protocol"]}  # fmt: skip
 
@@ -343,11 +591,13 @@ REPORT = Report(
     compute=_compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(
-        res["flip_rates"], res["beliefs"], res["accuracy"], path, res["sites"]
-    ),
+    plot=lambda res, tables, run, path: [
+        plot(res["flip_rates"], res["beliefs"], res["accuracy"], path, res["sites"]),
+        plot_paper(res["authors_rates"], path.replace(".png", "_paper.png"), model_names(run)),
+    ],
     figure="steering.png",
     examples=EXAMPLES,
     per_model=("flip_rates", "authors_rates", "beliefs", "beliefs_paper", "accuracy"),
     photos=True,
+    across=across_steerability,
 )

@@ -30,7 +30,10 @@ A report never tests which kind of subject it has; it asks:
                                   depend on (None for a trained run)
 
 * `TrainedSubject`: a results folder's K models (`open_run`), their task's eval sets as
-  questions (`EXAMPLES`: seen or unseen pairs), model groups (`model_groups`);
+  questions (`EXAMPLES`: seen or unseen pairs), model groups (`model_groups`); a run
+  trained with `--seeds_until` carries its `Selection` (the rule fixed before
+  training, checked against sweep.json and results.csv), whose passing models every
+  report takes as its main group;
 * `CheckpointSubject`: a real checkpoint (`open_checkpoint`): one model, its
   processor's view, drawn pair questions or a dataset's photographs
   (`--questions_from`), its memory plan and chunk store;
@@ -57,6 +60,7 @@ from jaxmech.families import view_for
 from jaxmech.families.vlm_view import VLMView, model_outline
 from jaxmech.memory import memory_budget, plan_rows, release_freed, tree_bytes
 from jaxmech.results import load_config, load_run
+from jaxmech.sweep import read_selection
 
 EXAMPLES = ("seen", "unseen")  # the paper 003 / 004 reports' question sets, main first
 EXAMPLE_SETS = {"seen": "seen_pair", "unseen": "unseen_pair"}
@@ -86,6 +90,7 @@ class LoadedRun(NamedTuple):
     task: Any = None  # `data.tasks.Task` of the run
     examples: str = "unseen"  # which questions the paper 003 / 004 reports ask (`EXAMPLES`)
     subject: Any = None  # what the reports ask it (`TrainedSubject`, `CheckpointSubject`)
+    selection: Any = None  # `Selection` of a --seeds_until run (None: no selection.json)
 
     @property
     def k(self) -> int:
@@ -99,6 +104,34 @@ class LoadedRun(NamedTuple):
     def unseen_acc(self) -> np.ndarray:
         """[K] each model's final unseen-pair accuracy (NaN where the task has none)."""
         return np.asarray([r.get("unseen_acc", np.nan) for r in self.results], float)
+
+
+class Selection(NamedTuple):
+    """A run's selection (`sweep.read_selection`, checked there against the rule it
+    trained under and its results): the rule's text, the models trained (diverged
+    ones included) and those that pass (results.csv `model`). Reports take the passing
+    models as their main group and the others beside them (`model_groups`)."""
+
+    rule: str
+    trained: int
+    passing: tuple[int, ...]
+
+    def words(self) -> str:
+        return f"n = {len(self.passing)} of {self.trained} trained (rule: {self.rule})"
+
+    def record(self) -> dict:
+        """What a report's summary.json says of it."""
+        return {"rule": self.rule, "n": len(self.passing), "trained": self.trained,
+                "passing_models": list(self.passing), "words": self.words()}  # fmt: skip
+
+
+def run_selection(path: str, rows: list[dict]) -> Selection | None:
+    """The `Selection` of results folder `path` with results.csv `rows` (None: the
+    run has no selection.json); ValueError naming the file when it was changed."""
+    sel = read_selection(path, rows)
+    if sel is None:
+        return None
+    return Selection(sel["text"], int(sel["trained"]), tuple(sel["passing_models"]))
 
 
 class TrainedSubject(NamedTuple):
@@ -352,7 +385,9 @@ def check_run(path: str) -> Config:
     whose every model diverged.
     """
     config = load_config(path)
-    _refuse_all_diverged(path, _results_rows(path))
+    rows = _results_rows(path)
+    _refuse_all_diverged(path, rows)
+    run_selection(path, rows)  # a selection changed after training: refused here
     return config
 
 
@@ -377,7 +412,13 @@ def check_runs(text: str, refusal) -> list[str]:
 def model_groups(run: LoadedRun) -> list[tuple[str, np.ndarray]]:
     """[(name, positions of the models in the run)]: "generalising" (unseen_min_acc >=
     `GENERALISING`) first, then "others", so a mean never mixes the two kinds; empty
-    groups left out. A run whose results have no unseen_min_acc: [("all", every)]."""
+    groups left out. A run whose results have no unseen_min_acc: [("all", every)]. A
+    run with a selection (`LoadedRun.selection`): "passing" (its rule, fixed before
+    training) first, then "failing"."""
+    if run.selection is not None:
+        passing = np.isin(np.asarray(run.models), run.selection.passing)
+        groups = [("passing", np.flatnonzero(passing)), ("failing", np.flatnonzero(~passing))]
+        return [(g, i) for g, i in groups if len(i)]
     u = run.unseen_min()
     if np.isnan(u).all():
         return [("all", np.arange(run.k))]
@@ -436,20 +477,23 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
         run.family,
         run.task,
         subject=TrainedSubject(),
+        selection=run_selection(path, run.results),
     )
 
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questions: int = 64,
-                    seed: int = 0, layers=None, batch: int | None = None, dtype="float32",
+                    seed: int | None = None, layers=None, batch: int | None = None,
+                    dtype="float32",
                     video: bool = False, memory: str | None = None,
                     protocol: str = "jaxmech", questions_from: str = "drawn",
                     data: str | None = None, per_block: bool = False,
                     log=print) -> LoadedRun:  # fmt: skip
-    """A real checkpoint folder as a one-model `LoadedRun` for the paper 003 / 004
-    reports: params stacked [1, ...], its subject a `CheckpointSubject` (the family's VLM view of
-    `grid` scenes drawn `size` pixels square (None: the family's default size for
-    them, e.g. 448 for Qwen2-VL), `questions` pair questions per spatial
-    relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
+    """A real checkpoint (a folder, or a Hub name `ORG/NAME[@REVISION]` resolved through
+    the Hugging Face cache: `hub_names.checkpoint_folder`) as a one-model `LoadedRun` for
+    the paper 003 / 004 reports: params stacked [1, ...], its subject a
+    `CheckpointSubject` (the family's VLM view of `grid` scenes drawn `size` pixels
+    square (None: the family's default size for them, e.g. 448 for Qwen2-VL),
+    `questions` pair questions per spatial relation drawn from `seed`; `batch` per compiled call, None: sized by memory), no
     config, settings or task. `video`: the scenes drawn as videos (the family's video
     view), asked about time only (relation 1: before / after). `memory`: the budget
     (`memory.memory_budget`: GB, a fraction or a percent; None: the default) every
@@ -457,21 +501,28 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n). `protocol`: "authors"
     (their scripts' wording, answer words and table protocols) or "jaxmech"
     (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.questions.SOURCES`)
-    read from folder `data`, `questions` of them (None: the source's default: every
-    one, COCO-Spatial's 100) drawn from `seed`. `per_block`: the counterfactual table
+    read from folder `data`, at most `questions` of them (None: the source's default:
+    every one, COCO-Spatial's 100) drawn from `seed` (None: 0, and a dataset's sample
+    under the authors' protocol 42, their `random.seed(42)`:
+    `data.questions.sample_seed`). `per_block`: the counterfactual table
     also mirrors the ViT's positions in one block at a time (`analysis.counterfactuals.
     names_for`; 2 rows per ViT block, off by default at a checkpoint's size). Bad
     options and malformed records raise ValueError naming them, before the weights are
     read."""
     from jaxmech.chunks import file_stamps
+    from jaxmech.data.questions import sample_seed
     from jaxmech.data.spec import Grid
     from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
+    from jaxmech.hub_names import checkpoint_folder
+    from jaxmech.models.precision import describe
 
-    photos = _photo_questions(questions_from, data, questions, seed, video)
+    photos = _photo_questions(questions_from, data, questions, sample_seed(seed, protocol), video)
+    seed = 0 if seed is None else seed  # the drawn scenes' (and the twins') seed
     questions = 64 if questions is None else questions
     _check_options(questions, batch, protocol)
     budget = memory_budget(memory)
+    folder = checkpoint_folder(folder)  # a Hub name: its cached snapshot, fetched if need be
     family, config = read_checkpoint_config(folder)
     view = family.view(folder, config, Grid(*grid), size, video=video, wording=protocol)
     size = view.size
@@ -481,6 +532,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     specs = _pair_specs(view, questions, seed, video)
     log(f"loading {folder} ({dtype})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
+    log(describe(dtype))  # which products, and why (models.precision)
     release_freed()  # the tensors' host copies
     log(f"checkpoint {folder}: {family.describe(config)}, {dtype}, weights "
         f"{tree_bytes(params) / 2**30:.2f} GB; memory budget {budget.bytes / 2**30:.1f} GB "

@@ -10,6 +10,7 @@ from jaxmech.families.internvl import checks, encode, load, model, params, proce
 from jaxmech.families.internvl.config import MODEL_TYPES
 from jaxmech.families.internvl.view import checkpoint_view
 from jaxmech.models.decoder import next_token_logprobs
+from jaxmech.models.generate import generate
 from jaxmech.models.layout import authors_vit_mlp
 
 
@@ -37,6 +38,7 @@ FAMILY = CheckpointFamily(
     encode=encode.encode,
     tokenizer=lambda proc: proc.tokenizer,
     next_token=functools.partial(next_token_logprobs, model.forward),
+    generate=functools.partial(generate, model.decoding),
     describe=describe,
     trainable=trainable,
     forward=functools.partial(contract_forward, model.forward),

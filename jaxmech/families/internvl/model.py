@@ -68,9 +68,11 @@ from jaxmech.models.decoder import (
     run_lm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.generate import Decoding, continued_ids
 from jaxmech.models.positions import edited_ids, read_table, rotary_angles
+from jaxmech.models.precision import matmul
 
-__all__ = ["Inputs", "Resume", "forward", "image_features", "position_codes", "vision"]
+__all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "position_codes", "vision"]
 
 PROJ_EPS = 1e-5  # the projector's LayerNorm: torch's default eps
 
@@ -113,7 +115,7 @@ def vision(params, inputs: Inputs, c: InternVLConfig, edits: Edits, site) -> jax
     B, T, P, F = inputs.pixels_BxTxPxF.shape
     side = positions.tile_side(P)
     px = inputs.pixels_BxTxPxF.reshape(B * T, P, F).astype(vit["W_patch"].dtype)
-    patches = px @ vit["W_patch"] + vit["b_patch"]
+    patches = matmul(px, vit["W_patch"]) + vit["b_patch"]
     cls = jnp.broadcast_to(vit["cls"], (B * T, 1, c.vit_width)).astype(patches.dtype)
     x = site("vit/embed", jnp.concatenate([cls, patches], 1))
     x = x + site("vit/pos", position_codes(vit, side, edits))
@@ -130,8 +132,8 @@ def projector(m, x, c: InternVLConfig):
     """LayerNorm, Linear, activation, Linear: [N, I, 4E] -> [N, I, D]."""
     x, m = after(x, m)
     h = layer_norm(x, m["ln_w"], m["ln_b"], PROJ_EPS)
-    h = ACT[c.proj_act](h @ m["W1"] + m["b1"])
-    return h @ m["W2"] + m["b2"]
+    h = ACT[c.proj_act](matmul(h, m["W1"]) + m["b1"])
+    return matmul(h, m["W2"]) + m["b2"]
 
 
 def language_model(lm, x, pos_BxS, valid_BxS, c: InternVLConfig, site, resume=None,
@@ -171,3 +173,15 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Inter
 def image_features(params, inputs: Inputs, *, config: InternVLConfig) -> jax.Array:
     """[B, T I, D] the projector's output, unedited."""
     return vision(params, inputs, config, NO_EDITS, Sites(NO_EDITS, False))
+
+
+def decoding(config: InternVLConfig) -> Decoding:
+    """What `models.generate` needs of the LM: generated token k of a row at rotary id
+    m + 1 + k, m the row's largest prompt id (its real tokens counted on, as `generate`'s
+    position ids from the attention mask)."""
+    freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
+
+    def angles(inputs: Inputs, step):
+        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
+
+    return Decoding(forward, config.lm_layers, config.lm_eps, "silu", angles)

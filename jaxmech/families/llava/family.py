@@ -9,6 +9,7 @@ from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_fo
 from jaxmech.families.llava import checks, load, model, params, processor
 from jaxmech.families.llava.view import checkpoint_view
 from jaxmech.models.decoder import next_token_logprobs
+from jaxmech.models.generate import generate
 from jaxmech.models.layout import authors_vit_mlp
 
 
@@ -33,6 +34,7 @@ FAMILY = CheckpointFamily(
     encode=processor.encode,
     tokenizer=lambda proc: proc.tokenizer,
     next_token=functools.partial(next_token_logprobs, model.forward),
+    generate=functools.partial(generate, model.decoding),
     describe=lambda c: f"llava, {c.lm_layers} LM blocks, {c.grid} x {c.grid} patches",
     trainable=trainable,
     forward=functools.partial(contract_forward, model.forward),

@@ -62,9 +62,11 @@ from jaxmech.models.decoder import (
     run_lm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.generate import Decoding, continued_ids
 from jaxmech.models.positions import edited_ids, rotary_angles
+from jaxmech.models.precision import einsum, matmul
 
-__all__ = ["Inputs", "Resume", "forward", "image_features", "vision"]
+__all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "vision"]
 
 
 class Inputs(NamedTuple):
@@ -98,7 +100,7 @@ def vision(params, inputs: Inputs, c: LlavaConfig, edits: Edits, site) -> jax.Ar
     """[B, I, D] the projected image features."""
     vit = params["vit"]
     pixels = inputs.pixels_BxPxF.astype(vit["W_patch"].dtype)
-    patches = jnp.einsum("bpf,fe->bpe", pixels, vit["W_patch"]) + _position_rows(vit, edits, c)
+    patches = einsum("bpf,fe->bpe", pixels, vit["W_patch"]) + _position_rows(vit, edits, c)
     cls = jnp.broadcast_to(vit["cls"] + vit["pos"][0], (patches.shape[0], 1, c.vit_width))
     x = site("vit/embed", jnp.concatenate([cls.astype(patches.dtype), patches], 1))
     x = layer_norm(x, vit["ln_pre_w"], vit["ln_pre_b"], c.vit_eps)
@@ -132,8 +134,8 @@ def vit_blocks_run(capture, c: LlavaConfig) -> int:
 def projector(p, x, c: LlavaConfig):
     """Linear, activation, Linear (biases where the checkpoint has them)."""
     x, p = after(x, p)
-    h = x @ p["W1"] + p["b1"] if "b1" in p else x @ p["W1"]
-    h = ACT[c.proj_act](h) @ p["W2"]
+    h = matmul(x, p["W1"]) + p["b1"] if "b1" in p else matmul(x, p["W1"])
+    h = matmul(ACT[c.proj_act](h), p["W2"])
     return h + p["b2"] if "b2" in p else h
 
 
@@ -170,3 +172,15 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Llava
 def image_features(params, inputs: Inputs, *, config: LlavaConfig) -> jax.Array:
     """[B, I, D] the projector's output, unedited."""
     return vision(params, inputs, config, NO_EDITS, Sites(NO_EDITS, False))
+
+
+def decoding(config: LlavaConfig) -> Decoding:
+    """What `models.generate` needs of the LM: generated token k of a row at rotary id
+    m + 1 + k, m the row's largest prompt id (its real tokens counted on, as `generate`'s
+    position ids from the attention mask)."""
+    freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
+
+    def angles(inputs: Inputs, step):
+        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
+
+    return Decoding(forward, config.lm_layers, config.lm_eps, config.lm_act, angles)

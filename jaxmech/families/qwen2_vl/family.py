@@ -14,6 +14,7 @@ from jaxmech.families.qwen2_vl import stand_in as stand_ins
 from jaxmech.families.qwen2_vl.config import VARIANTS
 from jaxmech.families.qwen2_vl.view import checkpoint_view
 from jaxmech.models.decoder import next_token_logprobs
+from jaxmech.models.generate import generate
 from jaxmech.models.layout import authors_vit_mlp
 
 
@@ -37,6 +38,7 @@ FAMILY = CheckpointFamily(
     encode=processor.encode,
     tokenizer=lambda proc: proc.tokenizer,
     next_token=functools.partial(next_token_logprobs, model.forward),
+    generate=functools.partial(generate, model.decoding),
     describe=lambda c: f"{c.variant}, {c.lm_layers} LM blocks",
     trainable=trainable,
     forward=functools.partial(contract_forward, model.forward),

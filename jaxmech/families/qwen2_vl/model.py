@@ -76,8 +76,11 @@ from jaxmech.models.decoder import (
     run_lm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
+from jaxmech.models.generate import Decoding, continued_ids
+from jaxmech.models.precision import einsum, matmul
 
-__all__ = ["Inputs", "Resume", "forward", "image_features", "language_model", "vision"]
+__all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "language_model",
+           "vision"]  # fmt: skip
 
 
 class Inputs(NamedTuple):
@@ -120,7 +123,7 @@ def _vit_positions(inputs: Inputs, edits: Edits, c: QwenVLConfig):
 def _embed(vit, inputs: Inputs, c: QwenVLConfig, table_rc, site):
     """[B, P, E] the patch embedding (its bias where it has one) and, with a position
     table, the table resampled at `table_rc` added (sites `vit/embed`, `vit/pos_embed`)."""
-    x = jnp.einsum("bpf,fe->bpe", inputs.pixels_BxPxF.astype(vit["W_patch"].dtype), vit["W_patch"])
+    x = einsum("bpf,fe->bpe", inputs.pixels_BxPxF.astype(vit["W_patch"].dtype), vit["W_patch"])
     x = site("vit/embed", x + vit["b_patch"] if "b_patch" in vit else x)
     if table_rc is None:
         return x
@@ -164,8 +167,8 @@ def merger(m, x, c: QwenVLConfig, post_shuffle: bool = False):
         return h.reshape(h.shape[0], h.shape[1] // c.merge_size**2, c.merge_width)
 
     h = norm(m, "ln", shuffle(x), 1e-6) if post_shuffle else shuffle(norm(m, "ln", x, 1e-6))
-    h = ACT["gelu"](h @ m["W1"] + m["b1"])
-    return h @ m["W2"] + m["b2"]
+    h = ACT["gelu"](matmul(h, m["W1"]) + m["b1"])
+    return matmul(h, m["W2"]) + m["b2"]
 
 
 def _lm_pos(inputs: Inputs, edits: Edits):
@@ -251,3 +254,19 @@ def forward(
 def image_features(params, inputs: Inputs, *, config: QwenVLConfig) -> jax.Array:
     """[B, I, D] the vision tower's output (the merger's), unedited."""
     return vision(params, inputs, config, NO_EDITS, Sites(NO_EDITS, False))[0]
+
+
+def decoding(config: QwenVLConfig) -> Decoding:
+    """What `models.generate` needs of the LM: generated token k of a row at M-RoPE ids
+    (m + 1 + k) x 3, m the row's largest prompt id (text continuing after the image block:
+    the reference's `rope_deltas`); no DeepStack injection (its features belong to the
+    prompt's image tokens)."""
+    freq = positions.inv_freq(config.lm_head_dim, config.lm_rope_theta)
+
+    def angles(inputs: Inputs, step):
+        ids = continued_ids(inputs.pos_Bx3xS, step)
+        pos = jnp.broadcast_to(ids[:, None, None], (ids.shape[0], 3, 1))
+        return positions.lm_angles(pos, freq, config.lm_mrope_section,
+                                   config.lm_mrope_interleaved)  # fmt: skip
+
+    return Decoding(forward, config.lm_layers, config.lm_eps, "silu", angles)

@@ -288,7 +288,7 @@ def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
     (`<|video_pad|>`). `fps`: the frames' rate, which only Qwen2.5-VL's time ids read
     (tokens_per_second x the seconds a temporal patch spans); 24 is what the reference
     assumes for frames given without their metadata. `codes`: as `encode`'s."""
-    prompts.check_batch(videos, questions)
+    prompts.check_batch(videos, questions, what="videos")
     if not fps > 0:
         raise ValueError(f"fps = {fps}: expected a positive frame rate")
     out = [video_patches(v, proc.videos, codes) for v in videos]

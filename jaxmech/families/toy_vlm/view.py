@@ -53,8 +53,12 @@ def forward(params, inputs: sc.SceneBatch, edits=None, capture: bool = False):
 
 
 def vit_positions(params, grid: Grid):
-    """(rows [L], cols [L], (H, W)): the positions each cell's ViT token sees."""
-    return vit2d.read(params, "cell_rows"), vit2d.read(params, "cell_cols"), (grid.h, grid.w)
+    """(rows [L], cols [L], (H, W)): the positions each cell's ViT token sees, and the
+    rows and columns it sees them in. A video's ViT sees each frame alone as one row
+    (`cell_frames`): H is 1 there, not the grid's frames, so a row mirror (H - 1 - row)
+    is the identity, as the ViT's view of it is, and not a jump to a row it never saw."""
+    h = 1 if "cell_frames" in params["static"] else grid.h  # a key: static under jit
+    return vit2d.read(params, "cell_rows"), vit2d.read(params, "cell_cols"), (h, grid.w)
 
 
 def vit_blocks(params) -> int:

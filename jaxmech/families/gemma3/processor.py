@@ -1,0 +1,225 @@
+"""Inputs as the reference's Gemma-3 processor makes them: pixels, the chat prompt, spans.
+
+Images (`processed`), as the reference's default image processor
+(`Gemma3ImageProcessor`, its torchvision backend in transformers 5; Pillow's where the
+config names the PIL backend's class, `...Pil`): every photograph resized to the ViT's
+square (preprocessor_config.json's `size`, 896 px for gemma-3) with the antialiased
+bilinear filter (`resample` 2; `data.resize.resize_bilinear`, level for level), no crop,
+no padding; then the fused rescale-and-normalise in float32 with the config's mean and
+std (gemma-3: 0.5, 0.5), as a table per uint8 level (`pixel_table`). Pan-and-scan (the
+reference's option, off by default) is not reproduced: a preprocessor_config.json that
+turns it on is refused by name.
+
+Text (`chat_prompt`, `encode`): the output of Gemma-3's published chat template for one
+user turn holding one image then the question (as the reference's processor applies
+it, `apply_chat_template(tokenize=True)`):
+"<bos><start_of_turn>user\\n<start_of_image>{question}<end_of_turn>\\n<start_of_turn>model\\n"
+(the question trimmed; without an image no `<start_of_image>`), then the processor's
+expansion of `<start_of_image>` to "\\n\\n<start_of_image>" + `<image_soft_token>` x
+mm_tokens_per_image + "<end_of_image>\\n\\n". Tokenized by the checkpoint's own
+tokenizer.json without its template (the chat template holds the one `<bos>`), rows
+left-padded with `<pad>`. The image soft tokens are the bidirectional block
+(`model.lm_masks`), as the reference's `token_type_ids`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from jaxmech.data import prompts
+from jaxmech.data.pixels import fused_pixel_table, read_image
+from jaxmech.data.resize import BACKENDS, resize_bicubic, resize_bilinear
+from jaxmech.families.gemma3.config import Gemma3Config
+from jaxmech.families.gemma3.model import Inputs
+from jaxmech.families.vlm_view import Spans
+from jaxmech.models.positions import text_ids
+
+BOS, PAD = "<bos>", "<pad>"
+BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
+TAIL = "<end_of_turn>\n<start_of_turn>model\n"  # what follows the question
+RESAMPLES = {2: resize_bilinear, 3: resize_bicubic}  # PIL's codes: BILINEAR, BICUBIC
+
+
+class ImageSettings(NamedTuple):
+    """The image processor's settings (`preprocessor_config.json`; gemma-3's defaults)."""
+
+    size_hw: tuple = (896, 896)
+    mean: tuple = (0.5, 0.5, 0.5)
+    std: tuple = (0.5, 0.5, 0.5)
+    resample: int = 2
+    resize: str = "torchvision"  # `data.resize.BACKENDS`
+
+
+def image_settings(folder: str) -> ImageSettings:
+    """The folder's preprocessor_config.json, or gemma-3's where it has none; ValueError
+    naming the file for pan-and-scan or a resample filter not reproduced."""
+    d = ImageSettings()
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.exists(path):
+        return d
+    with open(path) as f:
+        raw = json.load(f)
+    if raw.get("do_pan_and_scan"):
+        raise ValueError(f"{path}: do_pan_and_scan = true is not supported (one resized image "
+                         "per question, the reference's default)")  # fmt: skip
+    if not raw.get("do_resize", True) or not raw.get("do_normalize", True):
+        raise ValueError(f"{path}: do_resize and do_normalize must be true")
+    resample = int(raw.get("resample", d.resample))
+    if resample not in RESAMPLES:
+        raise ValueError(f"{path}: resample = {resample} is not supported (2 bilinear, 3 bicubic)")
+    size = raw.get("size") or {}
+    kind = str(raw.get("image_processor_type", ""))
+    return ImageSettings(
+        size_hw=(int(size["height"]), int(size["width"])) if "height" in size else d.size_hw,
+        mean=tuple(raw.get("image_mean", d.mean)),
+        std=tuple(raw.get("image_std", d.std)),
+        resample=resample,
+        resize="pil" if kind.endswith("Pil") else d.resize,
+    )
+
+
+def pixel_table(s: ImageSettings) -> np.ndarray:
+    """float32 [3, 256] each channel's normalised value of every uint8 level, as the
+    reference's fused rescale-and-normalise computes it in float32
+    (`data.pixels.fused_pixel_table`)."""
+    return fused_pixel_table(s.mean, s.std)
+
+
+def processed(image, s: ImageSettings) -> np.ndarray:
+    """uint8 [h, w, 3] a photograph (a path, PIL image or array) resized as the processor
+    does, before the normalisation."""
+    x = read_image(image)
+    if x.shape[:2] == tuple(s.size_hw):
+        return x
+    return RESAMPLES[s.resample](x, *s.size_hw, s.resize)
+
+
+def patches(image, s: ImageSettings, patch: int, codes: bool = False) -> np.ndarray:
+    """float32 [P, C p p] the processed photograph's patches, row-major, each flattened
+    (C, p, p), normalised (`pixel_table`); `codes`: the uint8 levels instead."""
+    x = processed(image, s).transpose(2, 0, 1)
+    gh, gw = x.shape[1] // patch, x.shape[2] // patch
+    x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
+    if codes:
+        return np.ascontiguousarray(x)
+    return pixel_table(s)[np.arange(x.shape[1]) // patch**2, x]
+
+
+def image_sequence(n: int) -> str:
+    """What the processor puts where the chat template wrote `<start_of_image>`."""
+    return f"\n\n{BOI}{IMAGE * n}{EOI}\n\n"
+
+
+def chat_prompt(question: str, image: bool = True) -> str:
+    """Gemma-3's chat template for one user turn, one image (`image` False: none) then
+    `question` (trimmed), ready for the answer; `<start_of_image>` not yet expanded."""
+    return f"{BOS}<start_of_turn>user\n{BOI if image else ''}{question.strip()}{TAIL}"
+
+
+class Processor(NamedTuple):
+    """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image settings and config."""
+
+    tokenizer: Any
+    images: ImageSettings
+    config: Gemma3Config
+
+
+def load_processor(folder: str, config: Gemma3Config, resize: str | None = None) -> Processor:
+    """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
+    `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the
+    config's processor class does)."""
+    tok, path = prompts.read_tokenizer(folder)
+    for token, want, field in ((IMAGE, config.image_token_id, "image_token_index"),
+                               (BOI, config.boi_token_id, "boi_token_index"),
+                               (EOI, config.eoi_token_id, "eoi_token_index")):  # fmt: skip
+        prompts.check_token_id(tok, path, token, want, field)
+    if tok.token_to_id(BOS) is None:
+        raise ValueError(f"{path}: no {BOS} token")
+    images = image_settings(folder)
+    if resize is not None and resize not in BACKENDS:
+        raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
+    images = images._replace(resize=resize or images.resize)
+    if images.size_hw != (config.image_size, config.image_size):
+        raise ValueError(f"{os.path.join(folder, 'preprocessor_config.json')}: images become "
+                         f"{images.size_hw[0]} x {images.size_hw[1]} px, config.json's ViT reads "
+                         f"{config.image_size} x {config.image_size}")  # fmt: skip
+    return Processor(tok, images, config)
+
+
+class Encoded(NamedTuple):
+    """A batch ready for `model.forward`, with what `spans` needs: the prompts (image
+    tokens expanded), each token's character offsets [B, S, 2] (-1 at padding), the
+    question's character range in each prompt [B, 2], and the image tokens' grid side
+    (0: no image)."""
+
+    inputs: Inputs
+    prompts: list
+    offsets_BxSx2: np.ndarray
+    question_Bx2: np.ndarray
+    grid: int
+    image_size: int
+
+    def describe(self) -> str:
+        """One line for logs: the picture's size, its image tokens and the tokens."""
+        g, S = self.grid, self.inputs.tokens_BxS.shape[1]
+        if not g:
+            return f"no image, {S} tokens"
+        return (f"image {self.image_size} x {self.image_size} px, {g * g} image tokens "
+                f"(pooled), {S} tokens")  # fmt: skip
+
+
+def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
+    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
+    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    `model.forward`)."""
+    prompts.check_batch(images, questions)
+    c = proc.config
+    out = [patches(im, proc.images, c.patch_size, codes) for im in images]
+    return _encode(proc, np.stack(out), questions, image=True)
+
+
+def encode_text(proc: Processor, questions) -> Encoded:
+    """Questions asked without an image (`chat_prompt(image=False)`) -> an `Encoded`
+    batch with no patches and no image tokens: the authors' text-only baseline."""
+    prompts.check_batch(None, questions)
+    F = proc.config.patch_features
+    return _encode(proc, np.zeros((len(questions), 0, F), np.uint8), questions, image=False)
+
+
+def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
+    c = proc.config
+    n = c.mm_tokens if image else 0
+    questions = [str(q).strip() for q in questions]
+    texts, question_Bx2 = prompts.templated(
+        questions, lambda q: chat_prompt(q, image).replace(BOI, image_sequence(n)), TAIL
+    )
+    pad = proc.tokenizer.token_to_id(PAD)
+    rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad)
+    tokens, valid = rows.tokens_BxS, rows.valid_BxS
+    where = [np.flatnonzero((row == c.image_token_id) & ok) for row, ok in zip(tokens, valid)]
+    if any(len(w) != n for w in where):
+        raise ValueError(f"questions: expected {n} image tokens in each prompt, found "
+                         f"{sorted({len(w) for w in where})} (is {IMAGE} in a question?)")  # fmt: skip
+    image_BxI = np.stack(where).astype(np.int32).reshape(len(texts), n)
+    inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
+    return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2,
+                   c.token_grid if n else 0, c.image_size)  # fmt: skip
+
+
+def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
+    """The VLM interface's `Spans` of an encoded batch: image tokens at their (0, row,
+    col) on the pooled token grid; `words` are each row's (first, second) object words
+    as they appear in its question; `cells` the (rows, cols) of the scene grid that
+    `cell_I` indexes (row-major)."""
+    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
+    g = enc.grid
+    r, c = np.divmod(np.arange(g * g), max(g, 1))
+    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
+    S = enc.offsets_BxSx2.shape[1]
+    return Spans(enc.inputs.image_BxI, np.stack([0 * r, r, c], 1).astype(np.int32),
+                 ((r * cells[0] // max(g, 1)) * cells[1] + c * cells[1] // max(g, 1)).astype(np.int32),
+                 xy[:, 0], xy[:, 1], question, np.full(len(xy), S - 1, np.int32))  # fmt: skip

@@ -1,0 +1,159 @@
+"""jaxmech against the authors' own steering (paper 003, Fig. 2): `adversarial_steering.py`
+(the control run, then the steered runs at layers 8 and 14 of their llava-7b window, factor
+5, their universal IDs) and `compute_coco_stats.py`, run unmodified on `llava_336` and the
+COCO-Spatial sample by `tests/fixtures/authors/make_authors_reference.py`; their outputs
+in `steering.npz` (per question and run: the generated reply, their verdict, the log p of
+the answer and the other word's "▁Left" / "▁Right" piece at the first generated token,
+their control states' norms), the universal IDs in `spatial_ids.npz`.
+
+Their steering: the direction from the control reply (lower-cased text: "right" and not
+"left" -> X from cell (3, 0) to (0, 0); "left" and not "right" -> (0, 0) to (3, 0);
+"above" / "below" along (0, 0) - (0, 3); else not steered), X's word moved by 5 x the
+norm of its control states at layer L (every occurrence in prompt and reply, here the
+prompt's one), Y's the other way, both at their first occurrence in the prompt, added
+to the output of block L - 1 (jaxmech's `lm/resid_pre.L`) in the prompt's pass.
+
+Tolerance: the log-probs are float32 forwards of both codes: 1e-4 absolute.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(__file__)
+AUTHORS = os.path.join(HERE, "fixtures", "authors")
+LLAVA = os.path.join(AUTHORS, "llava_336")
+SAMPLE = os.path.join(HERE, "fixtures", "datasets", "whatsup")
+COMMIT = "1c034d6ecbe1494c450d412f52fdf98e4a4c51c2"
+# their corner IDs as jaxmech's row-major cells of the 4 x 4 grid: (x, y) -> 4 y + x
+CORNER = {"left": (0, 3), "right": (3, 0), "above": (0, 12), "below": (12, 0)}
+
+
+def reference() -> tuple[dict, dict]:
+    out = []
+    for name in ("steering.npz", "spatial_ids.npz"):
+        ref = np.load(os.path.join(AUTHORS, name))
+        assert str(ref["commit"]) == COMMIT
+        out.append({k: ref[k] for k in ref.files})
+    return out[0], out[1]
+
+
+def their_direction(reply: str):
+    """Their response test (`adversarial_steering.py` 86-124), or None: not steered."""
+    r = reply.lower()
+    for a, b in (("right", "left"), ("left", "right"), ("above", "below"), ("below", "above")):
+        if a in r and b not in r:
+            return a
+    return None
+
+
+def test_their_steering_ran_on_every_worded_question():
+    """Every sample row their `utils/coco.py` can word (left / right, above / below; not
+    "a dog and a cat") has a control and a steered run at each layer, with a verdict and
+    finite log-probs; their verdicts follow their rule on their replies."""
+    ref, _ = reference()
+    assert len(ref["case"]) == 5
+    assert np.isfinite(ref["logp_CxRx2"]).all()
+    for case, replies, verdicts in zip(ref["case"], ref["reply"], ref["verdict"]):
+        pos, neg = str(case).split("_")[2:4]
+        for reply, verdict in zip(replies, verdicts):
+            r = str(reply).lower()
+            want = "correct" if pos in r and neg not in r else "wrong" if neg in r and pos not in r else "nonsense"  # fmt: skip
+            assert verdict == want
+
+
+def test_steered_first_token_equals_theirs_per_question():
+    """jaxmech's forward with `Edits.add` at `lm/resid_pre.L` and jaxmech's
+    `analysis.steering.authors_vectors` over their universal IDs and norms gives their
+    log p of the answer and the other word at the first generated token, per question,
+    unsteered and steered at both layers (their direction from their reply: judging a
+    reply is theirs; jaxmech's report reads the top token, below)."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxmech
+    from jaxmech.analysis.steering import authors_vectors
+    from jaxmech.families.llava import processor as P
+    from jaxmech.models.edits import Edits
+
+    ref, ids = reference()
+    model = jaxmech.load(LLAVA, dtype=jnp.float32)
+    proc = P.load_processor(LLAVA, model.config, resize="pil")
+    tok = proc.tokenizer
+    layers = [int(y) for y in ref["steer_layers"]]
+    sites = [f"lm/resid_pre.{y}" for y in layers]
+
+    @jax.jit
+    def logp(inputs, add_YxSxD):
+        edits = Edits(add={s: a[None] for s, a in zip(sites, add_YxSxD)})
+        logits, _ = model.forward(inputs, edits=edits)
+        return jax.nn.log_softmax(logits[0, -1].astype(jnp.float32))
+
+    for c, case in enumerate(ref["case"]):
+        x, y, pos, neg, image_id = str(case).split("_")
+        wording = ("to the left or right of", "left", "right") if pos in ("left", "right") else (
+            "above or below", "above", "below")  # fmt: skip
+        q = f'Is the {x} {wording[0]} the {y}? Answer "{wording[1]}" or "{wording[2]}" only.'
+        photo = os.path.join(SAMPLE, "val2017", f"{int(image_id):012d}.jpg")
+        enc = P.encode(proc, [photo], [q])
+        tokens = np.asarray(enc.inputs.tokens_BxS[0])
+        rows = [int(np.flatnonzero(tokens == tok.token_to_id("▁" + w))[0]) for w in (x, y)]
+        read = [tok.token_to_id("▁" + w.capitalize()) for w in (pos, neg)]
+        S, D = tokens.shape[0], model.config.lm_width
+        zero = np.zeros((len(layers), S, D), np.float32)
+        np.testing.assert_allclose(np.asarray(logp(enc.inputs, zero))[read], ref["logp_CxRx2"][c, 0], atol=1e-4)  # fmt: skip
+        direction = their_direction(str(ref["reply"][c, 0]))
+        assert direction is not None  # the fixture's control replies are decisive
+        src, dst = CORNER[direction]
+        for r, layer in enumerate(layers):
+            delta = jnp.asarray(ids["universal_LxCxD"][list(ids["layers"]).index(layer)])
+            add = zero.copy()
+            for sign, row, norm in zip((1.0, -1.0), rows, ref["word_norm_CxYx2"][c, r]):
+                v = authors_vectors(delta, np.array([src]), np.array([dst]), np.array([norm]), 5.0)
+                add[r, row] += sign * np.asarray(v[0])
+            got = np.asarray(logp(enc.inputs, add))[read]
+            np.testing.assert_allclose(got, ref["logp_CxRx2"][c, 1 + r], atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="which questions are steered: their direction comes from the generated reply "
+    "(250 greedy tokens) tested for right / left / above / below in that order whatever "
+    "the question's relation (here every reply is 'left ...': all 5 steered, the above / "
+    "below ones along x); jaxmech's report from the top next token against the question's "
+    "own relation's words (the above / below ones not counted). Also, not reached here: "
+    "their verdict is the reply's text (generation in the reports is being added), their "
+    "IDs their 896 px canvases' (jaxmech's drawn probes'), their norm every occurrence's",
+)
+def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
+    """The report itself (`--protocol=authors --questions_from=coco_spatial_all`, layers
+    8 and 14) on their checkpoint and sample: it steers the questions they steer (their
+    reply decisive by their rule), and per question and layer the answer changes where
+    theirs does (the steered reply's verdict differs from the control's). Slow: the
+    report's ID probes and factorial steering on the 32-block model (~8 min on 2 busy
+    cores)."""
+    from jaxmech.reports import steering
+    from jaxmech.reports.driver import analyse_subject
+    from jaxmech.reports.subjects import open_checkpoint
+
+    ref, _ = reference()
+    run = open_checkpoint(LLAVA, grid=(4, 4), layers=(8, 14), protocol="authors", batch=8,
+                          questions_from="coco_spatial_all", data=SAMPLE, log=lambda *_: None)  # fmt: skip
+    res = analyse_subject(steering.REPORT, run, str(tmp_path), log=lambda *_: None)["res"]
+    authors = res["authors"]
+    ids = [int(os.path.basename(str(q.image)).split(".")[0]) for q in run.subject.photos.questions]
+    theirs = {int(str(c).split("_")[-1]): k for k, c in enumerate(ref["case"])}
+    assert sorted(ids) == sorted(theirs)  # the same 5 questions
+    steered = [their_direction(str(ref["reply"][theirs[i], 0])) is not None for i in ids]
+    counted = np.asarray(authors["counted"])[0, 0].tolist()
+    assert counted == steered, (ids, counted, steered)
+    for r in range(2):
+        flipped = (np.asarray(authors["plain"])[0, r] > 0) != (np.asarray(authors["id"])[0, r] > 0)
+        for b, image_id in enumerate(ids):
+            v = ref["verdict"][theirs[image_id]]
+            assert bool(flipped[b]) == (v[0] != v[1 + r]), image_id
