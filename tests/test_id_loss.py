@@ -104,9 +104,12 @@ def test_weight_zero_adds_nothing_to_loss_or_gradient():
     assert max(jax.tree_util.tree_leaves(diff)) == 0.0
 
 
+@pytest.mark.slow
 def test_weight_zero_trains_as_the_plain_model():
     """Same data, init and loss; the programs differ (the ID path is compiled in), so
-    the params agree up to float rounding, not bit for bit (BUILD_NOTES, guarantees)."""
+    the params agree up to float rounding, not bit for bit (BUILD_NOTES, guarantees).
+    Slow (~20 s: two training programs compiled); in the suite, weight 0 adding nothing
+    to the loss or its gradient is `test_weight_zero_adds_nothing_to_loss_or_gradient`."""
     base = tiny_vlm_config(steps=10, eval_every=10)
     out = []
     for cfg in (base, base.replace(id_site=1, id_weight=0.0)):
