@@ -136,6 +136,9 @@ class CheckpointFamily(NamedTuple):
     stand_in: StandIn | None = None
     reports: tuple[str, ...] = VLM_REPORTS
     generate: Callable | None = None
+    # the authors' steered layers per model of this family (`adversarial_steering.sh`'s
+    # CONFIG): (model_type, LM blocks, LM width) -> (their name, Hub name, (first, last))
+    authors_windows: tuple = ()
 
     kind = "checkpoint"
 

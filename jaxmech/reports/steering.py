@@ -55,6 +55,7 @@ from jaxmech.analysis.steering import (
     flip_rates,
 )
 from jaxmech.data.spec import RELATIONS
+from jaxmech.families.registry import FAMILIES
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -91,25 +92,15 @@ QUESTION_AXES = {"flips": -1, "curves": -2, "curves_paper": -2, "authors": -1, "
 BOX_TABLES = ("flips", "curves", "curves_paper", "relation")  # need X's cell: boxed questions
 
 # The authors' steered layers per model (`adversarial_steering.sh` CONFIG, `seq START
-# END`: both ends; layer L the residual after L blocks, their hook on `layers[L - 1]`'s
-# output), keyed by what identifies a checkpoint whatever its folder is called: its
-# config.json `model_type` and its LM's depth and width (blocks, hidden size) ->
-# (their name, the Hub checkpoint, (first, last) layer). The families jaxmech loads;
-# their llama-11b (10:20) and gemma-12b (10:22; its depth and width not checked here)
-# are not listed, llava-cot has no window there.
+# END`: both ends; layer L the residual after L blocks), keyed by what identifies a
+# checkpoint whatever its folder is called: its config.json `model_type` and its LM's
+# depth and width -> (their name, the Hub checkpoint, (first, last) layer). Each family
+# declares its own models' windows (`CheckpointFamily.authors_windows`); llava-cot has
+# none there, gemma-12b's depth and width are not checked here.
 AUTHORS_WINDOWS = {
-    ("qwen2_vl", 28, 1536): ("qwen2-2b", "Qwen/Qwen2-VL-2B-Instruct", (6, 16)),
-    ("qwen2_5_vl", 36, 2048): ("qwen-3b", "Qwen/Qwen2.5-VL-3B-Instruct", (8, 18)),
-    ("qwen2_5_vl", 28, 3584): ("qwen-7b", "Qwen/Qwen2.5-VL-7B-Instruct", (6, 16)),
-    ("llava", 32, 4096): ("llava-7b", "llava-hf/llava-1.5-7b-hf", (8, 20)),
-    ("llava", 40, 5120): ("llava-13b", "llava-hf/llava-1.5-13b-hf", (10, 20)),
-    ("internvl", 24, 896): ("internvl-1b", "OpenGVLab/InternVL3-1B-hf", (6, 16)),
-    ("internvl", 28, 1536): ("internvl-2b", "OpenGVLab/InternVL3-2B-hf", (6, 16)),
-    ("internvl", 28, 3584): ("internvl-8b", "OpenGVLab/InternVL3-8B-hf", (6, 16)),
-    ("internvl", 48, 5120): ("internvl-14b", "OpenGVLab/InternVL3-14B-hf", (12, 24)),
-    ("gemma3", 34, 2560): ("gemma-4b", "google/gemma-3-4b-it", (10, 22)),
-    ("mllama", 40, 4096): ("llama-11b", "meta-llama/Llama-3.2-11B-Vision-Instruct", (10, 20)),
-}
+    key: window for family in FAMILIES.values()
+    for key, window in getattr(family, "authors_windows", ())
+}  # fmt: skip
 
 
 def checkpoint_identity(folder: str) -> tuple[str, int, int]:

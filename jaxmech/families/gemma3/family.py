@@ -45,4 +45,7 @@ FAMILY = CheckpointFamily(
     sites=lambda config, p=None: checks.site_names(config),
     stand_in=None,
     reports=tuple(r for r in VLM_REPORTS if r != "temporal_ids"),  # no video view
+    authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
+        (("gemma3", 34, 2560), ("gemma-4b", "google/gemma-3-4b-it", (10, 22))),
+    ),
 )

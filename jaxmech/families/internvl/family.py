@@ -45,4 +45,10 @@ FAMILY = CheckpointFamily(
     sites=lambda config, p=None: checks.site_names(config),
     stand_in=None,
     reports=tuple(r for r in VLM_REPORTS if r != "temporal_ids"),  # no video view
+    authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
+        (("internvl", 24, 896), ("internvl-1b", "OpenGVLab/InternVL3-1B-hf", (6, 16))),
+        (("internvl", 28, 1536), ("internvl-2b", "OpenGVLab/InternVL3-2B-hf", (6, 16))),
+        (("internvl", 28, 3584), ("internvl-8b", "OpenGVLab/InternVL3-8B-hf", (6, 16))),
+        (("internvl", 48, 5120), ("internvl-14b", "OpenGVLab/InternVL3-14B-hf", (12, 24))),
+    ),
 )

@@ -41,4 +41,8 @@ FAMILY = CheckpointFamily(
     sites=lambda config, p=None: checks.site_names(config),
     stand_in=None,
     reports=tuple(r for r in VLM_REPORTS if r != "temporal_ids"),  # no video view
+    authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
+        (("llava", 32, 4096), ("llava-7b", "llava-hf/llava-1.5-7b-hf", (8, 20))),
+        (("llava", 40, 5120), ("llava-13b", "llava-hf/llava-1.5-13b-hf", (10, 20))),
+    ),
 )

@@ -40,4 +40,7 @@ FAMILY = CheckpointFamily(
     sites=lambda config, p=None: checks.site_names(config),
     stand_in=None,
     reports=tuple(r for r in VLM_REPORTS if r != "temporal_ids"),  # no video view
+    authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
+        (("mllama", 40, 4096), ("llama-11b", "meta-llama/Llama-3.2-11B-Vision-Instruct", (10, 20))),
+    ),
 )

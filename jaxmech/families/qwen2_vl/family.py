@@ -49,4 +49,9 @@ FAMILY = CheckpointFamily(
         write=stand_ins.write_stand_in,
         real_name="Qwen2-VL-2B-Instruct",
     ),
+    authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
+        (("qwen2_vl", 28, 1536), ("qwen2-2b", "Qwen/Qwen2-VL-2B-Instruct", (6, 16))),
+        (("qwen2_5_vl", 36, 2048), ("qwen-3b", "Qwen/Qwen2.5-VL-3B-Instruct", (8, 18))),
+        (("qwen2_5_vl", 28, 3584), ("qwen-7b", "Qwen/Qwen2.5-VL-7B-Instruct", (6, 16))),
+    ),
 )
