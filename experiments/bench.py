@@ -18,6 +18,8 @@ entry point has one device per core: `jaxmech.sizing.cpu_devices`).
     python -m experiments.bench --real_size    # every report on Qwen2-VL-2B's stand-in
     python -m experiments.bench --real_size --reference \
         --reference_python=/path/to/venv/bin/python   # its forward against transformers'
+    python -m experiments.bench --sharded_peak   # the stand-in's bytes per device, sharded
+        # over 4 fake CPU devices (bfloat16: --real_dtype) against one device
 
 Everything is measured in this one run; the report prints ratios between them.
 """
@@ -89,6 +91,14 @@ flags.DEFINE_string(
     "real_dir", None, "where --real_size's checkpoint is (default runs/real_size/FAMILY)"
 )
 flags.DEFINE_string("real_dtype", "bfloat16", "the dtype --real_size loads its checkpoint in")
+flags.DEFINE_bool(
+    "sharded_peak", False, "the --real_size stand-in (written once) loaded sharded over "
+    "--sharded_devices fake CPU devices and on one device, each in its own process: bytes "
+    "per device of its params and of its compiled forward, peak resident memory "
+    "(jaxmech.bench.sharded_peak)"
+)  # fmt: skip
+flags.DEFINE_integer("sharded_devices", 4, "--sharded_peak: the fake CPU devices sharded over")
+flags.DEFINE_integer("sharded_size", 448, "--sharded_peak: the forward's picture side in pixels")
 flags.DEFINE_bool(
     "reference", False, "with --real_size: instead of the reports, time jaxmech's forward "
     "and the reference's (transformers, sdpa) on the same folder, float32 and bfloat16, "
@@ -225,6 +235,24 @@ def real_size(python=None):
     print(f"results: {os.path.join(out, 'real_size.csv')}")
 
 
+def sharded_peak() -> None:
+    """--sharded_peak: the stand-in written (once), measured sharded and on one device."""
+    import os
+
+    from jaxmech.bench.real_size import write_stand_in
+    from jaxmech.bench.sharded_peak import sharded_peak as measure
+    from jaxmech.bench.sharded_peak import table
+    from jaxmech.families.registry import stand_in_family
+
+    name = stand_in_family(FLAGS.family).name
+    folder, real = write_stand_in(FLAGS.real_dir or os.path.join("runs", "real_size", name), name)
+    out = os.path.join(os.path.dirname(os.path.normpath(folder)), "sharded_peak")
+    print(f"stand-in checkpoint: {folder} (random weights, {real}'s layout), {FLAGS.real_dtype}")
+    rows = measure(folder, FLAGS.real_dtype, FLAGS.sharded_devices, FLAGS.sharded_size, out)
+    print("\n".join(table(rows)))
+    print(f"results: {os.path.join(out, 'sharded_peak.json')}")
+
+
 def against_reference(folder: str, python: str) -> None:
     """--real_size --reference: one row per dtype printed and written as reference.csv."""
     import csv
@@ -266,12 +294,14 @@ def main(argv):
         scaling = scaling_configs(config, widths, batches)  # bad values fail before timing
         if FLAGS.accelerator and not accel_ks:
             raise ValueError("--accel_ks is empty: give model counts, e.g. 64,256")
-        if FLAGS.vlm_tables or FLAGS.real_size:
+        if FLAGS.vlm_tables or FLAGS.real_size or FLAGS.sharded_peak:
             from jaxmech.families.registry import stand_in_family
 
             stand_in_family(FLAGS.family)  # an unknown --family fails here
         if FLAGS.vlm_tables and min(FLAGS.table_images, FLAGS.loop_images) < 1:
             raise ValueError("--table_images and --loop_images must be at least 1")
+        if FLAGS.sharded_peak and (FLAGS.sharded_devices < 2 or FLAGS.sharded_size < 28):
+            raise ValueError("--sharded_devices must be >= 2 and --sharded_size >= 28")
         if FLAGS.accel_segments < 1:
             raise ValueError(f"--accel_segments = {FLAGS.accel_segments}: expected >= 1")
         python = _reference_options() if FLAGS.reference else None
@@ -285,6 +315,8 @@ def main(argv):
         return vlm_tables()
     if FLAGS.real_size:
         return real_size(python)
+    if FLAGS.sharded_peak:
+        return sharded_peak()
 
     print(f"backend: {jax.default_backend()} x {jax.device_count()} device(s)")
     rate = matmul_rate()

@@ -6,19 +6,16 @@ Top-level API: one model handle for every family (`load(folder or ORG/NAME)` for
 configs; one `Edits` type for every family; training; the model-family and task
 registries; results loading; and the VLM interface of papers 003 / 004: a family's
 `view_for(config)`, scene specs, and the methods that run on any VLM family (mirror-swap
-patching, spatial IDs, the counterfactual table). Paper 000's dual encoder is
-`jaxmech.dual_encoder` (its `init_params`, `forward`, `encode_images`, `encode_texts`,
-`evaluate`, `decompose`, `with_static` are also exported here, as older code reads them).
+patching, spatial IDs, the counterfactual table) and paper 000's (`decompose`, text
+heads, alignment). Paper 000's dual encoder's own functions are `jaxmech.dual_encoder`'s.
 Axis letters: `jaxmech.shapes`.
 """
 
-from jaxmech import dual_encoder
+import importlib
+
 from jaxmech.analysis import counterfactuals
-from jaxmech.analysis.align import alignment_study, procrustes
-from jaxmech.analysis.decompose import decompose
 from jaxmech.analysis.patching import patch_logp, token_groups
 from jaxmech.analysis.spatial_ids import probe, spatial_ids, word_states
-from jaxmech.analysis.text_heads import eot_patterns, first_mention_preference
 from jaxmech.config import (
     SWEEPABLE,
     Config,
@@ -31,15 +28,37 @@ from jaxmech.config import (
 from jaxmech.data.relations1d import build_eval_sets, build_tables, sample_batch
 from jaxmech.data.spec import Grid, SceneSpec, probe_specs
 from jaxmech.data.tasks import Task, get_task
-from jaxmech.families import Family, get_family, load_checkpoint, register, view_for
-from jaxmech.families.dual_encoder.checks import with_static
-from jaxmech.families.dual_encoder.evaluate import evaluate
-from jaxmech.families.dual_encoder.model import encode_images, encode_texts, forward, init_params
+from jaxmech.families import get_family, load_checkpoint, register, view_for
 from jaxmech.families.vlm_view import Examples, Spans, VLMView, answer_ids, examples
 from jaxmech.model import Model, init, load
 from jaxmech.models.edits import TERMS, Edits, term_mask
 from jaxmech.results import load_run
 from jaxmech.train import build_data, init_state, stack_settings, train_models, train_step
+
+# Exports whose modules import a family's package: read on first use (module
+# `__getattr__`), so `import jaxmech` imports no family (a command imports only its own).
+_LAZY = {
+    "alignment_study": "jaxmech.analysis.align",
+    "procrustes": "jaxmech.analysis.align",
+    "decompose": "jaxmech.analysis.decompose",
+    "eot_patterns": "jaxmech.analysis.text_heads",
+    "first_mention_preference": "jaxmech.analysis.text_heads",
+    "dual_encoder": None,  # the module itself
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'jaxmech' has no attribute {name!r}")
+    module = importlib.import_module(_LAZY[name] or f"jaxmech.{name}")
+    value = module if _LAZY[name] is None else getattr(module, name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "SWEEPABLE",
@@ -48,7 +67,6 @@ __all__ = [
     "ConfigError",
     "Edits",
     "Examples",
-    "Family",
     "Grid",
     "Model",
     "ModelConfig",
@@ -67,17 +85,12 @@ __all__ = [
     "counterfactuals",
     "decompose",
     "dual_encoder",
-    "encode_images",
-    "encode_texts",
     "eot_patterns",
-    "evaluate",
     "examples",
     "first_mention_preference",
-    "forward",
     "get_family",
     "get_task",
     "init",
-    "init_params",
     "init_state",
     "load",
     "load_checkpoint",
@@ -95,6 +108,5 @@ __all__ = [
     "train_models",
     "train_step",
     "view_for",
-    "with_static",
     "word_states",
 ]

@@ -14,7 +14,9 @@ from absl import app, flags, logging
 
 from jaxmech import outdir, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
+from jaxmech.data.questions import PROTOCOLS
 from jaxmech.data.questions import SOURCES as QUESTION_SOURCES
+from jaxmech.models.hub import PLACES
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid, seeds_until, until_cap
 
@@ -88,8 +90,6 @@ def setup_runtime() -> None:
             pass
     enable_compilation_cache()
 
-
-PROTOCOLS = ("jaxmech", "authors")  # `--protocol`: whose a checkpoint's tables follow
 
 # Errors a user can cause (bad input, a damaged or busy folder, a full disk): they are
 # reported as one message, not a traceback. Anything else is a bug and keeps its traceback.
@@ -340,6 +340,9 @@ def define_checkpoint_flags(own_out: bool = True) -> None:
                         "(30%) of the machine's (default: the smaller of 40% and what is "
                         "available now less 1 GB)")  # fmt: skip
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the params' dtype")
+    flags.DEFINE_enum("place", "auto", list(PLACES), "the weights on one device, each matrix "
+                      "split over every device (shard), or auto: sharded where they do not "
+                      "fit one device's memory (jaxmech.load's place)")  # fmt: skip
     flags.DEFINE_enum("protocol", "jaxmech", list(PROTOCOLS), "whose protocol a checkpoint's "
                       "tables follow: the papers' authors' scripts or jaxmech's (BUILD_NOTES: "
                       "the difference table)")  # fmt: skip
@@ -376,7 +379,7 @@ def checkpoint_options(FLAGS) -> dict:
     layers = parse_layers(FLAGS.layers) if "layers" in FLAGS else None
     return dict(grid=grid, size=FLAGS.size, questions=FLAGS.questions,
                 seed=FLAGS.question_seed, layers=layers, batch=FLAGS.batch,
-                dtype=FLAGS.dtype, memory=FLAGS.memory, protocol=FLAGS.protocol,
-                questions_from=FLAGS.questions_from,
+                dtype=FLAGS.dtype, place=FLAGS.place, memory=FLAGS.memory,
+                protocol=FLAGS.protocol, questions_from=FLAGS.questions_from,
                 data=dataset_folder(FLAGS.questions_from, FLAGS.data),
                 per_block=FLAGS.per_block)  # fmt: skip

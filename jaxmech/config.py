@@ -317,17 +317,27 @@ class Settings(NamedTuple):
     id_weight: Any = 0.0
 
 
-# kind -> config class; filled by the registries (`families.registry`, `data.tasks`)
-MODEL_CONFIGS: dict[str, type] = {}
+# kind -> config class; filled by the registries (`families.registry`, `data.tasks`). A
+# model kind may hold a function returning its class instead (a family not imported yet):
+# it is called, and replaced by the class, when the kind is first used (`_class_of`).
+MODEL_CONFIGS: dict[str, Any] = {}
 TASK_CONFIGS: dict[str, type] = {}
+# a renamed model kind's old name -> its name now (`register_model_config`'s `formerly`):
+# results folders keep the kind their config.json / sweep.json was written with, so
+# `Config.from_json` reads the old name as the new one and users' runs still load and
+# resume. Only saved configs are read this way; a flag or spec must use the name now.
+RENAMED_MODEL_KINDS: dict[str, str] = {}
 _GROUPS = ("task", "model", "train")
 
 
-def register_model_config(kind: str, cls: type) -> None:
-    """Makes `cls` (a `ModelConfig` subclass) the config of `model_kind = kind`."""
-    if not issubclass(cls, ModelConfig):
+def register_model_config(kind: str, cls, formerly: tuple[str, ...] = ()) -> None:
+    """Makes `cls` (a `ModelConfig` subclass, or a function of no arguments returning
+    one, called when the kind is first used) the config of `model_kind = kind`;
+    `formerly`: the kind's old names, read as `kind` in saved configs (`from_json`)."""
+    if isinstance(cls, type) and not issubclass(cls, ModelConfig):
         raise TypeError(f"{cls.__name__}: a model config must subclass ModelConfig")
     MODEL_CONFIGS[kind] = cls
+    RENAMED_MODEL_KINDS.update(dict.fromkeys(formerly, kind))
 
 
 def register_task_config(kind: str, cls: type) -> None:
@@ -344,13 +354,18 @@ def _names(cls) -> tuple[str, ...]:
 def _class_of(table: dict, field: str, kind: Any) -> type:
     if kind not in table:
         fail(field, kind, "one of " + ", ".join(repr(k) for k in table))
+    if not isinstance(table[kind], type):  # a registered loader: its family's import
+        cls = table[kind]()
+        if not (isinstance(cls, type) and issubclass(cls, ModelConfig)):
+            raise TypeError(f"{field} = {kind!r}: its config loader returned {cls!r}")
+        table[kind] = cls
     return table[kind]
 
 
 def all_classes() -> dict[str, type]:
     """{"train": TrainConfig, "model:KIND": ..., "task:KIND": ...}: every config class."""
     out = {"train": TrainConfig}
-    out |= {f"model:{k}": c for k, c in MODEL_CONFIGS.items()}
+    out |= {f"model:{k}": _class_of(MODEL_CONFIGS, "model_kind", k) for k in MODEL_CONFIGS}
     return out | {f"task:{k}": c for k, c in TASK_CONFIGS.items()}
 
 
@@ -508,7 +523,8 @@ class Config:
     def from_json(cls, text: str) -> "Config":
         """The config a `to_json` text holds. Folders written before configs were split
         by family list every family's fields: those the run's family and task do not
-        have are dropped if they hold their defaults (they were never read)."""
+        have are dropped if they hold their defaults (they were never read). A model
+        kind's old name reads as its name now (`RENAMED_MODEL_KINDS`)."""
         raw = json.loads(text)
         unknown = sorted(set(raw) - set(_GROUPS))
         if unknown:
@@ -516,7 +532,9 @@ class Config:
         flat: dict[str, Any] = {}
         for g in _GROUPS:
             flat.update(raw.get(g, {}))
-        model = _class_of(MODEL_CONFIGS, "model_kind", flat.get("model_kind", DEFAULT_MODEL_KIND))
+        kind = flat.get("model_kind", DEFAULT_MODEL_KIND)
+        flat["model_kind"] = RENAMED_MODEL_KINDS.get(kind, kind) if isinstance(kind, str) else kind
+        model = _class_of(MODEL_CONFIGS, "model_kind", flat["model_kind"])
         task = _class_of(TASK_CONFIGS, "task_kind", flat.get("task_kind", DEFAULT_TASK_KIND))
         own = set(_names(model)) | set(_names(task)) | set(_names(TrainConfig))
         for name in [n for n in flat if n not in own]:

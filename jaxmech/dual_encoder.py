@@ -1,5 +1,6 @@
-"""Paper 000's dual encoder under its own name: `jaxmech.dual_encoder.forward`, ... (the
-same functions `jaxmech` exports at the top level, kept there for older code)."""
+"""Paper 000's dual encoder under its own name: `jaxmech.dual_encoder.forward`,
+`init_params`, `encode_images`, `encode_texts`, `evaluate`, `decompose`, `with_static`
+(the family's own modules: `families.dual_encoder`)."""
 
 from jaxmech.analysis.decompose import decompose
 from jaxmech.families.dual_encoder.checks import with_static

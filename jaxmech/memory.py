@@ -9,6 +9,9 @@
   memory analysis of the program compiled for one row, counting what is held now
   once; a `Plan` logs what it expects and re-fits itself to a measured peak
   (`Plan.within`), because XLA's analysis is an estimate (it does not see host copies).
+  Sharded weights: XLA's analysis is per device, the weights counted by one device's
+  shards (`device_bytes`), and on CPU, whose fake devices share the host's memory,
+  a row costs its per-device bytes once per device.
 * `compiled_bytes`: a compiled program's bytes by XLA's analysis (also the training
   chunk's sizing's, `sizing`).
 
@@ -222,6 +225,34 @@ def tree_bytes(tree) -> int:
                    for x in jax.tree_util.tree_leaves(tree) if hasattr(x, "dtype")))  # fmt: skip
 
 
+def device_bytes(tree) -> int:
+    """The most bytes of a pytree's arrays that one device holds: a sharded array counts
+    its shard on each of its devices, a replicated one its whole on each (a host array,
+    with no shards, counts whole). One device's params: `tree_bytes`."""
+    per_device: dict = {}
+    host = 0
+    for x in jax.tree_util.tree_leaves(tree):
+        if not hasattr(x, "dtype"):
+            continue
+        size = np.dtype(x.dtype).itemsize
+        if not hasattr(x, "addressable_shards"):
+            host += int(np.prod(np.shape(x))) * size
+            continue
+        for shard in x.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + int(
+                np.prod(shard.data.shape) * size
+            )
+    return host + max(per_device.values(), default=0)
+
+
+def tree_devices(tree) -> int:
+    """How many devices a pytree's arrays lie on (1 for host arrays only)."""
+    devices = set()
+    for x in jax.tree_util.tree_leaves(tree):
+        devices |= set(getattr(getattr(x, "sharding", None), "device_set", ()))
+    return max(len(devices), 1)
+
+
 class Plan(NamedTuple):
     """How many rows (questions) one compiled call holds, and what that should cost:
     `held` (resident before the table: the runtime, the weights) + `per_row` x rows
@@ -232,14 +263,15 @@ class Plan(NamedTuple):
     per_row: float
     held: float
     budget: Budget
+    devices: int = 1  # the devices the program runs on (`plan_rows`)
 
     def bytes(self, rows: int | None = None) -> float:
         return self.held + self.per_row * (self.rows if rows is None else rows)
 
     def text(self) -> str:
         return (
-            f"{self.rows} question(s) per call at {self.per_row / 2**20:.1f} MiB each, "
-            f"{_gb(self.held)} held: plan "
+            f"{self.rows} question(s) per call at {self.per_row / 2**20:.1f} MiB each"
+            f"{_devices_text(self.devices)}, {_gb(self.held)} held: plan "
             f"{_gb(self.bytes())} of a {_gb(self.budget.bytes)} budget ({self.budget.how})"
         )
 
@@ -250,6 +282,14 @@ class Plan(NamedTuple):
         per = max((measured_peak - self.held) / self.rows, self.per_row)
         rows = _rows_within(self.budget.bytes - self.held, per, self.rows)
         return self._replace(rows=rows, per_row=per)
+
+
+def _devices_text(devices: int) -> str:
+    if devices == 1:
+        return ""
+    if jax.default_backend() == "cpu":  # `plan_rows`: every device's share is the host's
+        return f" (XLA's per-device bytes x {devices} devices, one host's memory)"
+    return f" on each of {devices} devices (the budget is one device's)"
 
 
 CPU_MAX_ROWS = 16  # more per call are not faster on CPU (BUILD_NOTES.md, Memory)
@@ -264,19 +304,25 @@ def _rows_within(room: float, per_row: float, most: int) -> int:
 
 
 def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
-              log=print) -> Plan:  # fmt: skip
+              log=print, devices: int = 1) -> Plan:  # fmt: skip
     """The rows per call of a program over rows (a table's questions) within `budget`.
 
     `compile_at(b)` compiles it for b rows. One compile, at one row: XLA's memory
-    analysis of it, less `resident_args` (arguments already held, e.g. the weights),
-    is charged to every row (its fixed part too: a plan that errs on the safe side and
-    costs no second compile of a large program; the persistent compilation cache
-    serves the run's own compile when one row is what fits). What this process holds
-    now (`held_bytes`) is counted once. The rows are the largest power of two that
-    fits, at most n (on CPU at most CPU_MAX_ROWS). Raises MemoryBudgetError when one
-    row does not fit."""
+    analysis of it, less `resident_args` (arguments already held on one device, e.g.
+    the weights or one device's shards of them: `device_bytes`), is charged to every
+    row (its fixed part too: a plan that errs on the safe side and costs no second
+    compile of a large program; the persistent compilation cache serves the run's own
+    compile when one row is what fits). What this process holds now (`held_bytes`) is
+    counted once. The rows are the largest power of two that fits, at most n (on CPU
+    at most CPU_MAX_ROWS). Raises MemoryBudgetError when one row does not fit.
+
+    `devices`: how many devices the program runs on (sharded weights). XLA's analysis
+    is one device's: on an accelerator the budget is one device's memory too (and
+    `held_bytes` the first device's); on CPU every device is the host's memory, so a
+    row costs `devices` times its per-device bytes."""
     log("  memory: sizing the call (compiling it for one question)")
-    per_row = max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
+    share = devices if jax.default_backend() == "cpu" else 1
+    per_row = share * max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
     release_freed()  # the compile's scratch
     held = held_bytes()
     most = min(n, CPU_MAX_ROWS) if jax.default_backend() == "cpu" else n
@@ -287,4 +333,4 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
             f"the budget of {_gb(budget.bytes)} ({budget.how}); raise --memory, lower "
             "--size or load with --dtype=bfloat16"
         )
-    return Plan(rows, per_row, held, budget)
+    return Plan(rows, per_row, held, budget, devices)

@@ -407,3 +407,61 @@ def accuracy_vs_steerability_figure(names, accuracy, steerability, note: str = "
     ax.set_title("Accuracy vs. Steerability" + (f"\n{note}" if note else ""), fontsize=9)
     ax.grid(True)
     return fig
+
+
+def target_curves_figure(rows, ticks, suptitle: str = ""):
+    """Figs. 6B and 7: each word's change of log p against the ID steered onto the
+    subject (x: the target cells `ticks`, as the authors key them), a curve per word
+    with its 95% band, the norm-matched noise control dashed. `rows`: rows of panels
+    (title, {curve: [T, 4] cells}, {control: [T, 4] cells}); a panel with nothing
+    counted is drawn empty."""
+    n_rows, n_cols = len(rows), max((len(r) for r in rows), default=1)
+    fig, axes = plt.subplots(max(n_rows, 1), n_cols, figsize=(3.6 * n_cols, 3.0 * max(n_rows, 1)),
+                             squeeze=False)  # fmt: skip
+    x = np.arange(len(ticks))
+    for r, row in enumerate(rows):
+        for c, (title, curves, controls) in enumerate(row):
+            ax, drawn = axes[r, c], False
+            for j, (label, v) in enumerate(curves.items()):
+                v = np.asarray(v, float).reshape(len(x), 4)
+                if (v[:, 3] == 0).all():
+                    continue
+                ax.plot(x, np.where(v[:, 3] > 0, v[:, 0], np.nan), "-", color=f"C{j}", label=label)
+                ax.fill_between(x, v[:, 1], v[:, 2], color=f"C{j}", alpha=0.25, lw=0)
+                drawn = True
+            for j, (label, v) in enumerate(controls.items()):
+                v = np.asarray(v, float).reshape(len(x), 4)
+                ax.plot(x, np.where(v[:, 3] > 0, v[:, 0], np.nan), "--", color=f"C{j}",
+                        alpha=0.6, lw=1, label=label)  # fmt: skip
+            if not drawn:
+                empty_panel(ax, "no question counted")
+            else:
+                ax.legend(fontsize=6, loc="best")
+            ax.axhline(0, color="gray", lw=0.5)
+            ax.set_xticks(x, ticks)
+            ax.set_xlabel("Intervention ID on subject")
+            ax.set_ylabel("Change in Log Prob (steered - unsteered)", fontsize=8)
+            ax.set_title(title, fontsize=9)
+    fig.suptitle(suptitle, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def target_share_figure(grids: dict, suptitle: str = ""):
+    """Per target cell, laid out as the image, the share of answers on the target's side
+    (0..1, written in each cell; blank: not a target). `grids`: {title: [H, W]}."""
+    fig, axes = _grid(max(len(grids), 1), 4, size=(3.0, 2.8))
+    for ax, (title, g) in zip(axes, grids.items()):
+        g = np.asarray(g, float)
+        im = ax.imshow(g, cmap="viridis", vmin=0, vmax=1)
+        for (i, j), v in np.ndenumerate(g):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7, color="w")
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.set_title(title, fontsize=8)
+        fig.colorbar(im, ax=ax, shrink=0.7).ax.tick_params(labelsize=6)
+    if not grids:
+        empty_panel(axes[0], "no layer")
+    fig.suptitle(suptitle, fontsize=9)
+    return fig

@@ -70,7 +70,7 @@ BY_NAME = {p.name: p for p in PROTOCOLS}
 # sees each frame alone, and the LM's three-part position ids carry the frame.
 VLM = {
     "task_kind": "scenes",
-    "model_kind": "ar_vlm",
+    "model_kind": "toy_vlm",
     "d_model": 32,
     "d_head": 8,
     "n_heads": 4,

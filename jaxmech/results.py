@@ -42,7 +42,7 @@ class Run(NamedTuple):
     params: Any  # stacked [K, ...]
     results: list[dict]
     curves: list[dict]
-    family: Any = None  # `families.Family` of the run's model_kind
+    family: Any = None  # `families.TrainedFamily` of the run's model_kind
     task: Any = None  # `data.tasks.Task` of its task_kind
     data: Any = None  # the task's tables and eval sets (`data.tasks.build_data`), if asked
 

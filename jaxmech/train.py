@@ -39,8 +39,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as PS
 
 from jaxmech.config import SWEEPABLE, Config, ConfigError, Settings, TrainConfig
-from jaxmech.data.tasks import Data, build_data, get_task  # noqa: F401  (Data: re-exported)
-from jaxmech.families import Family, family_for, trainable
+from jaxmech.data.tasks import Data, build_data, get_task
+from jaxmech.families import TrainedFamily, family_for, trainable
 
 # What every family's curves carry besides its metrics: the training health signals.
 TRAIN_FIELDS = ("loss", "grad_norm", "param_norm", "update_norm")
@@ -232,7 +232,9 @@ def train_step(state: TrainState, settings: Settings, data: Data, config: Config
     return new_state, {"loss": loss, "grad_norm": grad_norm, "update_norm": _tree_norm(updates)}
 
 
-def evaluate_state(state: TrainState, settings: Settings, data: Data, family: Family, config):
+def evaluate_state(
+    state: TrainState, settings: Settings, data: Data, family: TrainedFamily, config
+):
     """One model's metrics at `state` plus its parameter norm and step."""
     ev = family.evaluate(state.params, data.evals, data.tables, settings, config)
     return {**ev, "param_norm": _tree_norm(state.params), "step": state.step}

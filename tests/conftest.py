@@ -77,12 +77,12 @@ def tiny_config(**overrides):
     return Config().replace(**{**TINY, "steps": 20, "eval_every": 10, **overrides})
 
 
-# The tiny autoregressive VLM on the scenes task (`model_kind = "ar_vlm"`): small enough
+# The tiny autoregressive VLM on the scenes task (`model_kind = "toy_vlm"`): small enough
 # to compile and train in seconds. The VLM tests share it (and so its compiled programs
 # and the eager ops of its data: `train.build_data` on this task is built once per shape).
 TINY_VLM = dict(
     task_kind="scenes",
-    model_kind="ar_vlm",
+    model_kind="toy_vlm",
     grid_h=3,
     grid_w=3,
     n_labels=8,

@@ -62,6 +62,8 @@ def test_entry_points_ask_for_one_cpu_device_per_core_unless_told(monkeypatch):
     assert sizing.cpu_devices() is None
 
 
+# slow: the accelerator's own check (a subprocess compiling three training segments, ~40 s); run where a GPU is lent and in the slow set; its flags' refusals stay in the suite
+@pytest.mark.slow
 def test_the_accelerator_check_runs_on_fake_devices(tmp_path):
     """~60 s: a subprocess on 2 fake devices (none of the parent's programs apply) that
     compiles the footprint's two programs and the check's three training segments."""

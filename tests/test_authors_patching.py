@@ -144,26 +144,63 @@ def test_mirror_patching_equals_their_mirror_swapping_per_question():
     assert worst <= 1.0
 
 
+def test_llavas_authors_patching_view_asks_their_prompt():
+    """LLaVA's authors' patching wording (`FAMILY.authors_wordings`, the view the report
+    renders with under `--protocol=authors`) asks each sample question as their script:
+    the same tokens as `_their_inputs` (their prompt, no chat template), the photograph
+    resized by Pillow (the same pixel levels as `resize="pil"`), their "text" group
+    (`patching.authors_groups`) and object positions, and it reads their bare pieces
+    "left" / "right". No weights are read (< 5 s)."""
+    from types import SimpleNamespace
+
+    from PIL import Image
+
+    from jaxmech.analysis.patching import GROUPS, token_groups
+    from jaxmech.data.questions import load_questions
+    from jaxmech.data.spec import Grid
+    from jaxmech.families.llava.processor import load_processor, patches
+    from jaxmech.families.registry import read_checkpoint_config
+    from jaxmech.reports.batches import photo_batches
+    from jaxmech.reports.patching import authors_groups
+
+    ref = reference()
+    family, config = read_checkpoint_config(LLAVA)
+    view = family.view(
+        LLAVA, config, Grid(4, 4), None, wording=dict(family.authors_wordings)["patching"]
+    )
+    proc = load_processor(LLAVA, config, resize="pil")
+    qset = load_questions("coco_spatial_all", SAMPLE)
+    (batch,) = photo_batches(view, qset, (0,), (), "authors")
+    ex = batch.examples
+    bare = [proc.tokenizer.token_to_id(w) for w in ("left", "right")]
+    assert np.asarray(view.answer_words)[0].tolist() == bare
+    groups = authors_groups(token_groups(ex.spans), ex.spans)
+    for b, i in enumerate(batch.index):
+        image_id = int(os.path.basename(str(qset.questions[i].image)).split(".")[0])
+        query = str(ref["query"][list(ref["image_id"]).index(image_id)])
+        photo = Image.open(os.path.join(SAMPLE, "val2017", f"{image_id:012d}.jpg"))
+        inputs, theirs = _their_inputs(SimpleNamespace(config=config), proc, photo, query)
+        tokens, valid = (np.asarray(x)[b] for x in (ex.inputs.tokens_BxS, ex.inputs.valid_BxS))
+        np.testing.assert_array_equal(tokens[valid], inputs.tokens_BxS[0])
+        codes = patches(photo, proc.images, config.patch_size, codes=True)
+        np.testing.assert_array_equal(np.asarray(ex.inputs.pixels_BxPxF)[b], codes)
+        pad = int((~valid).sum())  # rows are left-padded: their positions shifted
+        for group, mine in (("image", "image"), ("text", "text"), ("text_objwords", "objects")):
+            got = np.flatnonzero(groups[GROUPS.index(mine), b]) - pad
+            assert got.tolist() == sorted(np.asarray(theirs[group]).tolist()), (image_id, group)
+
+
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="the prompt: jaxmech's authors protocol asks LLaVA through llava-hf's chat "
-    'template (\'USER: <image>\\n... Answer "left" or "right" only. ASSISTANT:\') and '
-    "reads the first token of 'left' / 'right' as the prompt spells them; their "
-    "mirror_swapping.py asks '<image>\\nQUESTION: ...?Answer left or right. ANSWER: ' with "
-    "no template and reads the bare pieces 'left' / 'right' (BUILD_NOTES 13, LLaVA-1.5); "
-    "also their 'text' group starts two image tokens early and their photographs are "
-    "resized by Pillow (transformers 4.53's slow CLIPImageProcessor), jaxmech's by "
-    "torchvision's (transformers 5's default)",
-)
 def test_the_patching_report_under_the_authors_protocol_equals_theirs(tmp_path):
     """The report itself (`--protocol=authors --questions_from=coco_spatial`) on their
     checkpoint and sample: its per-question change of "left" / "right" for the mirror
     patch at layer 2 (jaxmech's `resid_pre.2`, their `layers[1]` output) equals their
     layer-1 ratio, per question, for the groups both have (image, text, objects); the
-    tolerance as above, over the report's own denominators. Slow: the report's patch
-    table on the 32-block model compiles for minutes on 2 cores."""
+    tolerance as above, over the report's own denominators. It needs the LLaVA
+    family's authors' patching wording (`report_view`: their prompt without a chat
+    template, the bare pieces "left" / "right", Pillow's resize) and their "text" group
+    (`patching.authors_groups`); without any one of them it fails. Slow: the report on
+    the 32-block model (~1 min on 2 busy cores)."""
     from jaxmech.reports import patching
     from jaxmech.reports.driver import analyse_subject
     from jaxmech.reports.subjects import open_checkpoint

@@ -106,18 +106,15 @@ def test_universal_ids_equal_their_derivation_on_their_canvases():
     np.testing.assert_allclose(ids, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="axes by design: jaxmech's `analysis.spatial_ids.grid_axes` is the mean "
-    "one-cell step (ID(x + 1) - ID(x)); their `compute_axes.py` the mean of ID(x2) - ID(x1) "
-    "over every pair x1 <= x2 (equal ones included), a differently weighted combination "
-    "(BUILD_NOTES 13: 'axes over every pair of cells' not reproduced)",
-)
 def test_grid_axes_of_their_ids_equal_their_axes():
-    """jaxmech's axes of their universal IDs equal their axes at every layer."""
+    """jaxmech's axes of their universal IDs under the authors' protocol
+    (`grid_axes(authors=True)`: every pair of cells) equal their axes at every layer;
+    jaxmech's own (the mean one-cell step) do not (a check that the comparison can fail)."""
     from jaxmech.analysis.spatial_ids import grid_axes
 
     ref = reference()
-    x_axis, y_axis = grid_axes(ref["universal_LxCxD"], 4, 4)
+    x_axis, y_axis = grid_axes(ref["universal_LxCxD"], 4, 4, authors=True)
     np.testing.assert_allclose(np.asarray(x_axis), ref["x_axis_LxD"], atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(y_axis), ref["y_axis_LxD"], atol=1e-4, rtol=1e-4)
+    own, _ = grid_axes(ref["universal_LxCxD"], 4, 4)
+    assert not np.allclose(np.asarray(own), ref["x_axis_LxD"], atol=1e-4, rtol=1e-4)

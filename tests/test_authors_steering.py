@@ -65,6 +65,36 @@ def test_their_steering_ran_on_every_worded_question():
             assert verdict == want
 
 
+def test_reply_direction_is_their_response_test():
+    """`analysis.steering.reply_direction` steers what their response test steers: on
+    their stored replies and on replies naming both words, one word, words inside
+    others, or none; `reply_corners` moves X between the corners they use per word
+    (`CORNER`), whatever the question's relation."""
+    import jax.numpy as jnp
+
+    from jaxmech.analysis.steering import (
+        REPLY_WORDS,
+        reply_corners,
+        reply_direction,
+        token_directions,
+    )
+
+    ref, _ = reference()
+    replies = [str(r) for r in np.ravel(ref["reply"])] + [
+        "Left.", "RIGHT", "left or right", "leftmost", "Above, not below", "below",
+        "the cat is above the dog and to the left", "no idea", "",
+    ]  # fmt: skip
+    for reply in replies:
+        assert reply_direction(reply) == their_direction(reply), reply
+    table = token_directions(REPLY_WORDS + ("left right", "cat"))
+    np.testing.assert_array_equal(table, [0, 1, 2, 3, -1, -1])
+    logits = jnp.eye(len(table))  # example b's top token is entry b
+    src, dst, counted = reply_corners(logits, table, 4, 4)
+    for b, word in enumerate(REPLY_WORDS):
+        assert (int(src[b]), int(dst[b])) == CORNER[word], word
+    assert np.asarray(counted).tolist() == [True] * 4 + [False, False]
+
+
 def test_steered_first_token_equals_theirs_per_question():
     """jaxmech's forward with `Edits.add` at `lm/resid_pre.L` and jaxmech's
     `analysis.steering.authors_vectors` over their universal IDs and norms gives their
@@ -119,24 +149,19 @@ def test_steered_first_token_equals_theirs_per_question():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="which questions are steered: their direction comes from the generated reply "
-    "(250 greedy tokens) tested for right / left / above / below in that order whatever "
-    "the question's relation (here every reply is 'left ...': all 5 steered, the above / "
-    "below ones along x); jaxmech's report from the top next token against the question's "
-    "own relation's words (the above / below ones not counted). Also, not reached here: "
-    "their verdict is the reply's text (generation in the reports is being added), their "
-    "IDs their 896 px canvases' (jaxmech's drawn probes'), their norm every occurrence's",
-)
 def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     """The report itself (`--protocol=authors --questions_from=coco_spatial_all`, layers
     8 and 14) on their checkpoint and sample: it steers the questions they steer (their
     reply decisive by their rule), and per question and layer the answer changes where
-    theirs does (the steered reply's verdict differs from the control's). Slow: the
-    report's ID probes and factorial steering on the 32-block model (~8 min on 2 busy
-    cores)."""
+    theirs does (the steered reply's verdict differs from the control's). It needs
+    their reply test on the model's answer (`analysis.steering.reply_corners`: "left"
+    to an above / below question steers along x; jaxmech's `answer_corners` read the
+    question's own relation's words and left 632, 885 out). What it cannot tell apart:
+    their answer is a 250-token reply ("left left ...", the fixture's) where jaxmech's
+    report reads the top token, their verdict the reply's text, their norm every
+    occurrence's (no object word in these replies) and their IDs their canvases' (no
+    verdict changes here). Slow: the report's ID probes and factorial steering on the
+    32-block model (~9 min on 2 busy cores)."""
     from jaxmech.reports import steering
     from jaxmech.reports.driver import analyse_subject
     from jaxmech.reports.subjects import open_checkpoint

@@ -85,12 +85,12 @@ def test_the_model_and_task_groups_are_the_chosen_family_and_task_configs():
 
     c = Config()
     assert type(c.model) is DualEncoderConfig and c.task.task_kind == "1d"
-    v = c.replace(model_kind="ar_vlm", task_kind="scenes", grid_h=3, d_model=16, n_heads=2)
+    v = c.replace(model_kind="toy_vlm", task_kind="scenes", grid_h=3, d_model=16, n_heads=2)
     assert type(v.model) is ToyVLMConfig and type(v.task) is SceneConfig
     assert v.task.image_len == 12 and v.model.d_model == 16  # derived (3 x 4); shared
     assert not hasattr(v.model, "vision_pos") and not hasattr(v.task, "caption_mode")
     # a field the chosen family or task does not have is refused, naming them
-    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'ar_vlm'"):
+    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'toy_vlm'"):
         v.replace(vision_pos="rope")
     with pytest.raises(ConfigError, match="grid_h is not a field of task_kind = '1d'"):
         c.replace(grid_h=3)

@@ -15,7 +15,7 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.data import scenes as sc
 from jaxmech.data import spec as sp
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples, margin
@@ -24,7 +24,7 @@ from jaxmech.models.edits import Edits
 
 def _setup(**overrides):
     config = tiny_vlm_config(grid_h=3, grid_w=4, **overrides)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(2))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(2))
     s = sc.build_eval_sets(config.task, sc.build_tables(config.task)).unseen_pair
     view = toy_view(config)
     return config, params, view, examples(view, sc.eval_specs(config.task, s)["examples"])
@@ -490,7 +490,7 @@ def test_the_row_mirror_of_a_video_is_the_identity_the_vit_sees():
 
     for vit_pos in ("learned2d", "sincos2d"):
         config = tiny_vlm_config(task_kind="video", grid_h=4, vit_frames=True, vit_pos=vit_pos)
-        params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+        params = toy_vlm.init_params(config, jax.random.PRNGKey(0))
         view = toy_view(config)
         spans = view.render(sp.take(_video_spec(config), [0]))[1]
         cfs = cfa.build(view, params, spans, ("plain", "vit_h"))

@@ -14,7 +14,7 @@ from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import probe_specs, take
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples
 from jaxmech.reports import diagnostics as report
@@ -71,7 +71,7 @@ def test_occlusion_blanks_one_cell_and_random_cells_avoid_the_objects():
 def test_diagnose_runs_and_occluding_a_free_cell_changes_nothing():
     config = tiny_vlm_config(lm_n_layers=2)
     t, view = config.task, toy_view(config)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(0))
     s = sc.build_eval_sets(t, sc.build_tables(t)).unseen_pair
     spec = sc.eval_specs(t, s)["examples"]
     ex = examples(view, take(spec, np.asarray(spec.relation_B) < 2))
@@ -99,7 +99,7 @@ def test_each_relation_is_probed_in_its_own_template():
     every Y probe was horizontal) does not."""
     config = tiny_vlm_config(lm_n_layers=2)
     view = toy_view(config)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(0))
     labels = range(1, config.task.n_labels + 1)
     probes = [[si.probe(view, labels, 2, named_first=f, relation=r) for f in (True, False)] for r in (0, 1)]  # fmt: skip
 

@@ -205,7 +205,7 @@ def checkpoint_flags(**kw):
     return Flags(**{"grid": "2x2", "size": 112, "questions": 1, "question_seed": 0,
                     "layers": None, "batch": 1, "dtype": "float32", "memory": None,
                     "protocol": "jaxmech", "questions_from": "drawn", "data": None,
-                    "per_block": False, "out": None, **kw})  # fmt: skip
+                    "per_block": False, "out": None, "place": "auto", **kw})  # fmt: skip
 
 
 def test_report_flags_resolve_hub_names_and_name_results_by_repo(cache):

@@ -23,7 +23,7 @@ from jaxmech.data.tasks import get_task
 from jaxmech.families import trainable
 from jaxmech.families.toy_vlm import id_loss
 from jaxmech.families.toy_vlm import loss as answer
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.train import build_data, stack_settings, train_models
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +38,7 @@ def _setup():
     batch = get_task("scenes").sample_batch(
         data.tables, jax.random.key(1), cfg.settings(), cfg.task, 16
     )
-    return cfg, jax.jit(ar_vlm.init_params, static_argnums=0)(cfg, jax.random.key(0)), batch
+    return cfg, jax.jit(toy_vlm.init_params, static_argnums=0)(cfg, jax.random.key(0)), batch
 
 
 def test_pair_probe_puts_x_at_every_cell_and_keeps_y():
@@ -121,6 +121,8 @@ def test_weight_zero_trains_as_the_plain_model():
     assert max(jax.tree_util.tree_leaves(moved)) > 0
 
 
+# slow: a two-model sweep over the ID weight (~13 s); the loss's identities and the weight-zero gradient stay in the suite
+@pytest.mark.slow
 def test_weight_is_sweepable_and_changes_training():
     cfg = tiny_vlm_config(steps=10, eval_every=10, id_site=1)
     both = [cfg.replace(id_weight=w).settings() for w in (0.0, 1.0)]
@@ -237,6 +239,8 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
         analyse(report.REPORT, base, log=quiet)
 
 
+# slow: two fine-tune sweeps (~20 s); the kill -9 resume identity of a sweep stays in the suite (test_toy_vlm_family)
+@pytest.mark.slow
 def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finetuned, tmp_path):
     """~10 s alone (~35 s while the other worker compiles: the subprocess shares the two
     cores): a CLI fine-tune (imports, then the shared cache's programs: the in-process
@@ -346,7 +350,7 @@ def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
     from jaxmech.families.qwen2_vl.family import trainable
     from jaxmech.families.qwen2_vl.params import is_shape, param_shapes
     from jaxmech.families.qwen2_vl.stand_in import QWEN2_VL_2B
-    from jaxmech.reports import id_finetune as idf
+    from jaxmech.finetune import trained_leaves
     from jaxmech.train import param_paths, path_mask
 
     _, config, params = load_checkpoint(os.path.join(QWEN_FIXTURES, variant))
@@ -357,7 +361,7 @@ def test_checkpoint_fine_tune_trains_the_authors_leaves(variant):
     trained = _trained_paths(params, spec)
     assert trained == want and not any(p.startswith("merger/") for p in trained)
     # what a finished fine-tune keeps (`trained_leaves`): those leaves and no other
-    kept = idf.trained_leaves(params, jax.tree_util.tree_leaves(path_mask(params, spec)))
+    kept = trained_leaves(params, jax.tree_util.tree_leaves(path_mask(params, spec)))
     assert {param_paths(params)[int(i)] for i in kept} == want
     big = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(s, jnp.float32),
                                  param_shapes(from_hf(QWEN2_VL_2B)), is_leaf=is_shape)  # fmt: skip

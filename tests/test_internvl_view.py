@@ -105,6 +105,8 @@ def run_report(report, protocol="jaxmech", layers=(1,), out=None):
     return res
 
 
+# slow: every report on a third family (~14 s); the same reports on Qwen2-VL and LLaVA and InternVL's forward (contract test) stay in the suite
+@pytest.mark.slow
 def test_paper_003_004_reports_run_on_internvl(tmp_path):
     """~20 s on a quiet machine (estimate): the patching (authors' protocol: the
     resumed forward) and counterfactual reports with `--checkpoint` on the fixture, each

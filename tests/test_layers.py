@@ -85,6 +85,13 @@ def test_every_import_obeys_the_layer_rules():
         ("jaxmech.families.toy_vlm.model", "jaxmech.families.dual_encoder.checks", False),
         ("jaxmech.models.attention", "jaxmech.data.scenes", False),
         ("jaxmech.data.scenes", "jaxmech.train", False),
+        ("jaxmech", "jaxmech.families.dual_encoder.model", False),
+        ("jaxmech", "jaxmech.families.vlm_view", True),
+        ("jaxmech.model", "jaxmech.families.qwen2_vl.load", False),
+        ("jaxmech.families.registry", "jaxmech.families.llava.family", False),
+        ("jaxmech.sweep.spec", "jaxmech.sweep.runs", False),
+        ("jaxmech.reports.subjects", "jaxmech.cli", False),
+        ("jaxmech.sweep.runs", "jaxmech.sweep.spec", True),
     ],
 )
 def test_the_rules_refuse_what_the_layers_forbid(module, target, ok):

@@ -127,6 +127,8 @@ def _llava_run(protocol="jaxmech", layers=(1,)):
                            protocol=protocol, log=quiet)  # fmt: skip
 
 
+# slow: every report on LLaVA (~13 s); the same reports on Qwen2-VL and on the stand-in family, and LLaVA's forward (contract test), stay in the suite
+@pytest.mark.slow
 def test_paper_003_004_reports_run_on_llava(tmp_path):
     """~20 s: the patching (authors' protocol) and counterfactual reports through
     `--checkpoint`'s path (`open_checkpoint`, `analyse_subject`) on the fixture, each one

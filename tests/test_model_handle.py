@@ -20,7 +20,7 @@ from jaxmech.train import build_data
 DUAL = dict(d_embed=16, image_len=8, n_labels=8, n_val_labels=3, n_pair_labels=5,
             layouts_per_pair=5, d_model=32, d_head=8, n_heads=4, n_layers=2, mlp=True,
             d_mlp=32)  # fmt: skip
-TOY = dict(task_kind="scenes", model_kind="ar_vlm", grid_h=2, grid_w=3, n_labels=6,
+TOY = dict(task_kind="scenes", model_kind="toy_vlm", grid_h=2, grid_w=3, n_labels=6,
            n_val_labels=2, n_pair_labels=4, d_model=16, d_head=8, n_heads=2, d_mlp=16,
            n_layers=2, lm_n_layers=2)  # fmt: skip
 
@@ -38,10 +38,10 @@ def toy_case():
     rng = np.random.default_rng(0)
     cells = [jnp.asarray(rng.integers(1, n, (3, 6)), jnp.int32) for n in (7, 5, 3)]
     question = jnp.asarray(rng.integers(0, 15, (3, 8)), jnp.int32)
-    return "ar_vlm", config, SceneBatch(*cells, question, question[:, 0], question[:, 0] * 0)
+    return "toy_vlm", config, SceneBatch(*cells, question, question[:, 0], question[:, 0] * 0)
 
 
-@pytest.mark.parametrize("case", [dual_case, toy_case], ids=["dual_encoder", "ar_vlm"])
+@pytest.mark.parametrize("case", [dual_case, toy_case], ids=["dual_encoder", "toy_vlm"])
 def test_sites_are_the_forwards_names(case):
     kind, config, inputs = case()
     model = jaxmech.init(kind, config, jax.random.key(1))

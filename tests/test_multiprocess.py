@@ -105,18 +105,18 @@ def test_only_process_0_writes_the_folder(tmp_path, monkeypatch):
 
 def test_an_error_on_process_0_stops_the_others(monkeypatch):
     told = []
-    monkeypatch.setattr(sweep, "_share", lambda x: told.append(int(x)) or x)
+    monkeypatch.setattr(sweep.processes, "_share", lambda x: told.append(int(x)) or x)
 
     def fails():
         raise checkpoint.CheckpointError("damaged")
 
     with pytest.raises(checkpoint.CheckpointError):  # process 0: its own error ...
-        sweep._on_writer(fails, np.int32(0))
+        sweep.processes._on_writer(fails, np.int32(0))
     assert told == [2]  # ... after telling the others
     monkeypatch.setattr(jax, "process_index", lambda: 1)
-    monkeypatch.setattr(sweep, "_share", lambda x: np.int32(2))
+    monkeypatch.setattr(sweep.processes, "_share", lambda x: np.int32(2))
     with pytest.raises(sweep.OtherProcessError, match="process 0"):
-        sweep._on_writer(lambda: pytest.fail("only process 0 reads"), np.int32(0))
+        sweep.processes._on_writer(lambda: pytest.fail("only process 0 reads"), np.int32(0))
 
 
 # --- two real processes on localhost -------------------------------------------------

@@ -10,7 +10,7 @@ from conftest import tiny_vlm_config
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import spans, toy_view
 from jaxmech.families.vlm_view import examples
 
@@ -42,7 +42,7 @@ def test_token_groups():
 @pytest.fixture(scope="module")
 def model_and_set():
     config = tiny_vlm_config(lm_n_layers=2)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(3))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(3))
     tables = sc.build_tables(config.task)
     s = sc.build_eval_sets(config.task, tables).unseen_pair
     view = toy_view(config)

@@ -160,7 +160,9 @@ def test_at_most_n_questions_and_the_authors_sample_seed():
 
 def test_box_centres_weigh_on_the_cells_as_each_protocol_says():
     """A box centred on cell (0, 1)'s centre of a 2 x 2 grid: all its weight there
-    (centred), or split with the next cell as the authors' `utils/coco.py` does."""
+    (centred), or split with the next cell as the authors' `utils/coco.py` does; in
+    the last column their dict literal keeps only the last weight of the repeated
+    cell (x0 == x1), so their weights there sum to 1 - wx, here 0.5."""
     from jaxmech.data.questions import ImageQuestion
 
     run = opened("coco_spatial")
@@ -171,8 +173,9 @@ def test_box_centres_weigh_on_the_cells_as_each_protocol_says():
     np.testing.assert_allclose(centred[0], [0, 1, 0, 0], atol=1e-6)
     assert not centred[1].any()  # no box: no weight
     authors = batches.box_weights(view, q, (80, 80), authors=True)
-    np.testing.assert_allclose(authors[0], [0, 0.5, 0, 0.5], atol=1e-6)  # fy = 0.5: half below
-    assert np.isclose(authors[0].sum(), 1)
+    np.testing.assert_allclose(authors[0], [0, 0.25, 0, 0.25], atol=1e-6)  # fx = 1.5, fy = 0.5
+    inner = q._replace(boxes=((15.0, 15.0, 10.0, 10.0), None))  # fx = fy = 0.5: four cells
+    np.testing.assert_allclose(batches.box_weights(view, inner, (80, 80), True)[0], [0.25] * 4)
 
 
 def test_occlusions_hide_the_box_only_and_the_control_box_misses_it():

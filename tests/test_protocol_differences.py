@@ -190,7 +190,11 @@ def test_steering_under_the_authors_protocol_end_to_end(tmp_path):
                           protocol="authors", log=lambda *_: None)  # fmt: skip
     out = analyse_subject(rs.REPORT, run, str(tmp_path), log=lambda *_: None)
     rows = out["tables"]["authors"]
-    assert {r["site"] for r in rows} == {1} and all(0 <= r["n"] <= 4 for r in rows)
+    # 4 questions per relation, each steered along the axis its reply names; "both" pools
+    assert {r["site"] for r in rows} == {1}
+    assert all(0 <= r["n"] <= (8 if r["relation"] == "both" else 4) for r in rows)
+    n = {(r["relation"], r["kind"]): r["n"] for r in rows}
+    assert all(n["both", k] == n["horizontal", k] + n["vertical", k] for k in ("id", "noise"))
     (row,) = [r for r in rows if r["relation"] == "horizontal" and r["kind"] == "noise"]
     cell = out["summary"]["authors/layer 1/horizontal"]["noise"]
     assert cell[3] == row["n"]  # the interval rests on the counted questions

@@ -90,6 +90,8 @@ def test_verdict_reads_the_two_contrasts():
     assert "no clear N_pair effect" in verdict(trend(flat, cells))
 
 
+# slow: a reproduction end to end (trains, analyses, reports, resumes; ~15 s); its trend and verdict arithmetic stay in the suite
+@pytest.mark.slow
 def test_tiny_study_trains_analyses_reports_and_resumes(tmp_path):
     """~20 s: trains (150 finite-set steps), dissects, reports and reruns a one-protocol
     study end to end (the finite-set segment, the ablation table and EP-gradient

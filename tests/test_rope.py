@@ -282,6 +282,8 @@ def test_cls_profiles_read_a_planted_gradient():
     assert prof["relational"].all()
 
 
+# slow: the rope report's ablation table end to end (~15 s); the rotary forward's invariants stay in the suite
+@pytest.mark.slow
 def test_rope_ablation_table_and_permutation_invariance():
     cfg = ROPE.replace(n_labels=8, n_val_labels=3, n_pair_labels=5, layouts_per_pair=5)
     data = build_data(cfg)

@@ -52,8 +52,8 @@ class _FakeTraining:
 def _train(monkeypatch, out, passing, cap, rule=None, log=quiet):
     """A --seeds_until run of the tiny VLM in chunks of 2 on the fake training."""
     fake = _FakeTraining(out)
-    monkeypatch.setattr(sweep, "train_models", fake)
-    monkeypatch.setattr(sweep, "build_data", lambda cfg: None)
+    monkeypatch.setattr(sweep.runs, "train_models", fake)
+    monkeypatch.setattr(sweep.runs, "build_data", lambda cfg: None)
     grid = expand(tiny_vlm_config(steps=10, eval_every=10), {}, seeds=cap)
     res = run_grid(grid, out, chunk_size=2, until=seeds_until(grid, passing, cap, rule), log=log)
     return res, fake

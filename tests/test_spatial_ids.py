@@ -9,7 +9,7 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.data import scenes as sc
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import Spans, cell_tokens
 
@@ -56,7 +56,7 @@ def test_probe_scenes_and_states():
     assert (batch.labels_BxL[np.arange(N), cell] == label).all()
     assert ((batch.labels_BxL > 0).sum(1) == 2).all()
     assert (batch.question_BxQ[:, sc.X_SLOT] == sc.label_token(label)).all()
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(0))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(0))
     states = si.word_states(view, params, batch, pr.spans.x_B)
     assert states.shape == (si.n_sites(view, params), N, config.model.d_model) == (3, N, 16)
     basis = view.position_basis(params)
@@ -68,7 +68,7 @@ def test_analytic_ids_without_mlp_the_attention_writes_the_whole_block_id():
     the ID of the attention output is the block's whole ID; and the peak is a weight."""
     config = tiny_vlm_config(lm_n_layers=2, mlp=False)
     task, view = config.task, toy_view(config)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(1))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(1))
     pr = si.probe(view, range(1, task.n_labels + 1), placements=2)
     label, cell, L = pr.label_N, pr.cell_N, task.image_len
     _, aux = view.forward(params, pr.inputs, capture=True)

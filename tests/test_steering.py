@@ -11,7 +11,7 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import steering as st
 from jaxmech.data import scenes as sc
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples
 from jaxmech.models.edits import Edits
@@ -22,7 +22,7 @@ from jaxmech.stats import correlation_ci, mann_whitney_u
 @pytest.fixture(scope="module")
 def model_and_set():
     config = tiny_vlm_config(lm_n_layers=2)
-    params = ar_vlm.init_params(config, jax.random.PRNGKey(5))
+    params = toy_vlm.init_params(config, jax.random.PRNGKey(5))
     s = sc.build_eval_sets(config.task, sc.build_tables(config.task)).unseen_pair
     view = toy_view(config)
     return config, params, view, examples(view, sc.eval_specs(config.task, s)["examples"])
@@ -387,7 +387,7 @@ def test_two_checkpoints_write_fig_9_beside_the_medians(tmp_path):
     F = Flags(checkpoint=f"{tmp_path / 'a'},{tmp_path / 'b'}", out=str(tmp_path / "out"),
               grid="2x2", size=112, questions=1, question_seed=0, layers=None, batch=1,
               dtype="float32", memory=None, protocol="jaxmech", questions_from="drawn",
-              data=None, per_block=False)  # fmt: skip
+              data=None, per_block=False, place="auto")  # fmt: skip
     on_checkpoint = lambda run, out: {"summary": {"steerability": points[os.path.basename(out)]}}  # noqa: E731
     checkpoints_main(F, on_checkpoint, False, report.REPORT.across)
     record = json.load(open(tmp_path / "out" / "across_checkpoints.json"))

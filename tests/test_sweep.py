@@ -139,8 +139,8 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
     """Slow (~16-25 s: two CLI subprocesses, each ~2.5 s of imports, then the shared
     cache's programs, 10 checkpoints each). In the suite, a CLI sweep killed with SIGKILL
-    and resumed to the uninterrupted run's bits is `test_vlm_family`'s, and in-process
-    interrupted resumes are tested here and in `test_families`."""
+    and resumed to the uninterrupted run's bits is `test_toy_vlm_family`'s, and in-process
+    interrupted resumes are tested here and in `test_trained_family`."""
     steps = ["--steps=100", "--eval_every=10"]
     out = str(tmp_path / "killed")
     proc = subprocess.Popen(
@@ -380,7 +380,7 @@ def _diverged_copy(base: str, folder: str) -> str:
         ("negative", r"init_from.models\[0\] = -1 is out of range"),
         ("count", r"init_from.models has 1 entries for the grid's 2 model"),
         ("not_ints", r"init_from.models = .*expected one base model index"),
-        ("family", r"model_kind = 'dual_encoder' models, this grid trains 'ar_vlm'"),
+        ("family", r"model_kind = 'dual_encoder' models, this grid trains 'toy_vlm'"),
         ("shape", r"init_from.run = .*do not fit .*\['E'\] has shape"),
         ("static_name", r"init_from.static\['nope'\]: not a constant .*logit_scale_max"),
         ("static_shape", r"init_from.static\['logit_scale_max'\] has shape \(3,\)"),

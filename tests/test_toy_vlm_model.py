@@ -15,7 +15,7 @@ import pytest
 from jaxmech.analysis.vit_terms import vit_logit_terms
 from jaxmech.config import Config
 from jaxmech.data.scenes import SCENE_WORDS, label_token
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.checks import edit_names
 from jaxmech.models.edits import VIT_TERMS, Edits, term_mask
 
@@ -23,7 +23,7 @@ GH, GW, Q, B = 3, 4, 8, 3
 L = GH * GW
 S = L + Q
 SMALL = dict(
-    task_kind="scenes", model_kind="ar_vlm", grid_h=GH, grid_w=GW, n_labels=6, n_val_labels=2,
+    task_kind="scenes", model_kind="toy_vlm", grid_h=GH, grid_w=GW, n_labels=6, n_val_labels=2,
     n_pair_labels=4,
     d_model=16, d_head=8, n_heads=2, d_mlp=16, n_layers=2, lm_n_layers=2,
     init_E=1.0, init_P=1.0, rope_base=10.0,
@@ -36,7 +36,7 @@ def config(**kw):
 
 @functools.lru_cache(maxsize=None)
 def _params(items):
-    return ar_vlm.init_params(config(**dict(items)), jax.random.PRNGKey(3))
+    return toy_vlm.init_params(config(**dict(items)), jax.random.PRNGKey(3))
 
 
 def params(**kw):
@@ -55,7 +55,7 @@ def inputs(seed=0, batch=B):
 
 def run(p, x, **kw):
     """The forward's logits, or with `capture` (logits, intermediates)."""
-    logits, aux = ar_vlm.forward(p, *x, **kw)
+    logits, aux = toy_vlm.forward(p, *x, **kw)
     return (logits, aux) if kw.get("capture") else logits
 
 
@@ -82,12 +82,12 @@ def test_layout_and_vocab():
 
 def test_mrope_default_ids():
     p = params(lm_pos_ids="mrope")
-    ids = np.asarray(ar_vlm.lm_position_ids(p, Q))
+    ids = np.asarray(toy_vlm.lm_position_ids(p, Q))
     rows, cols = cell_rows_cols()
     np.testing.assert_array_equal(ids[:, :L], np.stack([0 * rows, rows, cols]))
     text = max(GH, GW) + np.arange(Q)  # continues after the largest image id (3)
     np.testing.assert_array_equal(ids[:, L:], np.stack([text] * 3))
-    seq = np.asarray(ar_vlm.lm_position_ids(params(), Q))
+    seq = np.asarray(toy_vlm.lm_position_ids(params(), Q))
     np.testing.assert_array_equal(seq, np.stack([np.arange(S)] * 3))
 
 
@@ -99,7 +99,7 @@ def _position_jacobian(p, x):
 
     def per_position(delta):
         _, aux = run(p, x, edits=Edits(add={"lm/resid_pre.0": delta}), capture=True)
-        logits = ar_vlm.unembed(p, aux["lm/resid_post.1"])  # [B, S, V]
+        logits = toy_vlm.unembed(p, aux["lm/resid_post.1"])  # [B, S, V]
         return logits.sum(axis=(0, 2))
 
     jac = jax.jacrev(per_position)(jnp.zeros((B, S, 16)))  # [S, B, S, D]
@@ -120,7 +120,7 @@ def test_lm_is_causal(pos_ids):
 def test_lm_rope_depends_on_offsets_only(pos_ids):
     p = params(lm_pos_ids=pos_ids)
     x = inputs()
-    base = np.asarray(ar_vlm.lm_position_ids(p, Q))
+    base = np.asarray(toy_vlm.lm_position_ids(p, Q))
     logits, aux = run(p, x, capture=True)
     shift = np.asarray([[5.0], [-2.0], [7.5]])  # each of (t, row, col) its own shift
     moved, aux_m = run(p, x, edits=Edits(lm_pos_ids=jnp.asarray(base + shift)), capture=True)
@@ -186,7 +186,7 @@ def test_noop_edits_are_bit_identical(kw):
     x = inputs()
     plain = np.asarray(run(p, x))
     rows, cols = (jnp.asarray(a, jnp.float32) for a in cell_rows_cols())
-    ids = ar_vlm.lm_position_ids(p, Q)
+    ids = toy_vlm.lm_position_ids(p, Q)
     names = edit_names(p)
     noops = [
         Edits(vit_rows=rows, vit_cols=cols),
@@ -209,7 +209,7 @@ def test_vmap_over_params_and_edits_equals_loop():
     `init_params` compiles slowly (one random draw per parameter) and adds nothing here
     (the sweep test runs one)."""
     c = config(lm_pos_ids="mrope", vit_window=2, vit_global_blocks="1")
-    models = [ar_vlm.init_params(c, jax.random.PRNGKey(k)) for k in range(3)]
+    models = [toy_vlm.init_params(c, jax.random.PRNGKey(k)) for k in range(3)]
     stacked = jax.tree_util.tree_map(lambda *a: jnp.stack(a), *models)
     orders = jnp.stack([jnp.arange(L), jnp.arange(L)[::-1], jnp.roll(jnp.arange(L), 3)])
     x = inputs()
@@ -283,13 +283,13 @@ def test_tied_label_words_are_the_projected_vit_labels(projector):
     words = np.asarray(p["lm"]["E"])
     label = np.where(is_label, q - label_token(1) + 1, 0)
     want = np.where(is_label[..., None], tied[label], words[q])
-    close(ar_vlm.question_embedding(p, x[3]), want, 1e-5)
+    close(toy_vlm.question_embedding(p, x[3]), want, 1e-5)
     moved = {**p, "lm": {**p["lm"], "E": p["lm"]["E"].at[label_token(1) :].add(1.0)}}
     close(run(moved, x), run(p, x), 1e-6)
     untied, moved_untied = (
         {**a, "static": {**a["static"], "tie_labels": jnp.float32(0.0)}} for a in (p, moved)
     )
-    close(ar_vlm.question_embedding(untied, x[3]), words[q], 0.0)
+    close(toy_vlm.question_embedding(untied, x[3]), words[q], 0.0)
     # untied, the same change of lm/E moves the logits: the invariance above is not vacuous
     assert np.abs(np.asarray(run(moved_untied, x) - run(untied, x))).max() > 1e-3
 
@@ -311,7 +311,7 @@ def test_errors_name_the_argument():
     ]
     for args, kw, name in bad:
         with pytest.raises(ValueError, match=name.replace(".", r"\.")):
-            ar_vlm.forward(p, *args, **kw)
+            toy_vlm.forward(p, *args, **kw)
     with pytest.raises(ValueError, match="term_keep"):
         run(params(vit_pos="rope2d"), x, edits=Edits(term_keep={"vit": jnp.ones((2, 16))}))
     stacked = jax.tree_util.tree_map(lambda a: a[None], p)
@@ -321,7 +321,7 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"params\['lm'\].*W_U"):
         run(no_block, x)
     with pytest.raises(ValueError, match="d_head"):
-        ar_vlm.init_params(config(vit_pos="rope2d", d_head=6), jax.random.PRNGKey(0))
+        toy_vlm.init_params(config(vit_pos="rope2d", d_head=6), jax.random.PRNGKey(0))
 
 
 def test_jitted_value_and_grad_trains():

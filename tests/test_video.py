@@ -14,7 +14,7 @@ from conftest import tiny_vlm_config
 from jaxmech.config import ConfigError
 from jaxmech.data import scenes as sc
 from jaxmech.data import video
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.results import load_run
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import build_data
@@ -78,14 +78,14 @@ def test_time_reversed_twins_flip_before_and_after():
 
 def test_vit_sees_each_frame_alone_and_no_time():
     cfg = _config(n_layers=2, lm_pos_ids="mrope")
-    p = ar_vlm.init_params(cfg, jax.random.key(0))
+    p = toy_vlm.init_params(cfg, jax.random.key(0))
     rng = np.random.default_rng(0)
     labels = rng.integers(1, 8, (2, T * W)).astype(np.int32)
     ones = np.ones_like(labels)
     q = np.asarray(sc.question_tokens(np.ones(2, np.int32), labels[:, 0], labels[:, 1]))
 
     def vit_out(lab):
-        _, aux = ar_vlm.forward(p, lab, ones, ones, q, capture=True)
+        _, aux = toy_vlm.forward(p, lab, ones, ones, q, capture=True)
         return np.asarray(aux["proj/out"])
 
     base = vit_out(labels)
@@ -96,7 +96,7 @@ def test_vit_sees_each_frame_alone_and_no_time():
     assert np.all(changed[:, frame != 1] < 1e-5) and np.all(changed[:, frame == 1] > 1e-4)
     rolled = np.roll(labels, W, axis=1)  # every frame one step later
     np.testing.assert_allclose(vit_out(rolled), np.roll(base, W, axis=1), atol=1e-5)
-    ids = np.asarray(ar_vlm.lm_position_ids(p, 8))
+    ids = np.asarray(toy_vlm.lm_position_ids(p, 8))
     np.testing.assert_array_equal(ids[0, : T * W], frame)  # mrope t is the frame
     np.testing.assert_array_equal(ids[1, : T * W], 0)
 
@@ -151,6 +151,8 @@ def test_video_trains_with_time_metrics(video_run):
         assert row["unseen_min_acc"] == row["unseen_t_acc"]
 
 
+# slow: every temporal report on a trained video run (~20 s); the video task, view and time metrics stay in the suite
+@pytest.mark.slow
 def test_time_reports_run_on_a_video_run(video_run):
     from jaxmech.reports import patching, temporal_ids
     from jaxmech.reports.common import analyse

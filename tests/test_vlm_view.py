@@ -17,7 +17,7 @@ from jaxmech.analysis.patching import GROUPS
 from jaxmech.config import TransformerConfig
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
-from jaxmech.families import FAMILIES, Family, register
+from jaxmech.families import FAMILIES, TrainedFamily, register
 from jaxmech.families.vlm_view import Spans, VLMView, examples, margin, rows_at
 from jaxmech.models.attention import block_forward
 from jaxmech.models.edits import NO_EDITS
@@ -136,7 +136,7 @@ def _evaluate(params, evals, tables, settings, config):
     return {"unseen_acc": (_margin(params, ex) > 0).astype(jnp.float32).mean()}
 
 
-BAG = Family(
+BAG = TrainedFamily(
     name="bag_vlm",
     init_params=_init,
     loss=_loss,

@@ -53,6 +53,7 @@ from jaxmech.families.dual_encoder.model import (
     vision_inputs,
 )
 from jaxmech.models.attention import block_input, logit_terms, n_blocks
+from jaxmech.models.layout import block as block_of
 
 
 def _check(params, x, tower: str, layer: int, positions) -> None:
@@ -140,7 +141,7 @@ def decompose(
     if layer > 0:
         parts.append(x_in - e_part - p_part)
         names = ("E", "P", "R")
-    block = params[tower][f"block_{layer}"]
+    block = block_of(params[tower], layer)
     _, parts, bias_in = block_input(block, x_in, parts)
     terms = logit_terms(block, parts, parts, bias_in, names)
     out = {**terms, **_grouped(terms, names)}

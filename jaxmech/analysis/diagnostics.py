@@ -11,6 +11,10 @@
   one along that axis, signed so that a positive value points the way of the right
   answer (`signed_deviation`). Wrong answers with negative deviations are errors of
   the ID, not of the read-out.
+  Under the authors' protocol (`diagnose(protocol="authors")`, paper 003's
+  `compute_coco_stats.py`): their all-pairs axes, the coordinates as dot products with
+  the Gram-Schmidt-orthonormalised axes (`plane_coords`: state units, not cells), and
+  the sign from the answer word (`answer_signs`).
 * Occlusion: the answer margin with X's cell, Y's cell, or a random cell holding
   neither blanked to background (label, colour and facing 0) (`occluded`). In this
   symbolic image a random cell away from the objects is background already, so its
@@ -41,14 +45,38 @@ def believed_coords(states_BxD, centres_BxD, h_D, v_D) -> jax.Array:
     return (states_BxD - centres_BxD) @ jnp.linalg.pinv(axes).T
 
 
-def signed_deviation(believed_x, believed_y, true_x, true_y, relation_B) -> jax.Array:
+def plane_coords(states_BxD, centres_BxD, h_D, v_D) -> jax.Array:
+    """[B, 2] paper 003's coordinates (`utils/linalg.py` `project_onto_plane`): the dot
+    products of `states - centres` with h normalised and v orthonormalised against it
+    (Gram-Schmidt), in units of the state, not cells."""
+    u = h_D / jnp.linalg.norm(h_D)
+    w = v_D - jnp.dot(v_D, u) * u
+    return (states_BxD - centres_BxD) @ jnp.stack([u, w / jnp.linalg.norm(w)], axis=1)
+
+
+# the coordinates on the ID axes, by protocol
+COORDS = {"jaxmech": believed_coords, "authors": plane_coords}
+
+
+def signed_deviation(believed_x, believed_y, true_x, true_y, relation_B, sign_B=None) -> jax.Array:
     """[B] the believed minus the true X-minus-Y displacement along the question's axis
     (column for relation 0, row for 1), times the sign of the true one (> 0: towards
-    the right answer). Arguments [B, 2] (column, row)."""
+    the right answer), or times `sign_B` [B] where given (the authors': +1 where the
+    answer word is "right" / "below", -1 "left" / "above", `answer_signs`). Arguments
+    [B, 2] (column, row)."""
     axis = jnp.asarray(relation_B)[:, None]
     pick = lambda c: jnp.take_along_axis(c, axis, axis=1)[:, 0]  # noqa: E731
     true = pick(true_x - true_y)
-    return jnp.sign(true) * (pick(believed_x - believed_y) - true)
+    sign = jnp.sign(true) if sign_B is None else jnp.asarray(sign_B)
+    return sign * (pick(believed_x - believed_y) - true)
+
+
+def answer_signs(view: VLMView, ex: Examples) -> jax.Array:
+    """[B] +1 where the answer is its relation's second word ("right", "below": X's
+    coordinate the larger), else -1: paper 003's `compute_spatial_distance` signs its
+    deviation by the caption's word, not by the boxes' displacement."""
+    second = jnp.asarray(view.answer_words)[jnp.asarray(ex.spec.relation_B), 1]
+    return jnp.where(jnp.asarray(ex.answer_B) == second, 1.0, -1.0)
 
 
 def random_free_cells(key, cells_Bx2, n_cells: int) -> jax.Array:
@@ -66,22 +94,33 @@ def occlusions(spec: SceneSpec, key, n_cells: int) -> list[SceneSpec]:
     return [occlude(spec, c) for c in (cells[:, 0], cells[:, 1], rand)]
 
 
-def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid, batch=None):
-    """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one word."""
+def _slot_ids(view: VLMView, params, probe: si.Probe, pos_N, grid, batch=None, authors=False):
+    """(delta [Y, L, D], label centres [Y, labels, D], h, v [Y, D]) of one word
+    (`authors`: their axes, `spatial_ids.grid_axes`)."""
     states = si.word_states(view, params, probe.inputs, pos_N, batch)
     means = si.cell_means(states, probe.label_N, probe.cell_N, grid.cells)
     delta = si.ids_from_means(means)
-    return (delta, means.mean(2), *si.grid_axes(delta, *grid))
+    return (delta, means.mean(2), *si.grid_axes(delta, *grid, authors=authors))
 
 
-def _word_coords(view: VLMView, params, state_YxBxD, ex: Examples, probe, probe_pos, slot: int,
-                 batch=None, where=None):  # fmt: skip
+def _probe_of(pair, slot: int, protocol: str):
+    """(probe, its word positions [N]) whose IDs slot `slot`'s word is read against: its
+    own slot's (X named first, Y named second), or under the authors' protocol the
+    first-named word's for both (their one universal ID, `spatial_id_derivation/`)."""
+    if protocol == "authors":
+        return pair[0], pair[0].spans.x_B
+    return pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot]
+
+
+def _word_coords(state_YxBxD, ex: Examples, ids, slot: int, where=None, protocol="jaxmech"):
     """(believed [Y', B, 2], true [Y', B, 2]) (column, row) of one object word (slot 0 X,
-    1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs.
+    1 Y; its states at every site `state_YxBxD`) at sites 1.., from one probe's IDs `ids`
+    (`_slot_ids`), on the `protocol`'s coordinates (`COORDS`).
     `where`: ([Y, B, D] the word's centre at every site, [B, L] weights over the cells
     its true ID is averaged with; a photograph's: its text-only state, its box centre
     between cells), or None: its spec label's centre and its cell's ID."""
-    delta, centres, h, v = _slot_ids(view, params, probe, probe_pos, view.grid, batch)
+    coords_of = COORDS[protocol]
+    delta, centres, h, v = ids
     if where is None:
         label = jnp.asarray(ex.spec.labels_BxK)[:, slot] - 1  # 0-based: the centres' order
         cell = jnp.asarray(ex.spec.cells_BxK)[:, slot]
@@ -90,8 +129,8 @@ def _word_coords(view: VLMView, params, state_YxBxD, ex: Examples, probe, probe_
         own, cell_w = (jnp.asarray(w) for w in where)
         centre, at = (lambda y: own[y]), (lambda y: cell_w @ delta[y])
     sites = range(1, delta.shape[0])
-    believed = [believed_coords(state_YxBxD[y], centre(y), h[y], v[y]) for y in sites]
-    true = [believed_coords(at(y), 0.0, h[y], v[y]) for y in sites]
+    believed = [coords_of(state_YxBxD[y], centre(y), h[y], v[y]) for y in sites]
+    true = [coords_of(at(y), 0.0, h[y], v[y]) for y in sites]
     return jnp.stack(believed), jnp.stack(true)
 
 
@@ -114,13 +153,16 @@ def question_states(view: VLMView, params, ex: Examples, batch=None):
 
 def _per_relation(coords_R, relation_B):
     """[Y', B, 2] each example's coordinates from its own relation's probes, of
-    R stacked [R, Y', B, 2]."""
+    R stacked [R, Y', B, 2] (R = 1: one set of probes for every relation)."""
+    if len(coords_R) == 1:
+        return coords_R[0]
     stacked = jnp.stack(coords_R)
     return jnp.moveaxis(stacked[relation_B, :, jnp.arange(relation_B.shape[0])], 0, 1)
 
 
 def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch=None,
-             cell_weights=None, text: Examples | None = None) -> dict:  # fmt: skip
+             cell_weights=None, text: Examples | None = None,
+             protocol: str = "jaxmech") -> dict:  # fmt: skip
     """One model's diagnostics on the examples `ex` (questions about X and Y).
 
     Args:
@@ -130,6 +172,8 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
         (X) and second (Y) (host arrays: close over them under jit); every label 1..n
         must be probed. Each example's words are read against its own relation's IDs:
         Y's word follows the relation's words, so its state depends on the template.
+        Under the authors' protocol only each pair's first probe is read, for both
+        words (`_probe_of`); one pair (`[[probe]]`) serves every relation.
       occluded_inputs: the examples under each of `OCCLUSIONS` (`occlusions`), rendered
         and stacked [O, ...].
       batch: scenes per chunk of every forward, the probes' (`spatial_ids.word_states`)
@@ -139,27 +183,40 @@ def diagnose(view: VLMView, params, ex: Examples, probes, occluded_inputs, batch
         `reports.batches.box_weights`) and the questions asked without the image (their
         words' states the centres, as paper 003's `compute_coco_stats.py`); None: the
         spec's cells and labels' centres.
+      protocol: "jaxmech" (least squares on the one-step axes, in cells, signed by the
+        true displacement) or "authors" (their all-pairs axes, `plane_coords`, signed
+        by the answer word: `answer_signs`).
 
     Returns:
       {"margin": [B], "occluded": [O, B] margins (`OCCLUSIONS`), "deviation": [Y', B]
       (`signed_deviation`) at sites 1.. (every site after the first LM block),
       "believed", "true": [Y', B, 2] X-minus-Y displacements (column, row)}.
     """
+    if protocol not in COORDS:
+        raise ValueError(f"protocol = {protocol!r}: expected one of {sorted(COORDS)}")
     plain, states = question_states(view, params, ex, batch=batch)
     rel = jnp.asarray(ex.spec.relation_B)
     coords = []  # per word: (believed [Y', B, 2], true [Y', B, 2])
     text_states = None if text is None else question_states(view, params, text, batch)[1]
+    ids = {}  # per (probe, word read): its IDs, computed once (the authors' serve both words)
+
+    def ids_of(pair, slot):
+        pr, pos = _probe_of(pair, slot, protocol)
+        key = (id(pr), id(pos))
+        if key not in ids:
+            ids[key] = _slot_ids(view, params, pr, pos, view.grid, batch, protocol == "authors")
+        return ids[key]
+
     for slot in (0, 1):
         where = None
         if cell_weights is not None:
             where = (text_states[slot], jnp.asarray(cell_weights)[:, slot])
-        per = [
-            _word_coords(view, params, states[slot], ex, pair[slot], (pair[0].spans.x_B, pair[1].spans.y_B)[slot], slot, batch, where)
-            for pair in probes
-        ]  # fmt: skip
+        per = [_word_coords(states[slot], ex, ids_of(pair, slot), slot, where, protocol)
+               for pair in probes]  # fmt: skip
         coords.append(tuple(_per_relation([c[i] for c in per], rel) for i in (0, 1)))
     (bx, tx), (by, ty) = coords
-    deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None))(bx, by, tx, ty, rel)
+    sign = answer_signs(view, ex) if protocol == "authors" else None
+    deviation = jax.vmap(signed_deviation, (0, 0, 0, 0, None, None))(bx, by, tx, ty, rel, sign)
 
     def occluded(inputs):
         def chunk(rows):

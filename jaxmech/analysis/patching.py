@@ -35,6 +35,7 @@ from jaxmech.chunks import run_chunks
 from jaxmech.families.vlm_view import Spans, VLMView
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
+from jaxmech.models.scan import in_place
 
 GROUPS = ("image", "question", "objects", "last", "text", "all")
 
@@ -149,6 +150,9 @@ def _patched_logits(view: VLMView, params, inputs, layers, groups_GxBxS, plan, o
         x = jnp.where(mask_BxS[:, :, None], twin_aux[name], orig_aux[name])
         return x[:, s0:]
 
+    if plan is not None and view.resume_any_layer and len(layers) > 1 and in_place(params):
+        return _resumed_per_group(view, params, inputs, layers, groups_GxBxS, plan,
+                                  orig_aux, twin_aux, in_turn)  # fmt: skip
     out, last = [], None
     for y in layers:
         name = f"lm/resid_pre.{y}"
@@ -168,6 +172,27 @@ def _patched_logits(view: VLMView, params, inputs, layers, groups_GxBxS, plan, o
                                                   twin_aux if from_twin else orig_aux))  # fmt: skip
         out.append(jnp.stack(runs))
     return out
+
+
+def _resumed_per_group(view: VLMView, params, inputs, layers, groups_GxBxS, plan, orig_aux,
+                       twin_aux, in_turn: bool) -> list:  # fmt: skip
+    """`_patched_logits`' resumed runs with the layer traced (`view.resume_any_layer`):
+    per group one `lax.map` over the layers, so the table compiles one resumed LM per
+    group (its rows `plan` fix its shapes), not one per group and layer."""
+    per_group, last = [], None
+    for g, (s0, from_twin) in enumerate(plan):
+        mask = groups_GxBxS[g][:, :, None]
+        xs = jnp.stack([jnp.where(mask, twin_aux[f"lm/resid_pre.{y}"],
+                                  orig_aux[f"lm/resid_pre.{y}"])[:, s0:] for y in layers])  # fmt: skip
+        xs = tie(xs, last) if in_turn and last is not None else xs
+        aux = twin_aux if from_twin else orig_aux
+
+        def one(yx, s0=s0, aux=aux):
+            return view.forward_from(params, inputs, yx[0], s0, yx[1], aux)
+
+        last = jax.lax.map(one, (jnp.asarray(layers, jnp.int32), xs))
+        per_group.append(last)
+    return list(jnp.stack(per_group, 1))  # per layer [G, B, V]
 
 
 def table_sites(view: VLMView, layers, plan) -> list[str]:

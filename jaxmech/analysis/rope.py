@@ -55,6 +55,7 @@ from jaxmech.families.dual_encoder.model import (
 )
 from jaxmech.models.attention import block_input, n_blocks
 from jaxmech.models.edits import Edits
+from jaxmech.models.layout import block as block_of
 
 
 def _pair_terms(q_BxQxHxDh, k_BxSxHxDh):
@@ -151,7 +152,7 @@ def rope_logit_parts(params, images_BxL, *, layer: int = 0, positions=None) -> d
     rope_pos = rope_positions(L, positions)
     idx = jnp.zeros((B,), jnp.int32)
     _, aux = encode(tower, tokens, None, idx, name="vision", causal=False, rope_pos=rope_pos)
-    block = tower[f"block_{layer}"]
+    block = block_of(tower, layer)
     names, k_parts = _key_parts(block, aux, layer)
     cos_m1, sin = _relative_rotation(tower, rope_pos)
     scale = block["W_Q"].shape[-1] ** -0.5

@@ -31,6 +31,7 @@ from jaxmech.chunks import chunk_rows
 from jaxmech.data.spec import probe_specs
 from jaxmech.families.vlm_view import Spans, VLMView, resid_site, rows_at
 from jaxmech.models.attention import n_blocks as count_blocks
+from jaxmech.models.layout import block as block_of
 
 
 class Probe(NamedTuple):
@@ -196,11 +197,44 @@ def ids_from_means(means_YxNlxLxD) -> jax.Array:
     return (means_YxNlxLxD - means_YxNlxLxD.mean(2, keepdims=True)).mean(1)
 
 
-def grid_axes(delta_YxLxD, grid_h: int, grid_w: int):
+def grid_axes(delta_YxLxD, grid_h: int, grid_w: int, authors: bool = False):
     """(horizontal [Y, D], vertical [Y, D]): the mean ID difference one column right /
-    one row down."""
+    one row down. `authors`: as paper 003's `compute_axes.py`, the mean of ID(b) - ID(a)
+    over every row (column) and every pair a <= b with a before the last column (row);
+    the equal pairs' zeros are in the mean, so it is a shorter vector that weighs long
+    steps more."""
     g = delta_YxLxD.reshape(delta_YxLxD.shape[0], grid_h, grid_w, -1)
+    if authors:
+        return _pair_steps(g, 2).mean((1, 2)), _pair_steps(g, 1).mean((1, 2))
     return (g[:, :, 1:] - g[:, :, :-1]).mean((1, 2)), (g[:, 1:] - g[:, :-1]).mean((1, 2))
+
+
+def _pair_steps(g_YxHxWxD, axis: int):
+    """ID(b) - ID(a) along `axis` (2 columns, 1 rows) of every pair a <= b, a < n - 1,
+    stacked on that axis (`grid_axes`, authors)."""
+    n = g_YxHxWxD.shape[axis]
+    a, b = np.asarray([(i, j) for i in range(n - 1) for j in range(i, n)]).T
+    return jnp.take(g_YxHxWxD, b, axis) - jnp.take(g_YxHxWxD, a, axis)
+
+
+def authors_cell_weights(fx: float, fy: float, grid_h: int, grid_w: int) -> np.ndarray:
+    """[L] paper 003's `utils/coco.py` bilinear weights of a box centre at (fx, fy) in
+    cells (nx * W, ny * H, unclamped), as their dict literal keeps them: the four
+    (cell: weight) pairs in order, a repeated cell keeping only its **last** weight (a
+    centre in the last column has x0 == x1: that column weighs wx (1 - wy), not
+    1 - wy), and a cell outside the grid (fx = W at the right edge) dropped."""
+    x0, y0 = int(np.floor(fx)), int(np.floor(fy))
+    x1, y1 = min(x0 + 1, grid_w - 1), min(y0 + 1, grid_h - 1)
+    wx, wy = fx - x0, fy - y0
+    kept = {}
+    for cell, w in (((x0, y0), (1 - wx) * (1 - wy)), ((x1, y0), wx * (1 - wy)),
+                    ((x0, y1), (1 - wx) * wy), ((x1, y1), wx * wy)):  # fmt: skip
+        kept[cell] = w  # a later weight replaces an earlier one, as in their literal
+    out = np.zeros(grid_h * grid_w, np.float32)
+    for (c, r), w in kept.items():
+        if 0 <= c < grid_w and 0 <= r < grid_h:
+            out[r * grid_w + c] = w
+    return out
 
 
 def cell_basis(view: VLMView, params, spans: Spans) -> jax.Array:
@@ -286,7 +320,7 @@ def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int,
     whose `label_N`, `cell_N` come with them; or `at_two_positions` of one, with x_N = 0
     and token_N = 1); x_N: X's word position (`Spans.x_B`), token_N: the LM positions
     of X's cell's image tokens [N, T] (`cell_tokens`) or of one token [N]. Params in
-    the TransformerLens layout (`lm/block_{y}/W_O [H, Dh, D]`).
+    the TransformerLens layout (block y's `W_O` [H, Dh, D], `models.layout.block`).
     """
     rows, x_N, tokens = jnp.arange(len(cell_N)), jnp.asarray(x_N), token_sets(token_N)
     n_blocks = count_blocks(params["lm"])
@@ -296,7 +330,7 @@ def analytic_ids(params, aux, x_N, token_N, label_N, cell_N, n_cells: int,
                                       n_cells)))  # fmt: skip
     out = {"pred": [], "weighted": [], "attn": [], "total": [], "peak": [], "peak_N": []}
     for y in blocks:
-        w_o = params["lm"][f"block_{y}"]["W_O"]
+        w_o = block_of(params["lm"], y)["W_O"]
         v = aux[f"lm/v.{y}"][rows[:, None], tokens].mean(1)  # [N, Hkv, Dh] the cell's value
         v = jnp.repeat(v, w_o.shape[0] // v.shape[1], axis=1)  # grouped-query: per query head
         H, Dh = v.shape[1:]

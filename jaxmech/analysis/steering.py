@@ -217,6 +217,40 @@ def answer_corners(plain_BxV, words_Rx2, relation_B, grid_h: int, grid_w: int):
     return jnp.where(first, 0, far), jnp.where(first, far, 0), first | second
 
 
+# the authors' response tests in their order (`adversarial_steering.py` 86-124): a reply
+# holding the first word and not the second is steered as having answered the first
+REPLY_TESTS = (("right", "left"), ("left", "right"), ("above", "below"), ("below", "above"))
+REPLY_WORDS = ("left", "right", "above", "below")  # `token_directions`' indices
+
+
+def reply_direction(text: str) -> str | None:
+    """The word the authors steer a reply `text` against (`REPLY_TESTS` on the
+    lower-cased text, substrings as theirs: "leftmost" holds "left"), whatever the
+    question's relation; None: not steered (their `return None`)."""
+    t = text.lower()
+    return next((a for a, b in REPLY_TESTS if a in t and b not in t), None)
+
+
+def token_directions(texts) -> np.ndarray:
+    """[V] int32 per vocabulary entry (its decoded `texts`) the index in `REPLY_WORDS`
+    of its `reply_direction` (-1: none): a one-token reply's direction as a table."""
+    return np.asarray([REPLY_WORDS.index(d) if (d := reply_direction(t)) else -1
+                       for t in texts], np.int32)  # fmt: skip
+
+
+def reply_corners(plain_BxV, directions_V, grid_h: int, grid_w: int):
+    """([B] source cell, [B] target cell, [B] bool counted): `answer_corners` with the
+    answer read as the authors read a reply (`reply_direction`, here of the top token:
+    `directions_V` from `token_directions`): "left" / "right" steer along the row and
+    "above" / "below" along the column whatever the question's relation, so a "left" to
+    an above / below question is steered along x, as their script does."""
+    top = jnp.argmax(plain_BxV, axis=-1)
+    d = jnp.take(jnp.asarray(directions_V), top, mode="fill", fill_value=-1)
+    far = jnp.where(d < 2, grid_w - 1, (grid_h - 1) * grid_w)
+    first = (d == 0) | (d == 2)  # left / above: X from (0, 0) to the far corner
+    return jnp.where(first, 0, far), jnp.where(first, far, 0), d >= 0
+
+
 def sign_flips(plain_B, steered_B) -> jax.Array:
     """[B] bool: the margin changed sign (the authors' flip: right or wrong before)."""
     return (jnp.asarray(plain_B) > 0) != (jnp.asarray(steered_B) > 0)
@@ -275,6 +309,7 @@ def steer_models(
     call=None,
     against: str = "truth",
     factorial: bool = False,
+    directions=None,
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -290,11 +325,16 @@ def steer_models(
     a report's logs its compile and compute times). `against`: the direction of the
     authors' protocol's steering, "truth" (X from its cell to beyond Y: `source_B`,
     `target_B`) or "answer" (against the model's own answer with fixed corner IDs,
-    ambiguous answers not counted: `answer_corners`, the authors' script); its margins
-    carry "counted" [K, Y', B]. `factorial`: the IDs' probes put the other object at
-    every other cell (`spatial_ids.probe`, the authors' extraction)."""
-    if against not in ("truth", "answer"):
-        raise ValueError(f"against = {against!r}: expected 'truth' or 'answer'")
+    ambiguous answers not counted: `answer_corners`) or "reply" (the top token read as
+    their script reads a reply, `reply_corners` over `directions` [V], `token_directions`
+    of the tokenizer's vocabulary); its margins carry "counted" [K, Y', B].
+    `factorial`: the IDs' probes put the other object at every other cell
+    (`spatial_ids.probe`, the authors' extraction)."""
+    if against not in ("truth", "answer", "reply"):
+        raise ValueError(f"against = {against!r}: expected 'truth', 'answer' or 'reply'")
+    if (against == "reply") != (directions is not None):
+        raise ValueError("directions: given exactly when against = 'reply' (the vocabulary's "
+                         "`token_directions`)")  # fmt: skip
     call = call or (lambda fn, args: jax.device_get(jax.jit(fn)(*args)))
     labels = range(1, view.n_labels + 1) if labels is None else labels
     pr = si.probe(view, labels, factorial=factorial)
@@ -308,11 +348,12 @@ def steer_models(
         states = si.word_states(view, p, inputs[0], pr.spans.x_B, probe_batch)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
         clean = unsteered(view, p, ex_, probe_batch)  # one plain forward serves every site
-        a_src, a_tgt, counted = (
-            answer_corners(clean[0], view.answer_words[:2], ex.spec.relation_B, *view.grid)
-            if against == "answer"
-            else (source_B, target_B, jnp.ones(len(source_B), bool))
-        )
+        a_src, a_tgt, counted = {
+            "answer": lambda: answer_corners(clean[0], view.answer_words[:2],
+                                             ex.spec.relation_B, *view.grid),
+            "reply": lambda: reply_corners(clean[0], directions, *view.grid),
+            "truth": lambda: (source_B, target_B, jnp.ones(len(source_B), bool)),
+        }[against]()  # fmt: skip
         out = [
             (
                 flip_margins(view, p, ex_, y, delta[y], source_B, target_B, ALPHAS, key, clean),

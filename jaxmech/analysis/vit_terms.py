@@ -33,7 +33,7 @@ def vit_logit_terms(params, labels_BxL, colours_BxL, facings_BxL, *, vit_rows=No
 
     Args:
       params: one VLM's params (`families.toy_vlm.model`; vmap over stacked ones).
-      labels_BxL, colours_BxL, facings_BxL: int cells, as `ar_vlm.forward` takes them.
+      labels_BxL, colours_BxL, facings_BxL: int cells, as `toy_vlm.model.forward` takes them.
       vit_rows, vit_cols: optional float [L] position overrides (`Edits`).
 
     Returns:

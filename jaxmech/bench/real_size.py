@@ -45,6 +45,8 @@ REPORTS = (
     ("steering", ["--layers=6:8", *SMALL]),
     ("diagnostics", ["--layers=6:8", *SMALL]),
     ("counterfactuals", SMALL),
+    ("arbitrary_steering", ["--layers=6:8", *SMALL]),
+    ("depth_diagnosis", ["--layers=6:8", *SMALL]),
 )
 
 

@@ -83,6 +83,10 @@ class QuestionSet(NamedTuple):
     sample: dict
 
 
+# `--protocol`: whose protocol a checkpoint's tables follow (the papers' authors' scripts
+# or jaxmech's); it picks a sample's seed (`sample_seed`) and a picture's wording
+PROTOCOLS = ("jaxmech", "authors")
+
 # the seed of a dataset's sample under `--protocol=authors`: the authors' scripts call
 # `random.seed(42)` before `random.sample` (`mirror_swapping.py` 33, 196)
 AUTHORS_SEED = 42

@@ -35,7 +35,7 @@ other two run once on the host.
 What a batch holds is between the task and the model families that train on it: the
 caption tasks here give a `CaptionBatch`, whose `positives_BxB` says which caption is
 true of which image where that is more than "identical captions" (the three-object
-task). A model family names the task kinds it accepts (`models.families.Family`).
+task). A model family names the task kinds it accepts (`families.TrainedFamily`).
 
 Adding a task kind: write its module under `data/` with those functions and register
 it in `TASKS` below, with its config class (a `config.TaskConfig` subclass holding and
@@ -139,7 +139,7 @@ TASKS: dict[str, Task] = {
         words=scenes.SCENE_WORDS,
         eval_specs=scenes.eval_specs,
         reports=("patching", "spatial_ids", "steering", "diagnostics", "counterfactuals")
-        + ("vit_terms", "id_loss"),
+        + ("vit_terms", "id_loss", "arbitrary_steering"),
         config=scenes.SceneConfig,
     ),
     # the scenes read as video: rows are frames, questions before / after (`data.video`)

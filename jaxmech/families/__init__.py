@@ -3,7 +3,8 @@ view that the paper 003 / 004 methods use (`vlm_view`)."""
 
 from jaxmech.families.registry import (  # noqa: F401
     FAMILIES,
-    Family,
+    CheckpointFamily,
+    TrainedFamily,
     family_for,
     get_family,
     load_checkpoint,

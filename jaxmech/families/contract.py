@@ -71,6 +71,7 @@ VLM_REPORTS = (
     "diagnostics",
     "counterfactuals",
     "temporal_ids",
+    "arbitrary_steering",
 )
 
 
@@ -139,6 +140,9 @@ class CheckpointFamily(NamedTuple):
     # the authors' steered layers per model of this family (`adversarial_steering.sh`'s
     # CONFIG): (model_type, LM blocks, LM width) -> (their name, Hub name, (first, last))
     authors_windows: tuple = ()
+    # (report, wording): the view wording (`view(..., wording=)`) a report asks for under
+    # the authors' protocol where their script for it words its prompt its own way
+    authors_wordings: tuple = ()
 
     kind = "checkpoint"
 

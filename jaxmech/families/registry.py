@@ -2,7 +2,10 @@
 
 The two contracts (a trained family, a checkpoint family) are `families.contract`'s.
 A family is one package under `families/` whose `family.py` holds its `FAMILY`;
-registering it here (or from a test, with `register`) is the only place that names it.
+listing it here (`LISTED`: its name, the module of its `FAMILY`, the config.json
+`model_type`s it reads) or registering it from a test (`register`) is the only place that
+names it. A listed family's package is imported when it is first asked for (by kind, by a
+folder's `model_type`, by name), so a command imports only the families it uses.
 `train` and `sweep` know a trained family only through its contract; reports and the
 paper 003 / 004 methods know a VLM only through its view (`families.vlm_view`).
 
@@ -16,32 +19,97 @@ analyses and vmaps, and training norms leave them out (`trainable`).
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import json
 import os
+from collections.abc import MutableMapping
 
 from jaxmech.config import Config, ConfigError, register_model_config
 from jaxmech.data.tasks import get_task
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, StandIn, TrainedFamily
-from jaxmech.families.dual_encoder.family import FAMILY as DUAL_ENCODER
-from jaxmech.families.gemma3.family import FAMILY as GEMMA3
-from jaxmech.families.internvl.family import FAMILY as INTERNVL
-from jaxmech.families.llava.family import FAMILY as LLAVA
-from jaxmech.families.mllama.family import FAMILY as MLLAMA
-from jaxmech.families.qwen2_vl.family import FAMILY as QWEN2_VL
-from jaxmech.families.toy_vlm.family import FAMILY as TOY_VLM
 
-Family = TrainedFamily  # the older name of a trained family's contract
+__all__ = ["VLM_REPORTS", "CheckpointFamily", "StandIn", "TrainedFamily"]
 
-__all__ = ["VLM_REPORTS", "CheckpointFamily", "Family", "StandIn", "TrainedFamily"]
 
-FAMILIES: dict = {}
+@dataclasses.dataclass(frozen=True)
+class Listed:
+    """A family listed by where it lives, its package not imported yet: `module` holds
+    its `FAMILY`; a checkpoint family's `checkpoint_types` (the config.json
+    `model_type`s it reads) are listed here too, so a folder finds its family without
+    importing the others; `trained`: it has a model config (`model_kind = name`);
+    `formerly`: a trained family's old kinds, which saved configs still hold
+    (`config.RENAMED_MODEL_KINDS`)."""
+
+    name: str
+    module: str
+    checkpoint_types: tuple[str, ...] = ()
+    trained: bool = False
+    formerly: tuple[str, ...] = ()
+
+
+class Families(MutableMapping):
+    """name -> family, in registration order. A family listed by module (`Listed`) is
+    imported when it is first asked for (`families[name]`, `.values()`), so a command
+    imports only the families it uses; `held()` reads the entries without importing."""
+
+    def __init__(self):
+        self._held: dict = {}
+
+    def __getitem__(self, name):
+        entry = self._held[name]
+        if isinstance(entry, Listed):
+            entry = self._held[name] = _imported(entry)
+        return entry
+
+    def __setitem__(self, name, family):
+        self._held[name] = family
+
+    def __delitem__(self, name):
+        del self._held[name]
+
+    def __iter__(self):
+        return iter(self._held)
+
+    def __len__(self):
+        return len(self._held)
+
+    def pop(self, name, *default):
+        """Removes `name`: what it held (a `Listed` entry stays unimported)."""
+        return self._held.pop(name, *default)
+
+    def held(self) -> dict:
+        """{name: the family, or its `Listed` entry if not imported yet}."""
+        return dict(self._held)
+
+
+def _imported(entry: Listed):
+    """The `FAMILY` of a listed family's module, checked against its listing."""
+    family = importlib.import_module(entry.module).FAMILY
+    types = tuple(getattr(family, "checkpoint_types", ()))
+    trained = getattr(family, "config", None) is not None
+    if (family.name, types, trained) != (entry.name, entry.checkpoint_types, entry.trained):
+        raise RuntimeError(
+            f"{entry.module}.FAMILY is {family.name!r} reading {types} (trained: {trained}); "
+            f"the registry lists {entry.name!r} reading {entry.checkpoint_types} (trained: "
+            f"{entry.trained}): update `registry.LISTED`"
+        )
+    return family
+
+
+FAMILIES: Families = Families()
 
 
 def register(family):
-    """Adds (or replaces) a family (`TrainedFamily` or `CheckpointFamily`) under its
-    name, and a trained family's config class."""
+    """Adds (or replaces) a family (`TrainedFamily` or `CheckpointFamily`, or a `Listed`
+    one, imported when first asked for) under its name, and a trained family's config
+    class (a listed one's: a loader, so the config reads it when its kind is used)."""
     FAMILIES[family.name] = family
-    if family.config is not None:
+    if isinstance(family, Listed):
+        if family.trained:
+            loader = lambda: FAMILIES[family.name].config
+            register_model_config(family.name, loader, family.formerly)
+    elif family.config is not None:
         register_model_config(family.name, family.config)
     return family
 
@@ -81,8 +149,20 @@ def trainable(params):
     return params
 
 
-for _family in (DUAL_ENCODER, TOY_VLM, QWEN2_VL, LLAVA, INTERNVL, MLLAMA, GEMMA3):
-    register(_family)
+_PACKAGE = "jaxmech.families"
+# The one list of the project's families (a family is added here and nowhere else).
+LISTED = (
+    Listed("dual_encoder", f"{_PACKAGE}.dual_encoder.family", trained=True),
+    # results folders written before the toy VLM's kind took its package's name say "ar_vlm"
+    Listed("toy_vlm", f"{_PACKAGE}.toy_vlm.family", trained=True, formerly=("ar_vlm",)),
+    Listed("qwen2_vl", f"{_PACKAGE}.qwen2_vl.family", ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")),
+    Listed("llava", f"{_PACKAGE}.llava.family", ("llava",)),
+    Listed("internvl", f"{_PACKAGE}.internvl.family", ("internvl",)),
+    Listed("mllama", f"{_PACKAGE}.mllama.family", ("mllama",)),
+    Listed("gemma3", f"{_PACKAGE}.gemma3.family", ("gemma3",)),
+)
+for _listed in LISTED:
+    register(_listed)
 
 
 def checkpoint_family(folder: str) -> CheckpointFamily:
@@ -93,10 +173,11 @@ def checkpoint_family(folder: str) -> CheckpointFamily:
         raise ValueError(f"checkpoint = {folder!r}: no config.json (not a checkpoint folder)")
     with open(path) as f:
         model_type = json.load(f).get("model_type")
-    for family in FAMILIES.values():
+    held = FAMILIES.held()  # by the listed types: no other family is imported
+    for name, family in held.items():
         if model_type in getattr(family, "checkpoint_types", ()):
-            return family
-    known = [t for f in FAMILIES.values() for t in getattr(f, "checkpoint_types", ())]
+            return FAMILIES[name]
+    known = [t for f in held.values() for t in getattr(f, "checkpoint_types", ())]
     raise ValueError(
         f"{path}: model_type = {model_type!r} is not supported: allowed one of "
         + ", ".join(map(repr, known))
@@ -106,7 +187,9 @@ def checkpoint_family(folder: str) -> CheckpointFamily:
 def stand_in_family(name: str | None = None) -> CheckpointFamily:
     """The checkpoint family `name` for the benches' random stand-ins (None: the first
     registered one that has them); a clear error if it has none."""
-    having = [f.name for f in FAMILIES.values() if getattr(f, "stand_in", None) is not None]
+    held = FAMILIES.held()
+    checkpoint = [n for n, f in held.items() if getattr(f, "checkpoint_types", ())]
+    having = [n for n in checkpoint if getattr(FAMILIES[n], "stand_in", None) is not None]
     if name is None and having:
         name = having[0]
     if name not in having:

@@ -43,7 +43,8 @@ family's own modules. A family's view:
   forward_from(params, inputs, layer, start, x_BxTxD, aux) -> logits_BxV
                                 optional (None: not offered): the answer's logits of a
                                   run resumed at LM block `layer` from the residual of
-                                  rows start..S-1 (ints, static), the rows before read
+                                  rows start..S-1 (ints, static; `layer` traced too
+                                  where `resume_any_layer`), the rows before read
                                   from a run whose intermediates `aux` hold the sites
                                   `cache_sites` (a causal LM's key / value cache); a
                                   patch then costs only the rows and blocks after it
@@ -143,6 +144,7 @@ class VLMView(NamedTuple):
     image_frame: Callable | None = None
     vit_table: bool = False
     size: int | None = None
+    resume_any_layer: bool = False  # forward_from takes a traced layer (models.decoder.Resume)
 
 
 def placed(inputs, spans: Spans):

@@ -80,8 +80,10 @@ BLOCK_KEYS = ("W_Q", "W_K", "W_V", "b_Q", "b_K", "b_V", "W_O", "b_O")
 
 
 def n_blocks(part) -> int:
-    """The blocks of one model part (a params subtree with `block_0 .. block_{n-1}`):
-    every family's block count."""
+    """The blocks of one model part (a params subtree with `block_0 .. block_{n-1}`, or
+    stacked under `blocks`, `models.layout.BLOCKS`): every family's block count."""
+    if "blocks" in part:
+        return int(next(iter(jax.tree_util.tree_leaves(part["blocks"]))).shape[0])
     return sum(1 for k in part if k.startswith("block_"))
 
 

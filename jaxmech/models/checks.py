@@ -102,14 +102,16 @@ def check_resume(resume, tokens_BxS, n_layers: int, width: int) -> None:
     and an LM of `n_layers` blocks of `width`; its `aux` holding `RESUME_SITES` of every
     resumed block where rows before `start` are read (ValueError naming the field)."""
     B, S = shape(tokens_BxS)
-    if not 0 <= resume.layer < n_layers:
+    static = isinstance(resume.layer, (int, np.integer))  # else traced: every block read
+    if static and not 0 <= resume.layer < n_layers:
         raise ValueError(f"Resume.layer = {resume.layer}: expected a block in [0, {n_layers})")
     if not 0 <= resume.start < S:
         raise ValueError(f"Resume.start = {resume.start}: expected a position in [0, {S})")
     want = (B, S - resume.start, width)
     if shape(resume.x_BxTxD) != want:
         raise ValueError(f"Resume.x_BxTxD: shape {shape(resume.x_BxTxD)}, expected {want}")
-    missing = [f"{n}.{i}" for i in range(resume.layer, n_layers) for n in RESUME_SITES
+    missing = [f"{n}.{i}" for i in range(resume.layer if static else 0, n_layers)
+               for n in RESUME_SITES
                if f"{n}.{i}" not in resume.aux]  # fmt: skip
     if resume.start and missing:
         raise ValueError(f"Resume.aux: lacks {missing[:3]} (capture `RESUME_SITES`)")

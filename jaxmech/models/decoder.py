@@ -16,6 +16,10 @@ biases), `W_O` [H, Dh, D], `ln1_w` / `ln2_w` (+ `_b` for LayerNorm), the MLP's `
 Sites, per block i of a part ("vit", "lm"): `{part}/{point}.{i}` for point in
 `POINTS` (`q, k, v` [B, N, H, Dh]; `attn_scores, pattern` [B, H, N, N]).
 
+An LM's blocks are stacked (`lm["blocks"]`, `models.layout.BLOCKS`) and run under one
+`lax.scan` (`stack`, `models.scan`: one compiled block), its edits and captures still
+per site name.
+
 Axis names (`jaxmech.shapes`): B sequences, N / S rows, D width, H heads, Dh head
 width, R rotary pairs, V vocabulary.
 """
@@ -29,11 +33,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.models import layout
 from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
 from jaxmech.models.precision import choose, einsum, matmul
+from jaxmech.models.scan import LAYER, in_place, scan_blocks
 
 POINTS = (
     "resid_pre",
@@ -68,11 +74,15 @@ class Sites:
     def __init__(self, edits: Edits, capture):
         self.edits, self.capture, self.aux = edits, capture, {}
 
+    def wants(self, name: str) -> bool:
+        """Whether the capture asks for site `name`."""
+        return self.capture is True or bool(
+            self.capture and (name in self.capture or name.split(".")[0] in self.capture)
+        )
+
     def __call__(self, name: str, x):
         x = self.edits(name, x)
-        if self.capture is True or (
-            self.capture and (name in self.capture or name.split(".")[0] in self.capture)
-        ):
+        if self.wants(name):
             self.aux[name] = x
         return x
 
@@ -235,13 +245,22 @@ class Resume(NamedTuple):
       values. Right when the run and this one agree on every row before `start`: a
       causal LM's rows there do not see the rows changed.
 
-    `layer` and `start` are Python ints (static). The ViT and the blocks before `layer`
-    are not run; the sites of the resumed blocks hold the T rows only."""
+    `start` is a Python int (static). `layer` a Python int, or a traced int32 scalar
+    (one compiled LM for every layer, e.g. a patching table's `lax.map` over its
+    layers: every block runs under the scan, those before `layer` skipped; `aux` must
+    then hold every block's `RESUME_SITES`). The ViT and the blocks before `layer` are
+    not run; the sites of the resumed blocks hold the T rows only (those of skipped
+    blocks, with a traced `layer`, nothing meaningful)."""
 
-    layer: int
+    layer: Any
     start: int
     x_BxTxD: Any
     aux: dict
+
+
+def is_static(layer) -> bool:
+    """Whether a `Resume.layer` is a Python / NumPy int (not traced)."""
+    return isinstance(layer, (int, np.integer))
 
 
 def inv_freq(dim: int, theta: float) -> np.ndarray:
@@ -250,25 +269,83 @@ def inv_freq(dim: int, theta: float) -> np.ndarray:
 
 
 def run_lm(lm, x, angles_BxSxR, valid_BxS, n_layers: int, eps: float, site, resume=None,
-           last_row: bool = False, act: str = "silu", between=None):  # fmt: skip
-    """[B, S, D] the final-normed residual stream of a causal LM's blocks `lm["block_i"]`
-    and final norm `lm["lnf_w"]` ([B, T, D] rows start.. when resumed; [B, 1, D] the
-    last row with `last_row`: the last block's other rows are not run). `between(i, x,
-    row0)`: what enters block i + 1 given block i's output x, whose first row is row0 of
-    the sequence (e.g. Qwen3-VL's DeepStack features added at the image tokens)."""
+           last_row: bool = False, act: str = "silu", between=None,
+           n_between: int = 0):  # fmt: skip
+    """[B, S, D] the final-normed residual stream of a causal LM's stacked blocks
+    `lm["blocks"]` and final norm `lm["lnf_w"]` ([B, T, D] rows start.. when resumed;
+    [B, 1, D] the last row with `last_row`: the last block's other rows are not run).
+    `between(i, x, row0)`: what enters block i + 1 given block i's output x, whose first
+    row is row0 of the sequence, for the blocks i < `n_between` (e.g. Qwen3-VL's
+    DeepStack features added at the image tokens).
+
+    The blocks run as `lax.scan`s (`models.scan`: one compiled block); the blocks with a
+    `between` and the last block under `last_row` run on their own (`stack`)."""
     causal = lm_mask(jnp.asarray(valid_BxS, bool))
     first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
     angles, causal = angles_BxSxR[:, s0:], causal[:, s0:]
-    for i in range(first, n_layers):
-        cache = None
-        if resume is not None and s0:
-            cache = tuple(resume.aux[f"{n}.{i}"][:, :s0] for n in RESUME_SITES)
-        q_last = last_row and i == n_layers - 1
-        x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, eps, ACT[act],
-                          cache, q_last)  # fmt: skip
-        if between is not None:
-            x = between(i, x, angles_BxSxR.shape[1] - 1 if q_last else s0)
+
+    def block(w, x, site_, i, c, q_last=False, layer=None):
+        return block_forward(w, x, angles, causal, site_, "lm", i, eps, ACT[act], c, q_last)
+
+    def after_block(i, x, q_last):
+        if between is None or i >= n_between:
+            return x
+        return between(i, x, angles_BxSxR.shape[1] - 1 if q_last else s0)
+
+    cache = functools.partial(resume_cache, resume)
+    apart = n_between if between is not None else 0
+    x = stack(lm, x, n_layers, first, site, block, after_block, cache, last_row, apart)
     return site("lm/final", rms_norm(x, lm["lnf_w"], eps))
+
+
+def resume_cache(resume, i: int):
+    """Block i's (keys, values) of the rows before `resume.start`, or None (no `Resume`,
+    or one from row 0)."""
+    if resume is None or not resume.start:
+        return None
+    return tuple(resume.aux[f"{n}.{i}"][:, : resume.start] for n in RESUME_SITES)
+
+
+def stack(lm, x, n_layers: int, first, site, block, after_block, cache, last_row: bool,
+          n_apart: int = 0):  # fmt: skip
+    """x after an LM's blocks `first`..n_layers - 1 (`run_lm`'s and the families' own):
+    `block(weights, x, site, i, cache_i, q_last=False, layer=None)` one block (i its
+    index in site names: an int, or `models.scan.LAYER` under the scan; `layer` its
+    index, an int or traced), `after_block(i, x, q_last)` what follows it,
+    `cache(i)` its keys / values from a `Resume` or None. The blocks i < `n_apart` run
+    on their own (with their `after_block`), the last one too under `last_row` (it runs
+    the last row only), the others under one `lax.scan` (`models.scan.scan_blocks`).
+    `first` may be traced (`Resume`): every block then runs, those before it skipped.
+    Low-precision weights on a CPU run unrolled (`models.scan.in_place`)."""
+    static = is_static(first)
+    end = n_layers - 1 if last_row else n_layers
+    lo = first if static else 0
+    n_apart = n_apart if in_place(lm[layout.BLOCKS]) else end  # else all unrolled
+    for i in range(lo, min(n_apart, end)):
+        y = after_block(i, block(block_after(lm, i, x), x, site, i, cache(i), layer=i), False)
+        x = y if static else jnp.where(i >= first, y, x)
+    scanned = range(max(lo, min(n_apart, end)), end)
+    if len(scanned):
+        caches = [cache(i) for i in scanned]
+        xs = None if caches[0] is None else jax.tree_util.tree_map(lambda *c: jnp.stack(c), *caches)
+
+        def body(w, x, s, i, c):
+            return block(w, x, s, LAYER, c, layer=i)
+
+        x = scan_blocks(lm[layout.BLOCKS], x, scanned, body, site, xs, None if static else first)
+    if last_row:
+        i = n_layers - 1
+        x = after_block(i, block(block_after(lm, i, x), x, site, i, cache(i), True, layer=i), True)
+    return x
+
+
+def block_after(lm, i: int, x):
+    """Block i's weights (`models.layout.block`) for an unrolled loop, sliced from the
+    stack after `x` exists (`models.order.tie`) when they are low-precision: XLA's CPU
+    backend copies each static slice, and untied it makes every block's copies at the
+    start (the MLP's too, which `after` leaves)."""
+    w = layout.block(lm, i)
+    return tie(w, x) if layout.is_stacked(lm) and low_precision(w) else w
 
 
 def unembed(lm, x):

@@ -38,7 +38,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.models.decoder import ACT, RESUME_SITES, Sites, block_forward, rms_norm, unembed
+from jaxmech.models.decoder import (
+    ACT,
+    RESUME_SITES,
+    Sites,
+    block_after,
+    block_forward,
+    rms_norm,
+    unembed,
+)
 from jaxmech.models.edits import NO_EDITS
 
 __all__ = ["Decoding", "Generation", "continued_ids", "decode_step", "generate",
@@ -123,7 +131,7 @@ def decode_step(params, inputs, token_B, cache, valid_BxL, step, d: Decoding):
     mask = jnp.concatenate([valid_BxL, jnp.ones((B, 1), bool)], 1)[:, None, :]  # cache, self
     site = Sites(NO_EDITS, RESUME_SITES)
     for i in range(d.n_layers):
-        x = block_forward(lm[f"block_{i}"], x, angles, mask, site, "lm", i, d.eps, ACT[d.act],
+        x = block_forward(block_after(lm, i, x), x, angles, mask, site, "lm", i, d.eps, ACT[d.act],
                           cache=cache[i])  # fmt: skip
     logits = unembed(lm, rms_norm(x, lm["lnf_w"], d.eps)[:, 0]).astype(jnp.float32)
     slot = S + step

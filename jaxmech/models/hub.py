@@ -11,7 +11,9 @@ the function that maps a stored name in any of its layouts to the canonical one.
 * The files are read one tensor at a time (the safetensors format: an 8-byte
   little-endian header length, a JSON header of `{name: {dtype, shape, data_offsets}}`,
   the raw bytes), and each is cast, laid out and put on the devices before the next
-  is read, so the weights are held once, in `dtype` (`Stored`).
+  is read, so the weights are held once, in `dtype` (`Stored`); a stacked leaf (the
+  LM's blocks, `models.layout.BLOCKS`: key-map paths `stacked_path`) is filled layer
+  by layer on the host and placed when full.
 * Placement: on one device when the params fit in its memory, else each matrix split
   over every device along an axis they divide (`place="auto"`; "one" or "shard" force
   either).
@@ -163,14 +165,17 @@ def _fits_one(n_bytes: int) -> bool:
     return limit is None or n_bytes < 0.8 * limit
 
 
-def _sharding(shape, devices):
-    """Split the largest axis the device count divides; replicate what none divides."""
+def _sharding(shape, devices, stacked: bool = False):
+    """Split the largest axis the device count divides; replicate what none divides. A
+    stacked leaf's (`stacked`) leading block axis is never split: a scan over the
+    blocks slices one block at a time, which must stay whole on every device."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     mesh = Mesh(np.asarray(devices), ("d",))
-    axes = [a for a in np.argsort(shape)[::-1] if shape[a] % len(devices) == 0]
+    lead = int(stacked)
+    axes = [a for a in np.argsort(shape)[::-1] if a >= lead and shape[a] % len(devices) == 0]
     spec = [None] * len(shape)
-    if axes and len(shape) >= 2:
+    if axes and len(shape) - lead >= 2:
         spec[axes[0]] = "d"
     return NamedSharding(mesh, PartitionSpec(*spec))
 
@@ -180,25 +185,59 @@ def check_place(place: str) -> None:
         raise ValueError(f"place = {place!r}: expected 'auto', 'one' or 'shard'")
 
 
+def stacked_path(path: str, i: int) -> str:
+    """A key map's path for index i of a stacked leaf `path` (e.g. "lm/blocks/W_Q[3]":
+    layer 3's tensor written into row 3 of `lm/blocks/W_Q` [L, ...])."""
+    return f"{path}[{i}]"
+
+
+def _split_path(path: str) -> tuple[str, int | None]:
+    """(the leaf's path, its block index or None) of a key map path (`stacked_path`)."""
+    if path.endswith("]") and "[" in path:
+        base, _, i = path[:-1].rpartition("[")
+        return base, int(i)
+    return path, None
+
+
+def _put(params: dict, path: str, x, where) -> None:
+    node = params
+    *parents, leaf = path.split("/")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = jax.device_put(x, where)
+
+
 def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto") -> dict:
     """The params of key map `m` (already checked: `check_tensors`) from `stored`, each
     tensor cast to `dtype`, transformed into our layout and placed before the next is
     read: on one device, or sharded over every device when they do not fit one
-    (`place`: "auto", "one", "shard")."""
+    (`place`: "auto", "one", "shard"). A stacked leaf (paths `stacked_path(p, i)`) is
+    filled one layer at a time into one host array, placed when full, before the next
+    leaf is read: at most one leaf's layers are held twice."""
     check_place(place)
     stored_shapes = {k.split("#")[0]: v[1] for k, v in m.items()}  # a fused tensor once
     n_bytes = sum(np.prod(shape) for shape in stored_shapes.values()) * np.dtype(dtype).itemsize
     devices = jax.devices()
     shard = len(devices) > 1 and (place == "shard" or (place == "auto" and not _fits_one(n_bytes)))
-    params: dict = {}
+    groups: dict = {}  # leaf path -> [(index or None, stored key, transform)]
     for key, (path, _, transform) in m.items():
-        x = np.ascontiguousarray(transform(np.asarray(stored.array(key.split("#")[0]), dtype)))
-        where = _sharding(x.shape, devices) if shard else devices[0]
-        node = params
-        *parents, leaf = path.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = jax.device_put(x, where)
+        base, i = _split_path(path)
+        groups.setdefault(base, []).append((i, key, transform))
+    params: dict = {}
+    for base, entries in groups.items():
+        stacked = entries[0][0] is not None
+        buf = None
+        for i, key, transform in entries:
+            x = transform(np.asarray(stored.array(key.split("#")[0]), dtype))
+            if not stacked:
+                buf = np.ascontiguousarray(x)
+                continue
+            if buf is None:
+                buf = np.empty((len(entries),) + x.shape, x.dtype)
+            buf[i] = x
+        where = _sharding(buf.shape, devices, stacked) if shard else devices[0]
+        _put(params, base, buf, where)
+        del buf
     return params
 
 
@@ -251,12 +290,20 @@ def prefix_renamer(prefixes) -> Callable[[str], str]:
     return canonical
 
 
-def decoder_block_map(stored: str, ours: str, lay) -> dict:
+def decoder_block_map(stored: str, ours: str, lay, index: int | None = None) -> dict:
     """The key map of one Llama-layout decoder block (`input_layernorm`,
     `post_attention_layernorm`, `self_attn.{q,k,v,o}_proj`, `self_attn.{q,k}_norm`,
     `mlp.{gate,up,down}_proj`) stored under `stored` (e.g. "lm.layers.3.") to our
-    `ours` (e.g. "lm/block_3/"), of `lay` (`models.layout.LMLayout`: its sizes and
-    which biases / norms it has); shapes as `models.layout.decoder_block_shapes`."""
+    `ours` (e.g. "lm/block_3/", or "lm/blocks/" with `index` 3: row 3 of the stacked
+    leaves, `stacked_path`), of `lay` (`models.layout.LMLayout`: its sizes and which
+    biases / norms it has); shapes as `models.layout.decoder_block_shapes`."""
+    m = _decoder_block_map(stored, ours, lay)
+    if index is None:
+        return m
+    return {k: (stacked_path(p, index), shape, f) for k, (p, shape, f) in m.items()}
+
+
+def _decoder_block_map(stored: str, ours: str, lay) -> dict:
     D, H, K, Dh, M = lay.width, lay.heads, lay.kv_heads, lay.head_dim, lay.mlp
     m = {stored + "input_layernorm.weight": (ours + "ln1_w", (D,), same),
          stored + "post_attention_layernorm.weight": (ours + "ln2_w", (D,), same),
@@ -283,14 +330,15 @@ def decoder_block_map(stored: str, ours: str, lay) -> dict:
 
 def lm_key_map(stored: str, lay) -> dict:
     """The key map of a Llama-layout LM whose body is stored under `stored` (e.g. "lm.":
-    `embed_tokens`, `layers.{i}.*`, `norm`) to our `lm/` part, with its unembedding
+    `embed_tokens`, `layers.{i}.*`, `norm`) to our `lm/` part (layer i into row i of
+    the stacked `lm/blocks/*`), with its unembedding
     `HEAD` where `lay` (`models.layout.LMLayout`) is not tied; shapes as
     `models.layout.lm_shapes`."""
     D, V = lay.width, lay.vocab
     m = {stored + "embed_tokens.weight": ("lm/E", (V, D), same),
          stored + "norm.weight": ("lm/lnf_w", (D,), same)}  # fmt: skip
-    for i in range(lay.layers):
-        m |= decoder_block_map(f"{stored}layers.{i}.", f"lm/block_{i}/", lay)
+    for i in range(lay.layers):  # the blocks stacked (`models.layout.BLOCKS`)
+        m |= decoder_block_map(f"{stored}layers.{i}.", "lm/blocks/", lay, i)
     return m if lay.tied else m | {HEAD: ("lm/W_U", (V, D), T)}
 
 

@@ -62,11 +62,37 @@ def decoder_block_shapes(lay: LMLayout) -> dict:
 
 
 def lm_shapes(lay: LMLayout) -> dict:
-    """The LM part's shape table: E [V, D], block_{i} (`decoder_block_shapes`), lnf_w
-    [D], and W_U [D, V] where not tied (tied ones read E^T)."""
+    """The LM part's shape table: E [V, D], `BLOCKS` the blocks stacked (each of
+    `decoder_block_shapes` with a leading block axis [L, ...]), lnf_w [D], and W_U
+    [D, V] where not tied (tied ones read E^T)."""
     lm = {"E": (lay.vocab, lay.width), "lnf_w": (lay.width,)}
-    lm |= {f"block_{i}": decoder_block_shapes(lay) for i in range(lay.layers)}
+    lm[BLOCKS] = stack_shapes(decoder_block_shapes(lay), lay.layers)
     return lm if lay.tied else lm | {"W_U": (lay.width, lay.vocab)}
+
+
+# A part's blocks stacked: `part[BLOCKS]` is {name: [L, ...]}, block i's weights at
+# index i of every leaf, so `jax.lax.scan` runs one compiled block over all of them
+# (`models.scan`). The loaded families' LMs are stacked; their ViTs and the trained toy
+# families keep one subtree `block_{i}` per block.
+BLOCKS = "blocks"
+
+
+def stack_shapes(block: dict, n: int) -> dict:
+    """One block's shape table with a leading block axis of `n`."""
+    return {k: (n,) + tuple(s) for k, s in block.items()}
+
+
+def is_stacked(part) -> bool:
+    """Whether a model part holds its blocks stacked (`BLOCKS`)."""
+    return BLOCKS in part
+
+
+def block(part, i: int) -> dict:
+    """Block i's weights of a model part, stacked (`BLOCKS`: index i of each leaf) or
+    not (`part["block_{i}"]`): every reader of one block's weights goes through here."""
+    if BLOCKS in part:
+        return {k: w[i] for k, w in part[BLOCKS].items()}
+    return part[f"block_{i}"]
 
 
 def is_shape(x) -> bool:

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 import jax
 import numpy as np
 
+from jaxmech.analysis.spatial_ids import authors_cell_weights
 from jaxmech.data import image_twins, pictures
 from jaxmech.data.spec import SceneSpec, swap_named, take
 from jaxmech.families.vlm_view import Examples, VLMView, answer_ids, examples, relation_words
@@ -168,20 +169,33 @@ def framed(view: VLMView, question, size):
     return question._replace(boxes=tuple(boxes)), (h, w)
 
 
+def true_frame(view: VLMView, question, size, wording: str):
+    """(question, (h, w)) a true ID's box weights read: `framed` (the region the model
+    sees); the authors' (`wording` "authors"): the whole photograph, as their
+    `utils/coco.py` places a box by the image's own width and height whatever the
+    processor cuts."""
+    return (question, size) if wording == "authors" else framed(view, question, size)
+
+
 def box_weights(view: VLMView, question, size, authors: bool) -> np.ndarray:
     """[2, L] the weights over the view's grid cells of X's and Y's box centres (zeros:
     no box), bilinear between the four nearest cells. `authors`: as paper 003's
     `utils/coco.py` (the centre at nx * W cells, floor and the next cell: a cell's own
-    centre splits half to its right neighbour); else centred (nx * W - 0.5: a cell's
-    centre weighs on that cell alone), both clamped to the grid."""
+    centre splits half to its right neighbour; at the last column / row their weights,
+    `spatial_ids.authors_cell_weights`); else centred (nx * W - 0.5: a cell's centre
+    weighs on that cell alone), clamped to the grid."""
     h, w = size
     gh, gw = view.grid.h, view.grid.w
     out = np.zeros((2, gh * gw), np.float32)
     for k, box in enumerate(question.boxes or (None, None)):
         if box is None:
             continue
-        fx = (box[0] + box[2] / 2) / w * gw - (0 if authors else 0.5)
-        fy = (box[1] + box[3] / 2) / h * gh - (0 if authors else 0.5)
+        if authors:
+            centre = ((box[0] + box[2] / 2) / w * gw, (box[1] + box[3] / 2) / h * gh)
+            out[k] = authors_cell_weights(*centre, gh, gw)
+            continue
+        fx = (box[0] + box[2] / 2) / w * gw - 0.5
+        fy = (box[1] + box[3] / 2) / h * gh - 0.5
         fx, fy = min(max(fx, 0.0), gw - 1.0), min(max(fy, 0.0), gh - 1.0)
         x0, y0 = int(np.floor(fx)), int(np.floor(fy))
         x1, y1 = min(x0 + 1, gw - 1), min(y0 + 1, gh - 1)
@@ -290,7 +304,8 @@ def _photo_batch(view, qset, index, sizes, twins, wording, seed, grid) -> Questi
         else:
             out[t] = _flipped(asked, qs, pixels, rel, [FLIPS.get(_scene(t))] * len(qs))
     key = {"image_grid": list(grid)}
-    weights = np.stack([box_weights(view, *framed(view, q, sizes[i]), wording == "authors")
+    authors = wording == "authors"
+    weights = np.stack([box_weights(view, *true_frame(view, q, sizes[i], wording), authors)
                         for q, i in zip(qs, index)])  # fmt: skip
     return QuestionBatch(ex, out, view, key, PHOTO_SCENES, index, weights)
 

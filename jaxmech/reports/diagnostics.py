@@ -67,6 +67,8 @@ diagnostics_refusal = declared(
 
 
 OCCLUSION_KIND = {"authors": "blur", "jaxmech": "fill"}  # a photograph's, by protocol
+# the deviation's unit, by protocol (`analysis.diagnostics.COORDS`)
+UNIT = {"jaxmech": "cells", "authors": "state units on the unit axes"}
 # where each per-question result keeps its questions (`batches.joined`)
 QUESTION_AXES = {"deviation": -1, "believed": -2, "true": -2, "occluded": -1, "margin": -1,
                  "relation": -1}  # fmt: skip
@@ -84,11 +86,16 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     text-only baseline: a photograph's object is no probed label)."""
     view = view_of(run)
     labels = id_labels(run)  # the universal IDs: training-pair labels
-    # per relation (0 horizontal, 1 vertical), X and Y probes in its own template
-    probes = [
-        [si.probe(view, labels, named_first=first, relation=r) for first in (True, False)]
-        for r in (0, 1)
-    ]
+    # per relation (0 horizontal, 1 vertical), X and Y probes in its own template; the
+    # authors': one universal ID, the first-named word's in the left / right question
+    # with the other object at every other cell (`spatial_id_derivation/`), for both
+    # words and relations
+    probes = (
+        [[si.probe(view, labels, named_first=True, relation=0, factorial=True)]]
+        if protocol_of(run) == "authors"
+        else [[si.probe(view, labels, named_first=first, relation=r) for first in (True, False)]
+              for r in (0, 1)]
+    )  # fmt: skip
     photos = run.subject.source != "drawn"
     kind = OCCLUSION_KIND[protocol_of(run)]
     occlusions = tuple(f"{kind}:{w}" for w in ("x", "y", "random"))
@@ -107,7 +114,7 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     sites = report_sites(run, n_blocks)
     for k in ("deviation", "believed", "true"):
         out[k] = out[k][:, np.asarray(sites) - 1]
-    return out | {"site": np.asarray(sites), "n_blocks": n_blocks}
+    return out | {"site": np.asarray(sites), "n_blocks": n_blocks, "unit": UNIT[protocol_of(run)]}
 
 
 def _with_boxes(batch, log):
@@ -145,7 +152,7 @@ def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
     text = batch.twins.get("text")
     inputs = (ex.inputs, [[pr.inputs for pr in pair] for pair in probes],
               None if text is None else text.inputs)  # fmt: skip
-    weights = batch.cell_weights
+    weights, protocol = batch.cell_weights, protocol_of(run)
 
     def one_model(args, inputs):
         p, o = args
@@ -154,7 +161,8 @@ def _diagnose_batch(run: LoadedRun, batch, probes, seed: int) -> dict:
             for pair, xs in zip(probes, inputs[1])
         ]
         t = None if text is None else text._replace(inputs=inputs[2])
-        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch_rows, weights, t)
+        return dg.diagnose(view, p, ex._replace(inputs=inputs[0]), own, o, batch_rows, weights, t,
+                           protocol)  # fmt: skip
 
     models = lambda a, x: over_models(lambda m: one_model(m, x), a)  # noqa: E731
     n_probes = sum(len(np.asarray(pr.label_N)) for pair in probes for pr in pair)
@@ -338,7 +346,8 @@ def summarise(
         tested = f"{s['models_p_below_0.05']} of {s['models_tested']} tested (>= {MIN_WRONG} wrong)"
         per_model = "" if one else f"; per model p < 0.05 in {tested}"
         log(
-            f"\nsite {site}: signed ID deviation (cells; > 0 towards the right answer), "
+            f"\nsite {site}: signed ID deviation ({res.get('unit', 'cells')}; > 0 towards "
+            "the right answer), "
             f"{text['how']}:\n  right answers {text['right']}\n  wrong answers "
             f"{text['wrong']}\n  pooled Mann-Whitney "
             f"({s['n_wrong']} wrong vs {s['n_right']} right): P(wrong > right) "
@@ -390,7 +399,7 @@ def plot(res: dict, occ_rows: list[dict], path: str) -> str:
             else:
                 axes[y].plot([], [], "s", color=colour, label=f"{word} (n = 0)")
         axes[y].axvline(0, color="k", lw=0.5)
-        axes[y].set_xlabel("signed ID deviation (cells)")
+        axes[y].set_xlabel(f"signed ID deviation ({res.get('unit', 'cells')})")
         axes[y].set_title(f"site {_sites(res)[y]}", fontsize=9)
         axes[y].legend(fontsize=7)
     ax = axes[-1]

@@ -5,7 +5,7 @@ ask the subject -> compute -> write the CSVs -> print and write summary.json -> 
 folders, every one checked before any compute.
 
 * `declared(name)`: a report's refusal, from what the run's family and task declare
-  (`Family.reports`, `Task.reports`); `needs_depth` for the LM-site reports;
+  (`TrainedFamily.reports`, `Task.reports`); `needs_depth` for the LM-site reports;
 * `report_parts`: a report split into (question set, model group) parts, main first
   (`subjects.model_groups`: the generalising models, then the others; a run trained
   with `--seeds_until`: the models passing its selection rule, then the failing ones,
@@ -59,7 +59,7 @@ def plots_dir(path: str, folder: str) -> str:
 
 def declared(report: str, hint: str = ""):
     """The refusal of report `report` (its folder name): None when the run's family and
-    its task both declare the report (`Family.reports`, `Task.reports`), else why not
+    its task both declare the report (`TrainedFamily.reports`, `Task.reports`), else why not
     (`hint`, with {path} filled in, says which report to use instead)."""
 
     def refusal(config, path: str) -> str | None:

@@ -49,8 +49,8 @@ from jaxmech.reports.common import (
     question_batches,
     rows_per_call,
     table_store,
-    view_of,
 )
+from jaxmech.reports.questions import report_view
 
 TWINS = ("mirror", "recolour")
 
@@ -79,10 +79,25 @@ def compute(run: LoadedRun, log=print) -> dict:
     batch runs `batch` questions at a time (a checkpoint's `common.rows_per_call`; a
     run's all at once) through one compiled call (`analysis.patching.patch_table`),
     with progress per chunk, a checkpoint's finished chunks kept and resumed
-    (`common.table_store`)."""
-    batches = question_batches(run, (patched_relation(run, view_of(run))[0],), TWINS)
+    (`common.table_store`). Under the authors' protocol the questions are rendered in
+    the family's wording for this report where it has one (`questions.report_view`:
+    LLaVA's is `mirror_swapping.py`'s prompt and read pieces) and the "text" group is
+    theirs (`authors_groups`)."""
+    view = report_view(run, "patching")  # LLaVA's under the authors' protocol: their prompt
+    batches = question_batches(run, (patched_relation(run, view)[0],), TWINS, view)
     out = [_batch_logp(run, b, log) for b in batches]
     return joined(out, ("logp", "answer"))
+
+
+def authors_groups(groups_GxBxS, spans) -> np.ndarray:
+    """`token_groups` as the authors' patching scripts draw them: their "text" group
+    (`mirror_swapping.py` 267-271, `range(575, len(tokens) + 575)`: the prompt's
+    tokens shifted by the image's 576 - 1) also holds the image's last two tokens."""
+    out = np.array(groups_GxBxS)
+    last = np.asarray(spans.image_BxI).max(1)  # [B] the image's last token
+    pos = np.arange(out.shape[-1])[None]
+    out[GROUPS.index("text")] |= pos >= last[:, None] - 1
+    return out
 
 
 def _batch_logp(run: LoadedRun, batch, log) -> dict:
@@ -96,6 +111,8 @@ def _batch_logp(run: LoadedRun, batch, log) -> dict:
             f"patched, as only the final norm reads it; expected layers in [0, {n_blocks - 1}]"
         )
     groups, shared = token_groups(ex.spans), np.asarray(ex.spans.image_BxI).min(1)
+    if protocol_of(run) == "authors":
+        groups = authors_groups(groups, ex.spans)
     call = table_call_for(view, run.params, twins, groups, layers, shared)
     # a patched run: the LM from its layer on, over the rows from its resume start
     # (`resume_plan`; every row without one), counted as that share of a whole

@@ -27,11 +27,24 @@ def question_specs(run: LoadedRun) -> dict:
     return run.subject.question_specs(run)
 
 
-def question_batches(run: LoadedRun, relations, twins=()) -> list:
+def question_batches(run: LoadedRun, relations, twins=(), view: VLMView | None = None) -> list:
     """The subject's questions of relation ids `relations` with the named twins, in
     batches of one shape (`reports.batches`): drawn scenes are one batch, a dataset's
-    photographs one per processed image size."""
-    return run.subject.question_batches(run, relations, twins)
+    photographs one per processed image size; rendered by `view` (None: the subject's,
+    `view_of`; a report's own: `report_view`)."""
+    return run.subject.question_batches(run, relations, twins, view)
+
+
+def report_view(run: LoadedRun, report: str) -> VLMView:
+    """The view `report` renders its questions with: under the authors' protocol, the
+    family's wording for that report where their script words its prompt its own way
+    (`CheckpointFamily.authors_wordings`, e.g. LLaVA's patching); else the subject's."""
+    wordings = dict(getattr(run.family, "authors_wordings", ()))
+    own = view_of(run)
+    if protocol_of(run) != "authors" or report not in wordings:
+        return own
+    config = run.family.read_config(run.path)
+    return run.family.view(run.path, config, own.grid, own.size, wording=wordings[report])
 
 
 def photo_relations(run: LoadedRun) -> tuple[tuple, dict]:

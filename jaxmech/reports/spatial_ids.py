@@ -121,7 +121,7 @@ def compute(run: LoadedRun) -> dict:
         d_train = si.spatial_ids(states[:, train], label[train], cell[train], L)
         d_val = si.spatial_ids(states[:, ~train], label[~train], cell[~train], L)
         delta = si.spatial_ids(states[:, use], label[use], cell[use], L)
-        h, v = si.grid_axes(delta, *view.grid)
+        h, v = si.grid_axes(delta, *view.grid, authors=factorial)  # theirs: all-pairs axes
         own = jax.tree_util.tree_map(lambda x: x[use], aux)  # the set's probe rows
         ana = si.analytic_ids(p, own, zeros[use], zeros[use] + 1, label[use], cell[use], L,
                               sites)  # fmt: skip

@@ -28,7 +28,10 @@ Under `--protocol=authors` on a checkpoint: every question is steered, boxes or 
 with both boxes, n = 0 where none has them), and without `--layers` the sites are the
 authors' window for the model (`AUTHORS_WINDOWS`, `adversarial_steering.sh`'s CONFIG),
 else every site, said in the log. Their population is every row of
-`coco_qa_two_obj.json`, both relations: `--questions_from=coco_spatial_all`.
+`coco_qa_two_obj.json`, both relations: `--questions_from=coco_spatial_all`. The
+direction is their reply test on the top token (`vocabulary_directions`: a "left" to an
+above / below question steers along x); their 250-token reply, its verdict and the
+norm over the word's every occurrence in prompt and reply are not reproduced.
 
 Writes into `RUN/steering/` (every row also names its `examples` and `model_group`):
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
@@ -179,6 +182,7 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
             log("  the authors' steering asks every row of coco_qa_two_obj.json, left / right "
                 "and above / below (adversarial_steering.sh): --questions_from=coco_spatial_all; "
                 "here coco_spatial's left / right sample")  # fmt: skip
+    directions = vocabulary_directions(run) if protocol == "authors" else None
     for batch in question_batches(run, (0, 1)):
         ex, source, target, boxed = steered_questions(run, batch, protocol)
         if not boxed.all():
@@ -194,14 +198,24 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
             batch.view, run.params, ex, source, target, seed, id_labels(run), sites,
             probe_rows(run),
             lambda fn, args: compiled_call(fn, args, what, estimate=run.subject.estimates_time),
-            against="answer" if protocol == "authors" else "truth",
-            factorial=protocol == "authors")  # fmt: skip
+            against="reply" if protocol == "authors" else "truth",
+            factorial=protocol == "authors", directions=directions)  # fmt: skip
         out.append(res | {"boxed": boxed})
     if not out:
         raise ValueError("steering: no question has both objects' boxes (n = 0); "
                          "COCO-Spatial and a manifest with boxes have them, and "
                          "--protocol=authors steers without them")  # fmt: skip
     return joined(out, QUESTION_AXES) | {"sites": sites, "protocol": protocol}
+
+
+def vocabulary_directions(run: LoadedRun) -> np.ndarray:
+    """[V] the authors' steering direction of a one-token reply, per token of the
+    checkpoint's tokenizer (`analysis.steering.token_directions` of each id decoded, as
+    their script decodes a reply: special tokens kept)."""
+    family, folder = run.family, run.path
+    tok = family.tokenizer(family.processor(folder, family.read_config(folder)))
+    ids = [[i] for i in range(tok.get_vocab_size(with_added_tokens=True))]
+    return st.token_directions(tok.decode_batch(ids, skip_special_tokens=False))
 
 
 def boxed_only(res: dict) -> dict:
@@ -340,7 +354,8 @@ def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
     """The authors' steering: per site the flip rates with their intervals (over
     questions for a checkpoint) and the top-site mean per relation, 95% CI over
     models."""
-    how = ("against the model's own answer, corner IDs, unambiguous answers counted"
+    how = ("against the model's own answer (its top token read by their reply test: right "
+           "/ left / above / below, whatever the relation), corner IDs, decisive ones counted"
            if against == "answer" else "X towards the far edge beyond Y, every example")  # fmt: skip
     log(f"\nthe authors' steering: {st.AUTHORS_SCALE:g} x |h| at both object words, each "
         f"site alone, {how}; a flip: the answer changed")  # fmt: skip

@@ -52,13 +52,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.cli import PROTOCOLS
 from jaxmech.config import SWEEPABLE, Config, Settings
+from jaxmech.data.questions import PROTOCOLS
 from jaxmech.data.scenes import eval_masks
 from jaxmech.data.spec import take
 from jaxmech.families import view_for
 from jaxmech.families.vlm_view import VLMView, model_outline
-from jaxmech.memory import memory_budget, plan_rows, release_freed, tree_bytes
+from jaxmech.memory import (
+    device_bytes,
+    memory_budget,
+    plan_rows,
+    release_freed,
+    tree_bytes,
+    tree_devices,
+)
+from jaxmech.models.hub import check_place
 from jaxmech.results import load_config, load_run
 from jaxmech.sweep import read_selection
 
@@ -167,10 +175,11 @@ class TrainedSubject(NamedTuple):
             raise ValueError(f"{run.path}: no seen-pair question belongs to every model's seen set")
         return {k: take(v, keep) for k, v in specs.items()}
 
-    def question_batches(self, run, relations, twins=()):
+    def question_batches(self, run, relations, twins=(), view=None):
         from jaxmech.reports.batches import drawn_batch
 
-        return [drawn_batch(self.view(run), self.question_specs(run), relations, twins)]
+        view = self.view(run) if view is None else view
+        return [drawn_batch(view, self.question_specs(run), relations, twins)]
 
     @property
     def source(self):
@@ -237,15 +246,16 @@ class CheckpointSubject(NamedTuple):
             )
         return self.specs
 
-    def question_batches(self, run, relations, twins=()):
+    def question_batches(self, run, relations, twins=(), view=None):
         """The drawn questions as one batch, or the dataset's photographs one batch per
         processed grid (`batches.photo_batches`; its twins as image transforms), each
-        logged."""
+        logged; rendered by `view` (None: the subject's; a report's own wording)."""
         from jaxmech.reports import batches
 
+        view = self.vlm_view if view is None else view
         if self.photos is None:
-            return [batches.drawn_batch(self.vlm_view, self.specs, relations, twins)]
-        out = batches.photo_batches(self.vlm_view, self.photos, relations, twins,
+            return [batches.drawn_batch(view, self.specs, relations, twins)]
+        out = batches.photo_batches(view, self.photos, relations, twins,
                                     self.protocol, self.key["seed"])  # fmt: skip
         left = len(self.photos.questions) - sum(len(b.index) for b in out)
         print(
@@ -266,11 +276,12 @@ class CheckpointSubject(NamedTuple):
         """(rows per compiled call of a table over `n` questions, its `memory.Plan` or
         None): `batch`, or where that is None the most whose compiled program
         (`compile_at(b)`) fits in the memory budget beside what is held
-        (`memory.plan_rows`, logged; the weights are counted once). Raises
-        `memory.MemoryBudgetError` when one does not fit."""
+        (`memory.plan_rows`, logged; the weights are counted once, sharded ones by one
+        device's shards). Raises `memory.MemoryBudgetError` when one does not fit."""
         if self.batch is not None:
             return min(self.batch, n), None
-        plan = plan_rows(compile_at, n, self.budget or memory_budget(), tree_bytes(run.params), log)
+        plan = plan_rows(compile_at, n, self.budget or memory_budget(), device_bytes(run.params),
+                         log, devices=tree_devices(run.params))  # fmt: skip
         log(f"  memory: {plan.text()}")
         return plan.rows, plan
 
@@ -280,8 +291,8 @@ class CheckpointSubject(NamedTuple):
         every residual site, on probe scenes."""
         from jaxmech.analysis import spatial_ids as si
 
-        view, first = self.vlm_view, model_outline(run.params)
-        n_blocks = view.n_lm_blocks(first)
+        view, first = self.vlm_view, _placed_shapes(run.params)
+        n_blocks = view.n_lm_blocks(model_outline(run.params))
         sites = [si.resid_site(y, n_blocks) for y in range(n_blocks + 1)]
         inputs = si.probe(view, [1], placements=1).inputs
         n = len(np.asarray(jax.tree_util.tree_leaves(inputs)[0]))
@@ -483,7 +494,7 @@ def open_run(path: str, *, with_data: bool = True, log=print) -> LoadedRun:
 
 def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questions: int = 64,
                     seed: int | None = None, layers=None, batch: int | None = None,
-                    dtype="float32",
+                    dtype="float32", place: str = "auto",
                     video: bool = False, memory: str | None = None,
                     protocol: str = "jaxmech", questions_from: str = "drawn",
                     data: str | None = None, per_block: bool = False,
@@ -497,8 +508,12 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     config, settings or task. `video`: the scenes drawn as videos (the family's video
     view), asked about time only (relation 1: before / after). `memory`: the budget
     (`memory.memory_budget`: GB, a fraction or a percent; None: the default) every
-    table's rows per call are planned within. `layers`: as the authors index them
-    (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n). `protocol`: "authors"
+    table's rows per call are planned within. `place`: the weights on one device
+    ("one"), each matrix split over every device ("shard": `models.hub._sharding`), or
+    "auto" (sharded where they do not fit one device); sharded, a table's rows are
+    planned per device (`CheckpointSubject.rows_per_call`). `layers`: as the authors
+    index them (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n).
+    `protocol`: "authors"
     (their scripts' wording, answer words and table protocols) or "jaxmech"
     (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.questions.SOURCES`)
     read from folder `data`, at most `questions` of them (None: the source's default:
@@ -521,6 +536,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     seed = 0 if seed is None else seed  # the drawn scenes' (and the twins') seed
     questions = 64 if questions is None else questions
     _check_options(questions, batch, protocol)
+    check_place(place)
     budget = memory_budget(memory)
     folder = checkpoint_folder(folder)  # a Hub name: its cached snapshot, fetched if need be
     family, config = read_checkpoint_config(folder)
@@ -530,13 +546,13 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     # drawn before the weights are read, so a grid with no question of a relation is
     # refused at once (`spec.check_pair_grid`)
     specs = _pair_specs(view, questions, seed, video)
-    log(f"loading {folder} ({dtype})")
-    _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype))
+    log(f"loading {folder} ({dtype}, place={place})")
+    _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype), place=place)
     log(describe(dtype))  # which products, and why (models.precision)
     release_freed()  # the tensors' host copies
     log(f"checkpoint {folder}: {family.describe(config)}, {dtype}, weights "
-        f"{tree_bytes(params) / 2**30:.2f} GB; memory budget {budget.bytes / 2**30:.1f} GB "
-        f"({budget.how})")  # fmt: skip
+        f"{tree_bytes(params) / 2**30:.2f} GB{placement_text(params)}; memory budget "
+        f"{budget.bytes / 2**30:.1f} GB ({budget.how})")  # fmt: skip
     key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
            "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video,
            "protocol": protocol}  # fmt: skip
@@ -554,6 +570,17 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
                      settings=None, data=None, results=[{"model": 0, "diverged_step": -1}],
                      models=(0,), excluded=(), family=family, examples=None,
                      subject=subject)  # fmt: skip
+
+
+def placement_text(params) -> str:
+    """How loaded `params` lie on the devices, for the log ("" on one device)."""
+    devices = tree_devices(params)
+    if devices == 1:
+        return ""
+    leaves = jax.tree_util.tree_leaves(params)
+    split = sum(not x.sharding.is_fully_replicated for x in leaves)
+    return (f", sharded over {devices} devices ({split} of {len(leaves)} arrays split, the "
+            f"others replicated): {device_bytes(params) / 2**30:.2f} GB on each")  # fmt: skip
 
 
 def _check_options(questions: int, batch, protocol: str) -> None:
@@ -599,6 +626,23 @@ def _photo_questions(source: str, data, n, seed: int, video: bool):
     if not data:
         raise ValueError(f"questions_from = {source!r}: give the dataset's folder (--data)")
     return load_questions(source, data, n=n, seed=seed)
+
+
+def _placed_shapes(params_K):
+    """Model 0 of stacked params [K, ...] as shapes that keep their placement, so a
+    program lowered on them is the one their arrays run (sharded: its memory analysis
+    per device, as `plan_rows` counts it)."""
+    from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
+
+    def one(x):
+        s = x.sharding
+        if isinstance(s, NamedSharding):  # the leading model axis is never split
+            s = NamedSharding(s.mesh, PartitionSpec(*tuple(s.spec)[1:]))
+        elif not isinstance(s, SingleDeviceSharding):
+            s = None
+        return jax.ShapeDtypeStruct(x.shape[1:], x.dtype, sharding=s)
+
+    return jax.tree_util.tree_map(one, params_K)
 
 
 def _stacked(x):

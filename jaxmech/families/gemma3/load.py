@@ -66,10 +66,11 @@ def _lm_map(c: Gemma3Config) -> dict:
     m = hub.lm_key_map("lm.", lm_layout(c))
     D = c.lm_width
     for i in range(c.lm_layers):
-        b, out = f"lm.layers.{i}.", f"lm/block_{i}/"
-        m[b + "post_attention_layernorm.weight"] = (out + "ln1_post_w", (D,), same)
-        m[b + "pre_feedforward_layernorm.weight"] = (out + "ln2_w", (D,), same)
-        m[b + "post_feedforward_layernorm.weight"] = (out + "ln2_post_w", (D,), same)
+        b = f"lm.layers.{i}."
+        out = lambda name, i=i: hub.stacked_path(f"lm/blocks/{name}", i)  # noqa: E731
+        m[b + "post_attention_layernorm.weight"] = (out("ln1_post_w"), (D,), same)
+        m[b + "pre_feedforward_layernorm.weight"] = (out("ln2_w"), (D,), same)
+        m[b + "post_feedforward_layernorm.weight"] = (out("ln2_post_w"), (D,), same)
     return m
 
 

@@ -58,6 +58,7 @@ import numpy as np
 
 from jaxmech.families.gemma3.checks import check_edits, check_inputs
 from jaxmech.families.gemma3.config import Gemma3Config
+from jaxmech.models import layout
 from jaxmech.models.attention import rotate
 from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
@@ -66,12 +67,16 @@ from jaxmech.models.decoder import (
     Resume,
     Sites,
     after,
+    block_after,
     block_forward,
     inv_freq,
+    is_static,
     layer_norm,
     logits_at,
     mlp,
     place_images,
+    resume_cache,
+    stack,
     unembed,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
@@ -135,7 +140,7 @@ def vision(params, inputs: Inputs, c: Gemma3Config, edits: Edits, site) -> jax.A
     x = site("vit/embed", x + _position_rows(vit, edits, c))
     mask = jnp.ones((x.shape[0], x.shape[1], x.shape[1]), bool)
     for i in range(c.vit_depth):
-        x = block_forward(vit[f"block_{i}"], x, None, mask, site, "vit", i, c.vit_eps,
+        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps,
                           ACT[c.vit_act])  # fmt: skip
     x = site("vit/final", layer_norm(x, vit["ln_post_w"], vit["ln_post_b"], c.vit_eps))
     pooled = site("proj/pooled", pool(x, c))
@@ -224,17 +229,26 @@ def rotary(c: Gemma3Config, kind: str) -> np.ndarray:
 
 def run_lm(lm, x, pos_BxS, masks, c: Gemma3Config, site, resume=None, last_row=False):
     """[B, S, D] the final-normed residual stream ([B, T, D] rows start.. when resumed;
-    [B, 1, D] the last row with `last_row`)."""
+    [B, 1, D] the last row with `last_row`): the blocks under one `lax.scan`
+    (`models.decoder.stack`), each layer's type (sliding window or global: its mask and
+    rotary table) switched by its index."""
     first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
     angles = {kind: rotary_angles(pos_BxS, rotary(c, kind))[:, s0:] for kind in masks}
     masks = {kind: m[:, s0:] for kind, m in masks.items()}
-    for i in range(first, c.lm_layers):
-        cache = None
-        if resume is not None and s0:
-            cache = tuple(resume.aux[f"{n}.{i}"][:, :s0] for n in RESUME_SITES)
-        kind = c.lm_layer_types[i]
-        x = gemma_block(lm[f"block_{i}"], x, angles[kind], masks[kind], site, i, c, cache,
-                        last_row and i == c.lm_layers - 1)  # fmt: skip
+    sliding = np.array([k == "sliding_attention" for k in c.lm_layer_types])
+
+    def pick(table, layer):  # the layer's entry of a {kind: array} table
+        if is_static(layer):
+            return table[c.lm_layer_types[layer]]
+        local = jnp.asarray(sliding)[layer]
+        return jnp.where(local, table["sliding_attention"], table["full_attention"])
+
+    def block(w, x, site_, i, cache_i, q_last=False, layer=None):
+        return gemma_block(w, x, pick(angles, layer), pick(masks, layer), site_, i, c, cache_i,
+                           q_last)  # fmt: skip
+
+    cache = functools.partial(resume_cache, resume)
+    x = stack(lm, x, c.lm_layers, first, site, block, lambda i, x, q: x, cache, last_row)
     return site("lm/final", gemma_norm(x, lm["lnf_w"], c.lm_eps))
 
 
@@ -299,7 +313,7 @@ def decode_step(c: Gemma3Config, params, inputs: Inputs, token_B, cache, valid_B
     for i in range(c.lm_layers):
         kind = c.lm_layer_types[i]
         angles = rotary_angles(pos, rotary(c, kind))
-        x = gemma_block(lm[f"block_{i}"], x, angles, masks[kind], site, i, c, cache[i])
+        x = gemma_block(block_after(lm, i, x), x, angles, masks[kind], site, i, c, cache[i])
     logits = unembed(lm, gemma_norm(x, lm["lnf_w"], c.lm_eps)[:, 0]).astype(jnp.float32)
     cache = tuple(
         tuple(

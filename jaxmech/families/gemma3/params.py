@@ -11,7 +11,7 @@
          W [E, D]                    mm_input_projection_weight, used as x @ W
   lm/    E [V, D]                    the embedding (scaled by sqrt(D) for text tokens);
                                      tied: the unembedding reads E^T
-         block_{i}/ ln1_w [D]        input_layernorm
+         blocks/    ln1_w [D]        input_layernorm
                     ln1_post_w [D]   post_attention_layernorm (on the attention's output)
                     ln2_w [D]        pre_feedforward_layernorm
                     ln2_post_w [D]   post_feedforward_layernorm (on the MLP's output)
@@ -24,6 +24,8 @@
 Every LM norm and the projector's norm is Gemma's RMSNorm (float32, times 1 + w); the
 ViT's are LayerNorms. E, H, Dh, M: the ViT's width, heads, head width and MLP width;
 D, Hkv: the LM's width and key-value heads.
+LM `blocks/`: the blocks stacked, every leaf [L, ...] with block i at row i
+(`models.layout.BLOCKS`; one block's weights: `models.layout.block(lm, i)`).
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ def param_shapes(c: Gemma3Config) -> dict:
            "ln_post_w": (E,), "ln_post_b": (E,)}  # fmt: skip
     vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
     lm = layout.lm_shapes(lm_layout(c))
-    for i in range(c.lm_layers):
-        lm[f"block_{i}"] |= {"ln1_post_w": (D,), "ln2_post_w": (D,)}
+    post_norms = {"ln1_post_w": (D,), "ln2_post_w": (D,)}
+    lm[layout.BLOCKS] |= layout.stack_shapes(post_norms, c.lm_layers)
     return {"vit": vit, "proj": {"norm_w": (E,), "W": (E, D)}, "lm": lm}
 
 

@@ -131,6 +131,7 @@ def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: 
         vit_blocks=lambda params: 0,
         position_basis=lambda params: positions.position_basis(params, config),
         forward_from=functools.partial(forward_from, config, table),
+        resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, proc, grid),
         render_text=functools.partial(render_text, proc, grid),

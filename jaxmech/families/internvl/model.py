@@ -54,6 +54,7 @@ import jax.numpy as jnp
 from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.checks import check_edits, check_inputs
 from jaxmech.families.internvl.config import InternVLConfig
+from jaxmech.models import layout
 from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
@@ -121,7 +122,7 @@ def vision(params, inputs: Inputs, c: InternVLConfig, edits: Edits, site) -> jax
     x = x + site("vit/pos", position_codes(vit, side, edits))
     full = jnp.ones((1, P + 1, P + 1), bool)  # every token sees every token of its tile
     for i in range(c.vit_depth):
-        x = block_forward(vit[f"block_{i}"], x, None, full, site, "vit", i, c.vit_eps,
+        x = block_forward(layout.block(vit, i), x, None, full, site, "vit", i, c.vit_eps,
                           ACT[c.vit_act])  # fmt: skip
     h = site("proj/in", positions.pixel_shuffle(x[:, 1:], side))
     out = projector(params["proj"], h, c)

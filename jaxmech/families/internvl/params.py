@@ -11,12 +11,14 @@
                       ls1, ls2 [E]   the layer scale on the attention / MLP outputs
   proj/    ln_w, ln_b [4E]  W1 [4E, D] b1 [D]  W2 [D, D] b2 [D]
   lm/      E [V, D]
-           block_{i}/ ln1_w, ln2_w [D]  W_Q [H, D, Dh] b_Q [H, Dh]  W_K, W_V [Hkv, D, Dh]
+           blocks/    ln1_w, ln2_w [D]  W_Q [H, D, Dh] b_Q [H, Dh]  W_K, W_V [Hkv, D, Dh]
                       b_K, b_V [Hkv, Dh]  W_O [H, Dh, D]  W_gate, W_in [D, M]  W_out [M, D]
            lnf_w [D]   W_U [D, V] (untied checkpoints only; tied ones read E^T)
 
 E, H, Dh, M: the ViT's width, heads, head width, MLP width; n: the table's side
 (image_size / patch); D, Hkv: the LM's width and key-value heads.
+LM `blocks/`: the blocks stacked, every leaf [L, ...] with block i at row i
+(`models.layout.BLOCKS`; one block's weights: `models.layout.block(lm, i)`).
 """
 
 from __future__ import annotations

@@ -146,6 +146,7 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
         vit_blocks=lambda params: 0,
         position_basis=lambda params: position_basis(params, side),
         forward_from=functools.partial(forward_from, config, table),
+        resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, one_tile, grid),
         render_text=functools.partial(render_text, proc, grid),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_forward
-from jaxmech.families.llava import checks, load, model, params, processor
+from jaxmech.families.llava import checks, load, model, params, processor, view
 from jaxmech.families.llava.view import checkpoint_view
 from jaxmech.models.decoder import next_token_logprobs
 from jaxmech.models.generate import generate
@@ -45,4 +45,6 @@ FAMILY = CheckpointFamily(
         (("llava", 32, 4096), ("llava-7b", "llava-hf/llava-1.5-7b-hf", (8, 20))),
         (("llava", 40, 5120), ("llava-13b", "llava-hf/llava-1.5-13b-hf", (10, 20))),
     ),
+    # mirror_swapping.py / attribute_swapping.py's prompt, for jaxmech.reports.patching
+    authors_wordings=(("patching", view.MIRROR),),
 )

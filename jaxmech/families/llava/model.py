@@ -48,6 +48,7 @@ import jax.numpy as jnp
 from jaxmech.families.llava import positions
 from jaxmech.families.llava.checks import check_edits, check_inputs
 from jaxmech.families.llava.config import LlavaConfig
+from jaxmech.models import layout
 from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
@@ -107,7 +108,7 @@ def vision(params, inputs: Inputs, c: LlavaConfig, edits: Edits, site) -> jax.Ar
     mask = jnp.ones((x.shape[0], x.shape[1], x.shape[1]), bool)
     hidden = [x]
     for i in range(vit_blocks_run(site.capture, c)):
-        x = block_forward(vit[f"block_{i}"], x, None, mask, site, "vit", i, c.vit_eps,
+        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps,
                           ACT[c.vit_act])  # fmt: skip
         hidden.append(x)
     return site("proj/out", projector(params["proj"], hidden[c.feature_block][:, 1:], c))

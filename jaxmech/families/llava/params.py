@@ -10,7 +10,7 @@
                     W_O [H, Dh, E] b_O [E]  W_in [E, M] b_in [M]  W_out [M, E] b_out [E]
   proj/  W1 [E, D]  W2 [D, D]  (+ b1, b2 [D] where the projector has biases)
   lm/    E [V, D]
-         block_{i}/ ln1_w ln2_w [D]  W_Q [H, D, Dh]  W_K W_V [Hkv, D, Dh]  W_O [H, Dh, D]
+         blocks/    ln1_w ln2_w [D]  W_Q [H, D, Dh]  W_K W_V [Hkv, D, Dh]  W_O [H, Dh, D]
                     W_gate W_in [D, M]  W_out [M, D]  (+ b_Q ..., b_O, b_gate ... where
                     the config has attention / MLP biases)
          lnf_w [D]  W_U [D, V] (untied checkpoints only; tied ones read E^T)
@@ -20,6 +20,8 @@ key-value heads (grouped-query attention: query head h reads key-value head
 h // (H / Hkv)). The CLIP tower's `post_layernorm` is stored in checkpoints but never
 read by LLaVA (it acts on the pooled CLS output only), so it is not loaded
 (`load.UNUSED`; counted by `n_stored`).
+LM `blocks/`: the blocks stacked, every leaf [L, ...] with block i at row i
+(`models.layout.BLOCKS`; one block's weights: `models.layout.block(lm, i)`).
 """
 
 from __future__ import annotations

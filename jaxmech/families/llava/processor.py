@@ -23,6 +23,9 @@ Text (`chat_prompt`, `encode`): llava-hf's chat template for one user turn holdi
 image then the question, "USER: <image>\\n{question} ASSISTANT:" (a question without an
 image: "USER: {question} ASSISTANT:"); `<image>` expanded to the image's patch count;
 the checkpoint's own `tokenizer.json` (its template adds `<s>`); rows left-padded.
+`load_processor(prompt=MIRROR)`: paper 003's patching scripts' prompt instead
+(`mirror_prompt`: "<image>\\nQUESTION: {question}Answer left or right. ANSWER: ", no
+template, the question cut after its "?").
 """
 
 from __future__ import annotations
@@ -174,12 +177,40 @@ def chat_prompt(question: str, image: bool = True) -> str:
     return f"USER: {IMAGE}\n{question} ASSISTANT:" if image else f"USER: {question} ASSISTANT:"
 
 
+# paper 003's patching scripts' prompt (`mirror_swapping.py`, `attribute_swapping.py`):
+# no chat template; their own instruction follows the question
+MIRROR_TAIL = "Answer left or right. ANSWER: "
+
+
+def mirror_prompt(question: str, image: bool = True) -> str:
+    """The authors' patching prompt, "<image>\\nQUESTION: {question}Answer left or
+    right. ANSWER: " (`image` False: without "<image>\\n"); `question` as
+    `asked_sentence` gives it."""
+    prefix = IMAGE + "\n" if image else ""
+    return f"{prefix}QUESTION: {question}{MIRROR_TAIL}"
+
+
+def asked_sentence(question: str) -> str:
+    """The question up to its first "?" (what the authors' patching prompt holds: their
+    instruction replaces the question's own); a question without one, whole."""
+    return question.split("?", 1)[0] + "?" if "?" in question else question
+
+
+# `load_processor(prompt=)`: (prompt(question, image), the text after the question,
+# how a question is cut first)
+MIRROR = "authors_mirror"
+PROMPTS = {"chat": (chat_prompt, " ASSISTANT:", lambda q: q),
+           MIRROR: (mirror_prompt, MIRROR_TAIL, asked_sentence)}  # fmt: skip
+
+
 class Processor(NamedTuple):
-    """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image settings and config."""
+    """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image settings and config, and
+    the prompt its questions are put in (`PROMPTS`)."""
 
     tokenizer: Any
     images: ImageSettings
     config: LlavaConfig
+    prompt: str = "chat"
 
 
 LLAMA_TOKENIZERS = ("LlamaTokenizer", "LlamaTokenizerFast")
@@ -227,12 +258,15 @@ def _as_transformers_llama(tok, cfg: dict) -> None:
 
 
 def load_processor(folder: str, config: LlavaConfig, resize: str | None = None,
-                   square: str | None = None) -> Processor:  # fmt: skip
+                   square: str | None = None, prompt: str = "chat") -> Processor:  # fmt: skip
     """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
     `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the config's
     processor class does); `square`: "crop" (the reference's default: resize the
     shortest edge, cut the centre) or "pad" (the original LLaVA's: pad to a square in
-    the mean colour first); None: as preprocessor_config.json says."""
+    the mean colour first); None: as preprocessor_config.json says. `prompt`: "chat"
+    (llava-hf's template) or `MIRROR` (`mirror_prompt`)."""
+    if prompt not in PROMPTS:
+        raise ValueError(f"prompt = {prompt!r}: expected one of {', '.join(PROMPTS)}")
     tok = load_tokenizer(folder)
     path = os.path.join(folder, "tokenizer.json")
     prompts.check_token_id(tok, path, IMAGE, config.image_token_id, "image_token_index")
@@ -246,7 +280,7 @@ def load_processor(folder: str, config: LlavaConfig, resize: str | None = None,
         raise ValueError(f"{os.path.join(folder, 'preprocessor_config.json')}: images become "
                          f"{out[0]} x {out[1]} px, config.json's ViT reads {config.image_size} "
                          f"x {config.image_size}")  # fmt: skip
-    return Processor(tok, images, config)
+    return Processor(tok, images, config, prompt)
 
 
 class Encoded(NamedTuple):
@@ -293,8 +327,9 @@ def encode_text(proc: Processor, questions) -> Encoded:
 
 def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
     c, n = proc.config, pixels_BxPxF.shape[1]
+    template, tail, cut = PROMPTS[proc.prompt]
     texts, question_Bx2 = prompts.templated(
-        questions, lambda q: chat_prompt(q, image).replace(IMAGE, IMAGE * n), " ASSISTANT:"
+        [cut(q) for q in questions], lambda q: template(q, image).replace(IMAGE, IMAGE * n), tail
     )
     pad = proc.tokenizer.token_to_id(PAD)
     rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad,

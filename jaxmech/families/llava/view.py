@@ -107,21 +107,45 @@ def vit_positions(config: LlavaConfig):
     return rows, cols, (config.grid, config.grid)
 
 
+# the wording of paper 003's patching scripts (`mirror_swapping.py`, `attribute_swapping.py`),
+# which the patching report asks for under the authors' protocol (`family.py`'s
+# `authors_wordings`): their prompt without a chat template, the bare answer pieces
+MIRROR = processor.MIRROR
+# the processor each authors' wording reads with: their transformers (4.53) loads
+# llava-hf's slow `CLIPImageProcessor`, whose resize is Pillow's bicubic
+AUTHORS_PROCESSOR = {"authors": {"resize": "pil"},
+                     MIRROR: {"resize": "pil", "prompt": processor.MIRROR}}  # fmt: skip
+
+
+def bare_answer_ids(tokenizer, answers) -> np.ndarray:
+    """[R, 2] int32 the ids of the answer words as bare pieces ("left", not the prompt's
+    "▁left"), as `mirror_swapping.py` reads them (`convert_tokens_to_ids("left")`); a word
+    the vocabulary has no bare piece of: its first token in context
+    (`prompts.answer_ids`)."""
+    fallback = prompts.answer_ids(tokenizer, answers)
+    ids = [[tokenizer.token_to_id(w) for w in pair] for pair in answers]
+    return np.asarray([[f if i is None else i for i, f in zip(row, back)]
+                       for row, back in zip(ids, fallback)], np.int32)  # fmt: skip
+
+
 def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: int | None = None,
                     video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
     scenes on `grid` drawn `size` pixels square (None: the ViT's image size, the only
     one allowed). `wording` "authors": the papers' authors' words and lower-case answer
-    words. Raises ValueError naming `size`, `grid`, `video`, `wording` or the tokenizer
-    before any compute."""
+    words, photographs resized by Pillow (`AUTHORS_PROCESSOR`); `MIRROR`: their patching
+    scripts' prompt and bare answer pieces. Raises ValueError naming `size`, `grid`,
+    `video`, `wording` or the tokenizer before any compute."""
     if video:
         raise ValueError("video = True: the llava family has no video view (one image per "
                          "question)")  # fmt: skip
-    templates, answers = pictures.wording(wording)
+    mirror = wording == MIRROR
+    templates, answers = pictures.wording("authors" if mirror else wording)
     size = config.image_size if size is None else size
-    proc = processor.load_processor(folder, config)
+    proc = processor.load_processor(folder, config, **AUTHORS_PROCESSOR.get(wording, {}))
     check_size(config, proc, grid, size)
     table = processor.pixel_table(proc.images)
+    words = (bare_answer_ids if mirror else prompts.answer_ids)(proc.tokenizer, answers)
     g = config.grid
     view = VLMView(
         name="llava",
@@ -130,7 +154,7 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         n_colours=len(pictures.COLOURS),
         render=functools.partial(render, proc, grid, size, templates=templates),
         forward=functools.partial(forward, config, table),
-        answer_words=prompts.answer_ids(proc.tokenizer, answers),
+        answer_words=words,
         n_lm_blocks=lambda params: config.lm_layers,
         lm_position_ids=lambda params, spans: view_ids(
             spans.first_B, *np.shape(spans.question_BxS)
@@ -139,6 +163,7 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         vit_blocks=lambda params: 0,
         position_basis=lambda params: params["vit"]["pos"][1:],
         forward_from=functools.partial(forward_from, config, table),
+        resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, proc, grid),
         render_text=functools.partial(render_text, proc, grid),

@@ -66,6 +66,7 @@ import jax.numpy as jnp
 from jaxmech.families.mllama import positions
 from jaxmech.families.mllama.checks import check_edits, check_inputs
 from jaxmech.families.mllama.config import MllamaConfig
+from jaxmech.models import layout
 from jaxmech.models.decoder import (
     ACT,
     Sites,
@@ -157,7 +158,7 @@ def vision(params, inputs: Inputs, c: MllamaConfig, edits: Edits, site) -> jax.A
     act = ACT[c.vit_act]
     kept = {}
     for i in range(c.vit_depth):
-        x = block_forward(vit[f"block_{i}"], x, None, mask, site, "vit", i, c.vit_eps, act)
+        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps, act)
         kept[i] = x
     x = layer_norm(x, vit["ln_post_w"], vit["ln_post_b"], c.vit_eps).reshape(B, T, R, E)
     post = _gate(vit["post_tile_gate"]) * vit["post_tile"][aspect][:, :, None]
@@ -245,9 +246,9 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Mllam
         q_last = last_row and i == c.lm_layers - 1
         if i in c.cross_layers:
             vis_i = site(f"lm/vision.{i}", vis)
-            x = cross_layer(lm[f"block_{i}"], x, vis_i, allowed, row, site, i, c, q_last)
+            x = cross_layer(layout.block(lm, i), x, vis_i, allowed, row, site, i, c, q_last)
         else:
-            x = block_forward(lm[f"block_{i}"], x, angles, causal, site, "lm", i, c.lm_eps,
+            x = block_forward(layout.block(lm, i), x, angles, causal, site, "lm", i, c.lm_eps,
                               ACT[c.lm_act], None, q_last)  # fmt: skip
     x = site("lm/final", rms_norm(x, lm["lnf_w"], c.lm_eps))
     return logits_at(lm, x, rows, None, last_row), site.aux

@@ -63,6 +63,7 @@ import jax.numpy as jnp
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
+from jaxmech.models import layout
 from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
@@ -70,6 +71,7 @@ from jaxmech.models.decoder import (
     Sites,
     after,
     block_forward,
+    is_static,
     logits_at,
     norm,
     place_images,
@@ -149,7 +151,7 @@ def vision(params, inputs: Inputs, c: QwenVLConfig, edits: Edits, site):
         mask = windowed if c.vit_window and i not in c.vit_full_blocks else full
         angles = positions.vit_angles(rows, cols, freq)
         x = block_forward(
-            vit[f"block_{i}"], x, angles, mask, site, "vit", i, c.vit_eps, ACT[c.vit_act]
+            layout.block(vit, i), x, angles, mask, site, "vit", i, c.vit_eps, ACT[c.vit_act]
         )
         if i in c.vit_deepstack:
             k = c.vit_deepstack.index(i)
@@ -205,7 +207,7 @@ def language_model(lm, x, pos_Bx3xS, valid_BxS, c: QwenVLConfig, site, resume=No
     angles = positions.lm_angles(pos_Bx3xS, freq, c.lm_mrope_section, c.lm_mrope_interleaved)
     between = _deepstack(stack, image_BxI, site) if stack else None
     return run_lm(lm, x, angles, valid_BxS, c.lm_layers, c.lm_eps, site, resume, last_row,
-                  between=between)  # fmt: skip
+                  between=between, n_between=len(stack))  # fmt: skip
 
 
 def forward(
@@ -235,7 +237,8 @@ def forward(
     if resume is not None:
         check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
     # resumed before a DeepStack injection, the ViT runs for its features
-    if resume is None or resume.layer < len(config.vit_deepstack):
+    K = len(config.vit_deepstack)
+    if resume is None or (K and (not is_static(resume.layer) or resume.layer < K)):
         feats, stack = vision(params, inputs, config, edits, site)
         if edits.image_order is not None:
             order = jnp.asarray(edits.image_order)

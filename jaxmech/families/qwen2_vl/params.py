@@ -13,7 +13,7 @@
   deepstack/ merger_{k}/ ln_w, ln_b [4E]  W1 [4E, 4E] b1 [4E]  W2 [4E, D] b2 [D]
                       (Qwen3-VL: DeepStack merger k, its norm after the 2 x 2 shuffle)
   lm/      E [V, D]
-           block_{i}/ ln1_w, ln2_w [D]  W_Q [H, D, Dh] b_Q [H, Dh]  W_K, W_V [Hkv, D, Dh]
+           blocks/    ln1_w, ln2_w [D]  W_Q [H, D, Dh] b_Q [H, Dh]  W_K, W_V [Hkv, D, Dh]
                       b_K, b_V [Hkv, Dh]  W_O [H, Dh, D]  W_gate, W_in [D, M]  W_out [M, D]
                       (Qwen3-VL: no b_Q, b_K, b_V; q_norm_w, k_norm_w [Dh])
            lnf_w [D]   W_U [D, V] (untied checkpoints only; tied ones read E^T)
@@ -21,6 +21,8 @@
 E, H, Dh, M: the ViT's width, heads, head width and MLP width; D, Hkv: the LM's width and
 key-value heads (grouped-query attention: query head h reads key-value head
 h // (H / Hkv)).
+LM `blocks/`: the blocks stacked, every leaf [L, ...] with block i at row i
+(`models.layout.BLOCKS`; one block's weights: `models.layout.block(lm, i)`).
 """
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_Bx
     `start` are not taken from `aux`'s cache: the later blocks add these inputs'
     DeepStack features at the image tokens, which `aux`'s run (a twin's) may not have
     had; they are rerun from `aux`'s `lm/resid_pre.{layer}` instead, with the ViT."""
-    if layer < len(config.vit_deepstack) and start:
+    if config.vit_deepstack and start and layer < len(config.vit_deepstack):  # layer static
         name = f"lm/resid_pre.{layer}"
         if name not in aux:
             raise ValueError(f"aux: lacks {name!r}, which a run resumed before a DeepStack "
@@ -261,6 +261,7 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         vit_blocks=lambda params: config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
         forward_from=functools.partial(forward_from, config, table),
+        resume_any_layer=not config.vit_deepstack,  # a DeepStack layer reruns its rows
         cache_sites=RESUME_SITES,
         render_images=None if video else functools.partial(render_images, proc, grid),
         render_text=functools.partial(render_text, proc, grid),

@@ -1,4 +1,4 @@
-"""The toy VLM's config (`Config.model` when `model_kind = "ar_vlm"`): ViT, projector
+"""The toy VLM's config (`Config.model` when `model_kind = "toy_vlm"`): ViT, projector
 and causal LM sizes, positions, and the spatial-ID loss site (`families.toy_vlm`)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class ToyVLMConfig(TransformerConfig):
     the answer only through the object words (the route the papers describe).
     """
 
-    model_kind: str = "ar_vlm"
+    model_kind: str = "toy_vlm"
     lm_n_layers: int = 2
     vit_pos: str = "learned2d"
     vit_window: int = 0

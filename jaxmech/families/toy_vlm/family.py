@@ -24,7 +24,7 @@ def forward(params, inputs, *, edits=None, capture=(), config=None):
 
 
 FAMILY = TrainedFamily(
-    name="ar_vlm",
+    name="toy_vlm",
     init_params=model.init_params,
     loss=answer.answer_loss,
     evaluate=evaluate_answers.evaluate_scenes,

@@ -1,7 +1,7 @@
 """The spatial-ID loss (paper 003): `1 - cos(ID_pred, ID_true)` at one LM site.
 
 Where: LM site y = `id_site` (the residual entering LM block y; y = lm_n_layers is the
-last block's output: `ar_vlm.site_name`), at the first-named object's word (question
+last block's output: `model.site_name`), at the first-named object's word (question
 slot `X_SLOT`). Site 0, the embedding, cannot depend on the image and is refused.
 
 ID_pred: each of the batch's last `n_pairs` rows gives one object pair (X, Y), which is
@@ -14,7 +14,7 @@ word comes before the rest of the question and the LM is causal, only `is X` and
 image matter.
 
 ID_true: `static/id_target [L, D]` (centred over the cells here). `init_params` plants
-one when id_site > 0 (`ar_vlm.planted_id_target`: training from scratch has no model to extract
+one when id_site > 0 (`model.planted_id_target`: training from scratch has no model to extract
 from); fine-tuning replaces it with the ID extracted from the model itself beforehand
 (`analysis.spatial_ids`; `experiments.id_loss --base=RUN`).
 
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.data.scenes import TOKEN, X_SLOT, Y_SLOT, SceneBatch
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model
 from jaxmech.families.toy_vlm.vit import read
 from jaxmech.models.id_loss import id_cos
 
@@ -80,7 +80,7 @@ def id_states(params, probe: SceneBatch, site: int):
 
     One capture forward; under jit, what the site does not depend on is never computed
     (and no gradient reaches the blocks after it)."""
-    _, aux = ar_vlm.forward(
+    _, aux = model.forward(
         params,
         probe.labels_BxL,
         probe.colours_BxL,
@@ -89,7 +89,7 @@ def id_states(params, probe: SceneBatch, site: int):
         capture=True,
     )
     L = probe.labels_BxL.shape[1]
-    h = aux[ar_vlm.site_name(site, ar_vlm.n_lm_blocks(params))][:, L + X_SLOT]
+    h = aux[model.site_name(site, model.n_lm_blocks(params))][:, L + X_SLOT]
     return h.reshape(-1, L, h.shape[-1])
 
 

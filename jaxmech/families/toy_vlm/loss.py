@@ -20,8 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.scenes import TOKEN, SceneBatch
-from jaxmech.families.toy_vlm import id_loss
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import id_loss, model
 
 # Each relation's (first, second) answer word, by relation id (`data.spec`: 0 h, 1 v,
 # 2 presence), and the other word of each, indexed by token id (other ids map to 0 and
@@ -41,8 +40,8 @@ def partner(answer_B):
 
 def logits(params, batch: SceneBatch, edits=None):
     """[B, V] the LM's logits at the last position for a batch of scenes and questions
-    (`ar_vlm.forward`'s first output)."""
-    return ar_vlm.forward(
+    (`model.forward`'s first output)."""
+    return model.forward(
         params,
         batch.labels_BxL,
         batch.colours_BxL,

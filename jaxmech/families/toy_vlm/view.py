@@ -15,7 +15,7 @@ import numpy as np
 from jaxmech.config import Config
 from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid, SceneSpec
-from jaxmech.families.toy_vlm import model as ar_vlm
+from jaxmech.families.toy_vlm import model
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.loss import ANSWER_WORDS
 from jaxmech.families.vlm_view import Spans, VLMView
@@ -41,7 +41,7 @@ def spans(grid: Grid, batch: int) -> Spans:
 
 def forward(params, inputs: sc.SceneBatch, edits=None, capture: bool = False):
     """(logits [B, V] at the `?`, intermediates: whole with `capture`)."""
-    return ar_vlm.forward(
+    return model.forward(
         params,
         inputs.labels_BxL,
         inputs.colours_BxL,
@@ -93,15 +93,15 @@ def toy_view(config: Config) -> VLMView:
         return inputs, spans(grid, b)
 
     return VLMView(
-        name="ar_vlm",
+        name="toy_vlm",
         grid=grid,
         n_labels=task.n_labels,
         n_colours=task.n_colours,
         render=render,
         forward=forward,
         answer_words=ANSWER_WORDS,
-        n_lm_blocks=ar_vlm.n_lm_blocks,
-        lm_position_ids=lambda params, sp: ar_vlm.lm_position_ids(params, sp.length - grid.cells),
+        n_lm_blocks=model.n_lm_blocks,
+        lm_position_ids=lambda params, sp: model.lm_position_ids(params, sp.length - grid.cells),
         vit_positions=lambda params: vit_positions(params, grid),
         vit_blocks=vit_blocks,
         position_basis=position_basis,

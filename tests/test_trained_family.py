@@ -10,7 +10,7 @@ from conftest import Interrupted, stop_after, tiny_config
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
 from jaxmech.data import relations1d
-from jaxmech.families import FAMILIES, Family, get_family, register
+from jaxmech.families import FAMILIES, TrainedFamily, get_family, register
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import train_models
 
@@ -43,7 +43,7 @@ def _probe_evaluate(params, evals, tables, settings, config):
     return {"probe_acc": (true_N > swap_N).astype(jnp.float32).mean()}
 
 
-PROBE = Family(
+PROBE = TrainedFamily(
     name="test_probe",
     init_params=_probe_init,
     loss=_probe_loss,
@@ -127,9 +127,9 @@ def test_a_stand_in_family_has_the_config_it_registers(probe_config):
     assert type(probe_config.model) is ModelConfig
     with pytest.raises(ConfigError, match="d_model is not a field of model_kind = 'test_probe'"):
         probe_config.replace(d_model=16)
-    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'ar_vlm'"):
+    with pytest.raises(ConfigError, match="vision_pos is not a field of model_kind = 'toy_vlm'"):
         expand(
-            Config().replace(model_kind="ar_vlm", task_kind="scenes"),
+            Config().replace(model_kind="toy_vlm", task_kind="scenes"),
             {"vision_pos": "rope"},
             seeds=1,
         )

@@ -1,7 +1,9 @@
-"""The autoregressive VLM family on the scenes task: its objective, its beliefs, and the
-training machinery (sweep, checkpoints, resume) with no change to train.py or sweep.py."""
+"""The toy VLM family (`families.toy_vlm`) on the scenes task: its objective, its
+beliefs, and the training machinery (sweep, checkpoints, resume) with no change to
+train.py or sweep.py; results folders written under its old kind name still load."""
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -44,9 +46,9 @@ def test_beliefs_score_against_the_other_word_and_the_whole_vocabulary():
 
 
 def test_the_family_pairs_only_with_scenes():
-    assert family_for(tiny_vlm_config()).name == "ar_vlm"
+    assert family_for(tiny_vlm_config()).name == "toy_vlm"
     with pytest.raises(ConfigError, match="task_kind = '1d' is invalid with model_kind"):
-        family_for(Config().replace(model_kind="ar_vlm"))
+        family_for(Config().replace(model_kind="toy_vlm"))
     with pytest.raises(ConfigError, match="task_kind = 'scenes' is invalid with model_kind"):
         family_for(Config().replace(task_kind="scenes"))
     # the toy's own fields are not the dual encoder's: refused by the config, by name
@@ -113,15 +115,38 @@ def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_ru
         np.testing.assert_array_equal(x, y)
 
 
+def test_a_folder_written_with_the_old_kind_name_loads_and_is_the_same_sweep(vlm_run, tmp_path):
+    """Results folders written before the toy VLM's kind was renamed ("ar_vlm" ->
+    "toy_vlm") hold the old name in config.json and sweep.json: they load as the toy
+    VLM, and a rerun of the same sweep finds it (finished here; an unfinished one is
+    resumed through the same check) instead of refusing it as another sweep. Flags and
+    specs must use the name now."""
+    old = str(tmp_path / "old")
+    shutil.copytree(vlm_run, old)
+    for name in ("config.json", "sweep.json"):
+        path = os.path.join(old, name)
+        with open(path) as f:
+            text = f.read()
+        assert text.count('"toy_vlm"') == 1, name
+        with open(path, "w") as f:
+            f.write(text.replace('"toy_vlm"', '"ar_vlm"'))
+    run = results.load_run(old)
+    assert run.config == results.load_run(vlm_run).config and run.family.name == "toy_vlm"
+    again = run_grid(_vlm_grid(STEPS), old, log=quiet)
+    assert again["trained_steps"] == 0 and again["rows"] == run.results
+    with pytest.raises(ConfigError, match="model_kind = 'ar_vlm' is invalid"):
+        tiny_vlm_config(model_kind="ar_vlm")
+
+
 def test_vlm_presets_are_valid_and_one_has_a_window_block_before_a_global_block():
     from jaxmech.presets import preset_config
 
     base, window = preset_config("vlm"), preset_config("vlm_window")
-    assert family_for(base).name == family_for(window).name == "ar_vlm"
+    assert family_for(base).name == family_for(window).name == "toy_vlm"
     m = window.model
     assert m.vit_window > 0 and m.global_blocks == (m.n_layers - 1,) and m.n_layers >= 2
     deep = preset_config("vlm_deep")
-    assert deep.model.lm_n_layers > base.model.lm_n_layers and family_for(deep).name == "ar_vlm"
+    assert deep.model.lm_n_layers > base.model.lm_n_layers and family_for(deep).name == "toy_vlm"
     assert deep.replace(lm_n_layers=base.model.lm_n_layers) == base  # depth is the only change
 
 

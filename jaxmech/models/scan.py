@@ -1,0 +1,159 @@
+"""A part's stacked blocks (`models.layout.BLOCKS`) run under one `jax.lax.scan`, with
+its edits and captures still per site name.
+
+Why: an unrolled stack compiles every block apart (28 LM blocks at Qwen2-VL-2B's size,
+once more per resumed run of a patching table); a scan compiles one block body however
+many blocks run.
+
+Inside the scan body a block names its sites with `LAYER` in place of its index
+(`"lm/resid_pre.*"`), and `LayerSites` stands for the forward's `Sites`:
+
+* an edit named for layer l (`Edits.replace` / `Edits.add` at `"lm/resid_pre.3"`) is
+  applied as `where(i == l, edited, x)`, i the scanned layer, so its value is the
+  unrolled forward's at layer l and nothing elsewhere;
+* a capture of every scanned layer of a point is a scan output [L, ...]; a capture of
+  some layers keeps a buffer of those layers only, written at them (a big site such as
+  `pattern` is never stacked over layers nobody asked for); both come back in
+  `Sites.aux` under the per-layer names.
+
+Axis names (`jaxmech.shapes`): L scanned blocks, K captured layers of one point.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxmech.models.edits import apply_named
+from jaxmech.models.order import low_precision
+
+LAYER = "*"  # a block's index in its site names inside a scan body
+
+
+def _split(name: str) -> tuple[str, str]:
+    base, _, layer = name.rpartition(".")
+    return base, layer
+
+
+class LayerSites:
+    """A scan body's sites for layer `i` (traced): the edits of `outer` (the forward's
+    `Sites`) by layer index; captured values put in `keep` (points every layer of
+    which is kept) or written into `bufs` ({point: [K, ...]} at `layers_of[point]`).
+    `shapes` (a dict) records each point's value instead (the shape pass)."""
+
+    def __init__(self, outer, i, edited: dict, every: frozenset, layers_of: dict, bufs,
+                 shapes=None):  # fmt: skip
+        self.outer, self.i, self.edited = outer, i, edited
+        self.every, self.layers_of, self.bufs = every, layers_of, dict(bufs or {})
+        self.keep, self.shapes = {}, shapes
+
+    def __call__(self, name: str, x):
+        base, layer = _split(name)
+        if layer != LAYER:
+            raise ValueError(f"site {name!r} in a scanned block: expected the layer {LAYER!r}")
+        if self.shapes is not None:
+            self.shapes[base] = x
+            return x
+        edits = self.outer.edits
+        for lay in self.edited.get(base, ()):
+            x = jnp.where(
+                self.i == lay, apply_named(edits.replace, edits.add, f"{base}.{lay}", x), x
+            )
+        if base in self.every:
+            self.keep[base] = x
+        for k, lay in enumerate(self.layers_of.get(base, ())):
+            buf = self.bufs[base]
+            self.bufs[base] = buf.at[k].set(jnp.where(self.i == lay, x.astype(buf.dtype), buf[k]))
+        return x
+
+
+def in_place(stacked) -> bool:
+    """Whether a scan can read these stacked weights one block at a time. Not so for
+    low-precision weights on XLA's CPU backend: it runs a bf16 / f16 dynamic slice in
+    float32, converting the whole stacked leaf before the loop (every block's float32
+    copy at once, what `models.order.tie` prevents; seen in the compiled HLO, with or
+    without the tie; slicing the bits as uint16 makes a whole copy of them instead).
+    Those blocks run unrolled (`models.decoder.stack`), each a static slice, tied."""
+    return jax.default_backend() != "cpu" or not low_precision(stacked)
+
+
+def _row(stacked: dict, i) -> dict:
+    """Block i's weights (i an int or traced) of stacked leaves, read in place."""
+    return {k: jax.lax.dynamic_index_in_dim(w, i, keepdims=False) for k, w in stacked.items()}
+
+
+def _edited_layers(edits, layers) -> dict:
+    """{point: [layers]}: the scanned layers each point has an edit at."""
+    out: dict = {}
+    for name in list(edits.replace) + list(edits.add):
+        base, layer = _split(name)
+        if layer.isdigit() and int(layer) in layers and int(layer) not in out.get(base, []):
+            out.setdefault(base, []).append(int(layer))
+    return out
+
+
+def _wanted(outer, bases, layers) -> tuple[frozenset, dict]:
+    """(the points captured at every scanned layer, {point: the layers captured of the
+    others}) of the forward's capture (`Sites.capture`)."""
+    every, some = set(), {}
+    for base in bases:
+        asked = [lay for lay in layers if outer.wants(f"{base}.{lay}")]
+        if len(asked) == len(layers):
+            every.add(base)
+        elif asked:
+            some[base] = asked
+    return frozenset(every), some
+
+
+def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=None,
+                remat: bool = False):  # fmt: skip
+    """x after `body(block, x, site, i, xs_i)` for each block i of `layers` in turn, one
+    `lax.scan` over the stacked weights `stacked` ({name: [L_all, ...]}, rows `layers`
+    read). `body` names its sites with `LAYER` (module docstring); `outer` is the
+    forward's `Sites` (edits read, captures written to its aux). `xs`: per-layer inputs
+    (a pytree, leading axis len(layers)), or None. `skip_before` (an int or a traced
+    one): blocks i < skip_before pass x unchanged (their captured sites hold zeros).
+    `remat`: the body under `jax.checkpoint` (memory under a gradient only)."""
+    if len(layers) == 0:
+        return x
+    layer_ids = jnp.arange(layers.start, layers.stop, dtype=jnp.int32)
+    xs_0 = None if xs is None else jax.tree_util.tree_map(lambda a: a[0], xs)
+    shapes: dict = {}
+
+    def shape_pass(w0, x0, e0):
+        body(w0, x0, LayerSites(outer, 0, {}, frozenset(), {}, None, shapes), layer_ids[0], e0)
+        return {k: v for k, v in shapes.items()}
+
+    w_0 = _row(stacked, layers.start)
+    found = jax.eval_shape(shape_pass, w_0, x, xs_0)
+    every, some = _wanted(outer, list(found), list(layers))
+    edited = _edited_layers(outer.edits, layers)
+    bufs0 = {b: jnp.zeros((len(ls),) + found[b].shape, found[b].dtype) for b, ls in some.items()}
+    kept = {b: found[b] for b in every}
+
+    def run(w, x, bufs, i, e):
+        s = LayerSites(outer, i, edited, every, some, bufs)
+        y = body(w, x, s, i, e)
+        return y, s.bufs, s.keep
+
+    def step(carry, inp):
+        x, bufs = carry
+        i, e = inp
+        w = _row(stacked, i)  # read in place, not a sliced copy of the stacked leaves
+        if skip_before is None:
+            y, bufs, keep = run(w, x, bufs, i, e)
+        else:
+            zeros = {b: jnp.zeros(v.shape, v.dtype) for b, v in kept.items()}
+            y, bufs, keep = jax.lax.cond(i >= skip_before, lambda: run(w, x, bufs, i, e),
+                                         lambda: (x, bufs, zeros))  # fmt: skip
+        return (y.astype(x.dtype), bufs), keep
+
+    step = jax.checkpoint(step) if remat else step
+    (x, bufs), ys = jax.lax.scan(step, (x, bufs0), (layer_ids, xs))
+    for b in every:
+        for k, lay in enumerate(layers):
+            outer.aux[f"{b}.{lay}"] = ys[b][k]
+    for b, ls in some.items():
+        for k, lay in enumerate(ls):
+            outer.aux[f"{b}.{lay}"] = bufs[b][k]
+    return x

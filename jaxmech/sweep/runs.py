@@ -1,0 +1,448 @@
+"""Chunked resumable runs: `run_grid` trains a grid's models in chunks of one compiled
+program, checkpointing each segment, resuming after a kill, and writes the results
+folder.
+
+A plan (`_Plan`, `_make_plan`) cuts the models into chunks; each chunk trains or resumes
+(`_train_chunk`, `_restore_chunk` / `_read_chunk`), with progress lines (`_Progress`);
+the finished chunks are written and published (`_finish`). Models start from a fresh
+init or from a finished run's params (`init_from`); with `until` only as many chunks
+train as the rule asks (`until`). Several processes share the work (`processes`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from jaxmech import checkpoint, outdir, results
+from jaxmech.config import Settings
+from jaxmech.families import family_for
+from jaxmech.sweep.init_from import InitFrom, _Start, _start
+from jaxmech.sweep.processes import _on_writer, _quiet, is_writer
+from jaxmech.sweep.record import _folder_difference, default_chunk_size, identity, program_record
+from jaxmech.sweep.spec import Grid
+from jaxmech.sweep.until import (
+    PASS_AT_LEAST,
+    PassRule,
+    Until,
+    _selection_outcome,
+    _write_selection,
+    passing_mask,
+    read_selection,
+)
+from jaxmech.train import (
+    TrainState,
+    build_data,
+    curve_fields,
+    diverged_models,
+    init_program,
+    pad_models,
+    restart_state,
+    stack_settings,
+    step_budget,
+    train_models,
+)
+
+
+def _plan_segments(n_evals: int, evals_per_ckpt: int) -> list[int]:
+    """Evaluations per segment: equal segments of evals_per_ckpt, then the remainder."""
+    full, rest = divmod(n_evals, evals_per_ckpt)
+    return [evals_per_ckpt] * full + ([rest] if rest else [])
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """How a sweep's models are cut into chunks of one compiled program."""
+
+    grid: Grid
+    chunk: int  # models per chunk (the last chunk is padded)
+    n_chunks: int
+    every: int  # steps between checkpoints
+    settings: Settings  # arrays [n_chunks * chunk], padded by repeating the last model
+    budget: np.ndarray  # [n_chunks * chunk] steps each model trains
+    fields: tuple[str, ...]  # curve fields (the family's metrics and training signals)
+    progress_metric: str | None
+    start: _Start | None = None  # trained params the models start from (None: fresh init)
+
+    @property
+    def k(self) -> int:
+        return len(self.grid.settings)
+
+    @property
+    def program(self) -> dict:
+        return program_record(self.chunk)
+
+    def chunk_slice(self, c: int) -> slice:
+        return slice(c * self.chunk, (c + 1) * self.chunk)
+
+    def n_real(self, c: int) -> int:
+        return min(self.chunk, self.k - c * self.chunk)
+
+
+def _make_plan(
+    grid: Grid,
+    chunk_size: int | None,
+    checkpoint_every: int | None,
+    init_from: InitFrom | None = None,
+    out: str | None = None,
+) -> _Plan:
+    cfg = grid.config
+    every = cfg.train.eval_every if checkpoint_every is None else checkpoint_every
+    if every < 1 or every % cfg.train.eval_every:
+        raise ValueError(
+            f"checkpoint_every = {every} is invalid: allowed a positive multiple of "
+            f"eval_every = {cfg.train.eval_every}"
+        )
+    k = len(grid.settings)
+    chunk = default_chunk_size(grid.config) if chunk_size is None else chunk_size
+    if not isinstance(chunk, (int, np.integer)) or chunk < 1:
+        raise ValueError(f"chunk_size = {chunk_size!r} is invalid: allowed an integer >= 1")
+    n_chunks = -(-k // chunk)
+    padded = pad_models(stack_settings(list(grid.settings)), n_chunks * chunk)
+    # steps each model trains (finite-set budgets; `steps` when streaming)
+    budget = np.minimum(np.asarray(step_budget(padded, cfg)), cfg.train.steps)
+    family = family_for(cfg)
+    start = None if init_from is None else _start(grid, init_from, n_chunks * chunk, out)
+    return _Plan(
+        grid,
+        chunk,
+        n_chunks,
+        every,
+        padded,
+        budget,
+        curve_fields(cfg),
+        family.progress_metric,
+        start,
+    )
+
+
+def _finished(out: str) -> dict:
+    """What `run_grid` returns for a sweep that is already finished in `out`."""
+    run = results.load_run(out)
+    with open(os.path.join(out, "sweep.json")) as f:
+        program = json.load(f).get("program")  # None: written before programs were recorded
+    return {
+        "rows": run.results,
+        "curves": run.curves,
+        "wall_s": 0.0,
+        "diverged": diverged_models([r["diverged_step"] for r in run.results], run.settings),
+        "trained_steps": 0,
+        "program": program,
+        "selection": read_selection(out, run.results),
+        "writer": True,
+    }
+
+
+class _Progress:
+    """Model-steps trained, rate, ETA and models passing, for the progress lines. The
+    models passing: the family's progress metric >= 0.9, or with `until` its rule (the
+    ETA is then to the cap: how many seeds will train is not known)."""
+
+    def __init__(self, plan: _Plan, until: Until | None = None):
+        self.t0 = time.perf_counter()
+        self.total = int(plan.budget[: plan.k].sum())
+        self.trained = 0  # model-steps trained by this process
+        self.done = 0  # model-steps done, resumed ones included
+        self.passed_before = 0  # models of finished chunks that pass `rule`
+        metric = plan.progress_metric
+        self.rule = until.rule if until else metric and PassRule(metric, PASS_AT_LEAST)
+        self.until = "" if until is None else f" (until {until.passing})"
+
+    def line(self, plan: _Plan, c: int, step: int, curves: dict, col: int, seg_s: float) -> str:
+        elapsed = time.perf_counter() - self.t0
+        rate = self.trained / max(elapsed, 1e-9)
+        eta = (self.total - self.done) / max(rate, 1e-9)
+        text = (
+            f"  chunk {c + 1}/{plan.n_chunks} step {step}/{plan.grid.config.train.steps}  "
+            f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
+        )
+        if self.rule:
+            r = self.rule
+            now = int(r.passes(curves[r.metric][: plan.n_real(c), col]).sum())
+            seen = c * plan.chunk + plan.n_real(c)
+            text += f"{r.metric}>={r.at_least:g}: {self.passed_before + now}/{seen}{self.until}  "
+        return text + f"({seg_s:.1f} s this segment)"
+
+    def chunk_done(self, plan: _Plan, c: int, curves: dict) -> None:
+        if self.rule:
+            last = curves[self.rule.metric][: plan.n_real(c), -1]
+            self.passed_before += int(self.rule.passes(last).sum())
+
+
+def _not_written(plan: _Plan, wall: float, trained: int, selection) -> dict:
+    """What `run_grid` returns on a process that does not write the folder."""
+    return {"rows": None, "curves": None, "wall_s": wall, "diverged": None,
+            "trained_steps": trained, "program": plan.program, "selection": selection,
+            "writer": False}  # fmt: skip
+
+
+def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
+    """(state or None, curves [chunk, n_evals] per field) of chunk c: its checkpoint if
+    there is one, else nothing trained (NaN curves). Process 0 reads it, every process
+    gets it (`_on_writer`)."""
+    cfg = plan.grid.config
+    curves = {
+        n: np.full((plan.chunk, cfg.train.n_evals), np.nan, np.float32)
+        for n in plan.fields + ("step",)
+    }
+    chunk_settings = jax.tree_util.tree_map(lambda x: x[: plan.chunk], plan.settings)
+    like = {"state": jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings),
+            "curves": curves}  # fmt: skip
+    tree = _on_writer(lambda: _read_chunk(plan, c, ckpt_dir, like, log), like)
+    if tree is None:
+        return None, curves
+    # in the order of a fresh run (a shared dict comes back sorted), so that curves.csv's
+    # columns do not depend on a resume
+    return tree["state"], {n: tree["curves"][n] for n in curves}
+
+
+def _read_chunk(plan: _Plan, c: int, ckpt_dir: str, like: dict, log) -> dict | None:
+    """Chunk c's newest intact checkpoint as a tree like `like` (None: there is none);
+    CheckpointError when it belongs to another chunk or sweep."""
+    if checkpoint.latest_step(ckpt_dir) is None:
+        return None
+    # the newest intact step; damaged ones are reported through `log` and dropped
+    found = checkpoint.restore_latest(ckpt_dir, like, log)
+    if found is None:
+        log(f"  chunk {c + 1}/{plan.n_chunks}: no intact checkpoint; training it from step 0")
+        return None
+    tree, meta, _ = found
+    if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
+        raise checkpoint.CheckpointError(
+            f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
+            "folder or pass --overwrite"
+        )
+    return {"state": TrainState(*tree["state"]), "curves": tree["curves"]}
+
+
+def _settings_meta(plan: _Plan, c: int) -> list[dict]:
+    return [s._asdict() for s in plan.grid.settings[plan.chunk_slice(c)]]
+
+
+def _copy_last_evaluation(curves: dict, evals_done: int, eval_every: int) -> None:
+    """Fills the evaluations after `evals_done` with the last one (models all frozen)."""
+    for n in curves:
+        curves[n][:, evals_done:] = curves[n][:, evals_done - 1 : evals_done]
+    n_evals = curves["step"].shape[1]
+    curves["step"][:, evals_done:] = eval_every * np.arange(evals_done + 1, n_evals + 1)
+
+
+def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log):
+    """Trains (or resumes) chunk c to the end, checkpointing each segment; returns its
+    real models' (state, curves) as host arrays."""
+    cfg = plan.grid.config
+    eval_every = cfg.train.eval_every
+    ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
+    settings_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.settings)
+    budget_c = plan.budget[plan.chunk_slice(c)][: plan.n_real(c)]
+    state, curves = _restore_chunk(plan, c, ckpt_dir, log)
+    if state is None and plan.start is not None:  # step 0 from the trained params
+        params_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.start.params)
+        state = restart_state(cfg, settings_c, params_c)
+    step = 0 if state is None else int(np.asarray(state.step).max())
+    progress.done += int(np.minimum(budget_c, step).sum())
+    evals_done = step // eval_every
+    for seg in _plan_segments(cfg.train.n_evals - evals_done, plan.every // eval_every):
+        if (budget_c <= step).all():
+            # every model of the chunk is done (finite-set budgets): their params are
+            # frozen, so later evaluations would repeat the last one; copy it instead
+            _copy_last_evaluation(curves, evals_done, eval_every)
+            log(f"  chunk {c + 1}/{plan.n_chunks}: every model's budget done at step {step}")
+            break
+        ts = time.perf_counter()
+        state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
+        for n in curves:
+            curves[n][:, evals_done : evals_done + seg] = seg_curves[n]
+        evals_done += seg
+        before, step = step, evals_done * eval_every
+        saved = ({"state": state, "curves": curves},
+                 {"chunk": c, "step": step, "settings": _settings_meta(plan, c)})  # fmt: skip
+        # process 0 writes; a failed write stops the others now, not at a later collective
+        _on_writer(lambda: checkpoint.save(ckpt_dir, step, *saved), None)
+        seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
+        progress.trained += seg_steps
+        progress.done += seg_steps
+        log(progress.line(plan, c, step, curves, evals_done - 1, time.perf_counter() - ts))
+    progress.chunk_done(plan, c, curves)
+    n_real = plan.n_real(c)
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state)
+    return state, {n: v[:n_real] for n, v in curves.items()}
+
+
+def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, wall: float, log):
+    """Writes the results folder (in `work`, then swapped into `out`) and the summary."""
+    cfg, k = plan.grid.config, plan.k
+    # optimiser steps each model took: its budget, cut short by the program or divergence
+    steps_trained = np.minimum(plan.budget[:k], np.asarray(state.step))
+    div = np.asarray(state.diverged_step)
+    steps_trained = np.where(div >= 0, np.minimum(steps_trained, div), steps_trained)
+    all_settings = jax.tree_util.tree_map(lambda x: x[:k], plan.settings)
+    diverged = diverged_models(state.diverged_step, all_settings)
+    for line in diverged:
+        log("WARNING: " + line)
+    extra = {"swept": list(plan.grid.swept), "wall_s": wall, "program": plan.program}
+    if plan.start is not None:  # "base": the run the models started from
+        extra |= {"base": plan.start.record["run"], "init_from": plan.start.record}
+    rows = results.write_files(
+        work,
+        cfg,
+        all_settings,
+        state.params,
+        curves,
+        state.diverged_step,
+        extra=extra,
+        steps_trained=steps_trained,
+    )
+    shutil.rmtree(os.path.join(work, "checkpoints"))
+    outdir.publish(work, out)  # --overwrite: the old folder is replaced only now
+    return rows, diverged
+
+
+def run_grid(
+    grid: Grid,
+    out: str,
+    *,
+    overwrite: bool = False,
+    chunk_size: int | None = None,
+    checkpoint_every: int | None = None,
+    init_from: InitFrom | None = None,
+    until: Until | None = None,
+    log=print,
+) -> dict:
+    """Trains every model of `grid` and writes the results folder `out`, resumably.
+
+    Models train in chunks of `chunk_size` (default `default_chunk_size`: fixed per
+    backend), all chunks through one compiled program (the last chunk is padded), so a
+    model's numbers depend on its settings, its seed and that program, not on the other
+    models of the sweep. Every `checkpoint_every` steps (default: every evaluation) each
+    chunk's stacked TrainState and curves are saved (checksummed) under
+    `out/checkpoints/`. Re-running the same grid resumes from the newest intact
+    checkpoint (also after kill -9) and gives the same final results; re-running a
+    finished grid trains nothing. One process writes `out` at a time
+    (`outdir.locked`). A folder holding anything else is refused unless `overwrite`;
+    then the new sweep is built in a staging sibling (resumed if interrupted) that
+    replaces `out` only when finished (`outdir`).
+
+    `init_from` (`InitFrom`): the models start from trained params of a finished run
+    (each from its base model's, with optional `static` constants replaced) at step 0
+    with a fresh optimiser state, instead of a fresh init; everything else is as above.
+    It is checked before any compute (`check_init_from`; a ValueError naming the
+    argument), and recorded in `sweep.json` with fingerprints of the starting params,
+    so that a resume against a changed base run is refused (SweepMismatchError).
+
+    `until` (`Until`, from `seeds_until`): the grid's seeds train chunk by chunk until
+    enough models pass its rule (or every seed was tried); only the chunks trained are
+    written. The rule is written to `out/selection.json` and recorded in `sweep.json`
+    before any model trains (a resume with another rule is refused); after training
+    selection.json lists every trained model and whether it passed (`read_selection`).
+
+    Several processes (`jax.distributed`, `--distributed`): every process calls
+    `run_grid` with the same arguments and trains its devices' share of each chunk (the
+    mesh spans every process's devices). Process 0 alone holds the lock and reads and
+    writes `out` (checkpoints included), and hands each checkpoint it reads to the
+    others, so `out` need not be on a filesystem the hosts share; an error there stops
+    the others with `OtherProcessError`. The same sweep on the same number of devices
+    gives the same results with one process or several.
+
+    Returns {"rows", "curves", "wall_s", "diverged" (one line per diverged model),
+    "trained_steps", "program" (`program_record`), "selection" (selection.json's
+    record; None without `until`), "writer" (whether this process wrote `out`; on the
+    others "rows", "curves" and "diverged" are None)}.
+    """
+    if until is not None and len(grid.settings) != until.max_seeds:
+        raise ValueError(f"until.max_seeds = {until.max_seeds} but the grid holds "
+                         f"{len(grid.settings)} model(s): build `until` with seeds_until")  # fmt: skip
+    plan = _make_plan(grid, chunk_size, checkpoint_every, init_from, out)
+    outdir.check_usable(out)
+    log = log if is_writer() else _quiet  # one process speaks for a multi-process sweep
+    start = None if plan.start is None else plan.start.record
+    ident = identity(grid, plan.chunk, start, until)
+    with contextlib.ExitStack() as held:
+        folder = {"work": out}  # where process 0 trains; the others never touch it
+
+        def open_folder():  # process 0: the lock (held to the end), then the folder
+            held.enter_context(outdir.locked(out, log))
+            folder["work"], finished = _open_folder(out, ident, overwrite, until)
+            return np.int32(finished)
+
+        if _on_writer(open_folder, np.int32(0)):
+            if not is_writer():
+                return _not_written(plan, 0.0, 0, None)
+            outdir.publish(folder["work"], out)  # a finished --overwrite whose swap was cut
+            log(f"{out}: this sweep is already finished; nothing to train")
+            return _finished(out)
+        return _train_all(plan, folder["work"], out, log, until)
+
+
+def _open_folder(out: str, ident: dict, overwrite: bool, until) -> tuple[str, bool]:
+    """(folder to train in, whether it holds the finished sweep), `outdir.prepare`d; a
+    new or resumed one holds sweep.json (and the `until` rule) before any model trains."""
+    work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
+    if not finished:
+        os.makedirs(work, exist_ok=True)
+        with open(os.path.join(work, "sweep.json"), "w") as f:
+            json.dump(ident, f, indent=1)
+        if until is not None:  # the rule, before any model trains
+            _write_selection(work, until.record())
+    return work, finished
+
+
+def _train_chunks(plan: _Plan, work: str, data, progress: _Progress, log, until) -> list:
+    """Every chunk's (state, curves), trained or resumed in order; with `until`, only
+    up to the chunk in which the passing models reach `until.passing`."""
+    parts, passed = [], 0
+    for c in range(plan.n_chunks):
+        parts.append(_train_chunk(plan, c, work, data, progress, log))
+        if until is not None:
+            passed += int(passing_mask(until.rule, parts[-1][1], parts[-1][0].diverged_step).sum())
+            if passed >= until.passing:
+                break
+    return parts
+
+
+def _train_all(plan: _Plan, work: str, out: str, log, until: Until | None = None) -> dict:
+    """Trains (or resumes) every chunk in `work` (with `until`: as far as it asks), then
+    writes and publishes the results."""
+    cfg = plan.grid.config
+    start = "" if plan.start is None else f" from the params of {plan.start.record['run']}"
+    log(
+        f"sweep: {plan.k} model(s) in {plan.n_chunks} chunk(s) of {plan.chunk} x "
+        f"{cfg.train.steps} steps{start} on {jax.device_count()} {jax.default_backend()} "
+        f"device(s); checkpoints every {plan.every} steps"
+    )
+    data = build_data(cfg)
+    progress = _Progress(plan, until)
+    parts = _train_chunks(plan, work, data, progress, log, until)
+    wall = time.perf_counter() - progress.t0
+    state = jax.tree_util.tree_map(lambda *xs: np.concatenate(xs), *(p[0] for p in parts))
+    curves = {n: np.concatenate([p[1][n] for p in parts]) for n in parts[0][1]}
+    selection = None
+    if until is not None:  # the results hold the models trained, not the cap's
+        k = len(curves["step"])
+        plan = dataclasses.replace(
+            plan, grid=dataclasses.replace(plan.grid, settings=plan.grid.settings[:k])
+        )
+        passed = passing_mask(until.rule, curves, state.diverged_step)
+        selection = _selection_outcome(until, stack_settings(list(plan.grid.settings)), passed, log)
+        if is_writer():
+            _write_selection(work, selection)  # before results.csv, which marks completion
+    if not is_writer():
+        return _not_written(plan, wall, progress.trained, selection)
+    rows, diverged = _finish(plan, work, out, state, curves, wall, log)
+    return {
+        "writer": True,
+        "rows": rows,
+        "curves": results.curve_rows(curves),
+        "wall_s": wall,
+        "diverged": diverged,
+        "trained_steps": progress.trained,
+        "program": plan.program,
+        "selection": selection,
+    }
