@@ -10,7 +10,9 @@ sharded index, tokenizer.json, preprocessor_config.json) of a family jaxmech rea
 where no such folder exists, a Hub name ORG/NAME[@REVISION] resolved through the Hugging
 Face cache (only the files jaxmech reads are fetched; HF_HUB_OFFLINE=1: the cached
 snapshot or an error naming what is missing) (`jaxmech.load`); the prompt is that
-family's chat template, as its reference feeds it.
+family's chat template, as its reference feeds it. Weights that alone exceed the memory
+budget (`--memory`: GB, a fraction or a percent; default as the reports') are refused
+before any is read, naming the flags that would make them fit.
 """
 
 from absl import app, flags
@@ -27,6 +29,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "the p
 flags.DEFINE_enum(
     "place", "auto", ["auto", "one", "shard"], "one device, sharded over all, or auto"
 )
+flags.DEFINE_string("memory", None, "memory budget: GB, a fraction or a percent (default: 40%)")
 FLAGS = flags.FLAGS
 
 
@@ -42,9 +45,17 @@ def main(argv):
     import jax.numpy as jnp
 
     import jaxmech
+    from jaxmech.hub_names import checkpoint_folder
+    from jaxmech.memory import check_weights_fit, memory_budget
+    from jaxmech.models.hub import stored_elements
     from jaxmech.models.precision import describe
 
-    model = jaxmech.load(FLAGS.checkpoint, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place)
+    budget = memory_budget(FLAGS.memory)
+    folder = checkpoint_folder(FLAGS.checkpoint)  # a Hub name: its cached snapshot
+    weights = stored_elements(folder) * jnp.dtype(FLAGS.dtype).itemsize
+    devices = 1 if FLAGS.place == "one" else jax.device_count()
+    check_weights_fit(weights, budget, FLAGS.dtype, f"checkpoint {folder}", devices)
+    model = jaxmech.load(folder, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place)
     encoded = model.encode([FLAGS.image], [FLAGS.question])
     logprobs = model.next_token_logprobs(encoded)[0]
     leaves = jax.tree_util.tree_leaves(model.params)

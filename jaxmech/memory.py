@@ -132,6 +132,23 @@ def memory_budget(text: str | None = None) -> Budget:
     return Budget(budget, how)
 
 
+def check_weights_fit(n_bytes: float, budget: Budget, dtype: str, what: str,
+                      devices: int = 1) -> None:  # fmt: skip
+    """Before any weight is read: `MemoryBudgetError` when the weights alone (`n_bytes`
+    in `dtype`, over `devices` sharded devices) exceed `budget`, naming what to change.
+    On a CPU every (fake) device is the host's memory, so the whole weights count; on
+    an accelerator one device's share (the budget is one device's)."""
+    share = n_bytes if jax.default_backend() == "cpu" else n_bytes / max(devices, 1)
+    if share <= budget.bytes:
+        return
+    narrower = "--dtype=bfloat16, " if jax.numpy.dtype(dtype).itemsize >= 4 else ""
+    raise MemoryBudgetError(
+        f"{what}: the weights alone take {_gb(share)} in {dtype}, over the "
+        f"{_gb(budget.bytes)} memory budget ({budget.how}); try {narrower}a larger "
+        f"--memory, or --place=shard over several accelerators"
+    )
+
+
 def _status_bytes(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
+from conftest import subprocess_env
 
 from jaxmech.memory import peak_run
 
@@ -51,6 +53,52 @@ def test_a_bad_budget_is_refused_before_the_weights_are_read(tmp_path):
 
     with pytest.raises(ValueError, match="--memory"):
         open_checkpoint(FIXTURE, size=112, memory="lots")
+
+
+def test_weights_over_the_budget_are_refused_before_any_is_read(monkeypatch):
+    """The weights' bytes from the files' headers against the budget, before loading: the
+    error names what to change (`--dtype=bfloat16` only where narrower weights exist)."""
+    from jaxmech import memory
+    from jaxmech.models import hub
+    from jaxmech.reports.common import open_checkpoint
+
+    n = hub.stored_elements(FIXTURE)
+    assert n == sum(x.size for x in _stored_arrays(FIXTURE))  # every stored number, no more
+    small = memory.Budget(3.5 * n, "a test's")
+    memory.check_weights_fit(2 * n, small, "bfloat16", "w")  # 2 bytes a number: fits
+    with pytest.raises(memory.MemoryBudgetError, match="--dtype=bfloat16, a larger --memory"):
+        memory.check_weights_fit(4 * n, small, "float32", "w")
+    with pytest.raises(memory.MemoryBudgetError) as e:
+        memory.check_weights_fit(4 * n, memory.Budget(3.9 * n, "x"), "bfloat16", "w")
+    assert "--dtype" not in str(e.value) and "--memory" in str(e.value)
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights were read before the check")
+
+    monkeypatch.setattr("jaxmech.families.load_checkpoint", no_load)
+    with pytest.raises(memory.MemoryBudgetError, match="weights alone take"):
+        open_checkpoint(FIXTURE, size=112, memory="0.00000001")
+
+
+def _stored_arrays(folder):
+    from jaxmech.models.hub import Stored, weight_files
+
+    stored = Stored(weight_files(folder))
+    return [stored.array(k) for k in stored.entries]
+
+
+def test_ask_refuses_weights_over_its_budget_by_name():
+    """`experiments.ask --memory=` too small for the weights: exit 1, the error last."""
+    image = os.path.join(os.path.dirname(FIXTURE), "single0.png")
+    out = subprocess.run(
+        [sys.executable, "-m", "experiments.ask", f"--checkpoint={FIXTURE}", f"--image={image}",
+         "--question=Is it left?", "--memory=0.00000001"],
+        capture_output=True, text=True, env=subprocess_env(), timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: checkpoint {FIXTURE}: the weights alone take"), last
+    assert "--memory" in last and "rank" not in out.stdout
 
 
 def _scratch_bytes(depth: int, tmp_path) -> tuple[float, float]:

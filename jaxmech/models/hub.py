@@ -105,6 +105,13 @@ def weight_files(folder: str) -> list[str]:
     return [single]
 
 
+def stored_elements(folder: str) -> int:
+    """How many numbers the checkpoint's safetensors files hold, from their headers only
+    (no tensor is read): what a memory check needs before loading."""
+    stored = Stored(weight_files(folder))
+    return int(sum(np.prod(stored.shape(k), dtype=np.int64) for k in stored.entries))
+
+
 class Stored:
     """The tensors of a checkpoint's files, read one at a time: canonical name -> (file,
     entry, start, stored name). Not memory-mapped: a mapped file's pages count in the

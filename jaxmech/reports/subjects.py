@@ -59,6 +59,7 @@ from jaxmech.data.spec import take
 from jaxmech.families import view_for
 from jaxmech.families.vlm_view import VLMView, model_outline
 from jaxmech.memory import (
+    check_weights_fit,
     device_bytes,
     memory_budget,
     plan_rows,
@@ -66,7 +67,7 @@ from jaxmech.memory import (
     tree_bytes,
     tree_devices,
 )
-from jaxmech.models.hub import check_place
+from jaxmech.models.hub import check_place, stored_elements
 from jaxmech.results import load_config, load_run
 from jaxmech.sweep import read_selection
 
@@ -546,6 +547,9 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     # drawn before the weights are read, so a grid with no question of a relation is
     # refused at once (`spec.check_pair_grid`)
     specs = _pair_specs(view, questions, seed, video)
+    weights = stored_elements(folder) * jnp.dtype(dtype).itemsize
+    devices = 1 if place == "one" else len(jax.devices())
+    check_weights_fit(weights, budget, dtype, f"checkpoint {folder}", devices)
     log(f"loading {folder} ({dtype}, place={place})")
     _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype), place=place)
     log(describe(dtype))  # which products, and why (models.precision)
