@@ -17,18 +17,33 @@ On a dataset's photographs instead of drawn scenes (README: where each is publis
 
     python -m experiments.steering --checkpoint=Qwen2-VL-2B-Instruct \\
         --questions_from=coco_spatial --data=COCO --out=runs/qwen2vl_2b
+
+`--protocol=authors` judges greedy replies of `--max_new_tokens` tokens (default 250,
+their `num_generate`) where the family can generate (LLaVA), else the top next token.
 """
 
-from absl import flags
+from absl import app, flags
 
 from jaxmech.cli import define_checkpoint_flags, run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.steering import REPORT
+from jaxmech.reports.steering import MAX_NEW_TOKENS, report
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")
 define_checkpoint_flags()
-main = report_main(REPORT)
+flags.DEFINE_integer("max_new_tokens", MAX_NEW_TOKENS, "--protocol=authors: the tokens of "
+                     "each greedy reply judged (default the authors' num_generate, "
+                     f"{MAX_NEW_TOKENS}), where the checkpoint's family can generate")  # fmt: skip
+
+
+def main(argv):
+    """The report with `--max_new_tokens`, refused before any compute if not >= 1."""
+    try:
+        chosen = report(flags.FLAGS.max_new_tokens)
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
+    return report_main(chosen)(argv)
+
 
 if __name__ == "__main__":
     run_main(main)

@@ -41,6 +41,16 @@ def reference() -> tuple[dict, dict]:
     return out[0], out[1]
 
 
+def their_question(case) -> tuple[str, str, str, str, str, str]:
+    """(the photograph's path, their question, X, Y, the correct word, the wrong word) of
+    a stored case "X_Y_POS_NEG_IMAGEID" (their `utils/coco.py` wording)."""
+    x, y, pos, neg, image_id = str(case).split("_")
+    wording = ("to the left or right of", "left", "right") if pos in ("left", "right") else (
+        "above or below", "above", "below")  # fmt: skip
+    q = f'Is the {x} {wording[0]} the {y}? Answer "{wording[1]}" or "{wording[2]}" only.'
+    return os.path.join(SAMPLE, "val2017", f"{int(image_id):012d}.jpg"), q, x, y, pos, neg
+
+
 def their_direction(reply: str):
     """Their response test (`adversarial_steering.py` 86-124), or None: not steered."""
     r = reply.lower()
@@ -123,11 +133,7 @@ def test_steered_first_token_equals_theirs_per_question():
         return jax.nn.log_softmax(logits[0, -1].astype(jnp.float32))
 
     for c, case in enumerate(ref["case"]):
-        x, y, pos, neg, image_id = str(case).split("_")
-        wording = ("to the left or right of", "left", "right") if pos in ("left", "right") else (
-            "above or below", "above", "below")  # fmt: skip
-        q = f'Is the {x} {wording[0]} the {y}? Answer "{wording[1]}" or "{wording[2]}" only.'
-        photo = os.path.join(SAMPLE, "val2017", f"{int(image_id):012d}.jpg")
+        photo, q, x, y, pos, neg = their_question(case)
         enc = P.encode(proc, [photo], [q])
         tokens = np.asarray(enc.inputs.tokens_BxS[0])
         rows = [int(np.flatnonzero(tokens == tok.token_to_id("▁" + w))[0]) for w in (x, y)]
@@ -148,6 +154,99 @@ def test_steered_first_token_equals_theirs_per_question():
             np.testing.assert_allclose(got, ref["logp_CxRx2"][c, 1 + r], atol=1e-4)
 
 
+# their replies are 250 tokens; the fixture's are ": left left ...", so the first
+# N_NEW tokens' text is compared as a prefix of theirs, and their verdict, which no
+# longer reply of "left"s can change, on it
+N_NEW = 4
+
+
+def their_batch():
+    """(reference, the model, its authors' view, (inputs, spans) of the 5 stored cases
+    rendered by the view, [(correct, wrong)] words)."""
+    import jax.numpy as jnp
+    from PIL import Image
+
+    import jaxmech
+    from jaxmech.families.llava.view import checkpoint_view
+
+    ref, ids = reference()
+    model = jaxmech.load(LLAVA, dtype=jnp.float32)
+    view = checkpoint_view(LLAVA, model.config, wording="authors")
+    qs = [their_question(c) for c in ref["case"]]
+    images = [np.asarray(Image.open(q[0]).convert("RGB")) for q in qs]
+    rendered = view.render_images(images, [q[1] for q in qs], [q[2:4] for q in qs])
+    return ref, ids, model, view, rendered, [q[4:6] for q in qs]
+
+
+def judged(model, inputs, generation, words):
+    """(each row's reply text, their verdict on it)."""
+    import types
+
+    from jaxmech.models.generate import reply_text, sequences, text_verdict
+
+    seqs = sequences(types.SimpleNamespace(inputs=inputs), generation)
+    texts = [reply_text(model.tokenizer, q) for q in seqs]
+    return texts, [text_verdict(t, *w) for t, w in zip(texts, words)]
+
+
+def assert_their_replies(texts, verdicts, ref, run: int):
+    for c, (text, verdict) in enumerate(zip(texts, verdicts)):
+        theirs = str(ref["reply"][c, run])
+        assert len(text) > len(": ") and theirs.startswith(text), (c, text, theirs[:40])
+        assert verdict == ref["verdict"][c, run], c
+
+
+def test_the_views_control_replies_are_theirs():
+    """LLaVA's view-level `generate` (its uint8 pixel codes decoded as its forward,
+    then `models.generate`) on the five cases rendered by the authors' view: each
+    greedy reply of N_NEW tokens, read as their `compute_coco_stats.py` reads it, is the
+    start of their stored 250-token control reply, with their verdict (~8 s: the
+    32-block fixture's prefill of 606 tokens and its compiled step)."""
+    ref, _, model, view, (inputs, _), words = their_batch()
+    g = view.generate(model.params, inputs, max_new_tokens=N_NEW)
+    assert g.tokens_BxN.shape == (len(ref["case"]), N_NEW)
+    assert_their_replies(*judged(model, inputs, g, words), ref, 0)
+
+
+@pytest.mark.slow
+def test_steered_replies_are_theirs():
+    """The report's steered replies (`analysis.steering.steered_replies`: their hooks'
+    `Edits.add` on the prompt's forward, X's word 5 x its norm along their corner IDs
+    and Y's the other way, at layers 8 and 14) over their universal IDs, the direction
+    from the control reply as their response test reads it: the start of their stored
+    steered replies, with their verdicts. Slow: three generations (~25 s)."""
+    from jaxmech.analysis import steering as st
+
+    ref, ids, model, view, (inputs, spans), words = their_batch()
+    control = view.generate(model.params, inputs, max_new_tokens=N_NEW)
+    texts, _ = judged(model, inputs, control, words)
+    src, dst, counted = st.direction_corners(st.token_directions(texts), *view.grid)
+    assert np.asarray(counted).all()  # every control reply decisive, as theirs
+    want = [CORNER[their_direction(str(r))] for r in ref["reply"][:, 0]]
+    assert list(zip(np.asarray(src).tolist(), np.asarray(dst).tolist())) == want
+    from jaxmech.families.vlm_view import Examples
+
+    no_words = np.zeros(len(texts), np.int32)  # the replies are judged, not a margin
+    ex = Examples(None, inputs, spans, no_words, no_words)
+    clean = st.unsteered(view, model.params, ex)
+    for r, layer in enumerate(int(y) for y in ref["steer_layers"]):
+        delta = ids["universal_LxCxD"][list(ids["layers"]).index(layer)]
+        g = st.steered_replies(view, model.params, ex, layer, delta, src, dst, N_NEW, clean)
+        assert_their_replies(*judged(model, inputs, g, words), ref, 1 + r)
+
+
+def test_max_new_tokens_is_checked_before_compute():
+    """`reports.steering.report(max_new_tokens)` refuses a count that is not an int >=
+    1, naming the flag, and otherwise passes it to the report's compute."""
+    from jaxmech.reports import steering
+
+    for bad in (0, -3, 2.5, True, "250"):
+        with pytest.raises(ValueError, match="--max_new_tokens"):
+            steering.report(bad)
+    assert steering.report(7).compute.keywords == {"max_new_tokens": 7}
+    assert steering.MAX_NEW_TOKENS == 250  # their num_generate
+
+
 @pytest.mark.slow
 def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     """The report itself (`--protocol=authors --questions_from=coco_spatial_all`, layers
@@ -156,11 +255,11 @@ def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     theirs does (the steered reply's verdict differs from the control's). It needs
     their reply test on the model's answer (`analysis.steering.reply_corners`: "left"
     to an above / below question steers along x; jaxmech's `answer_corners` read the
-    question's own relation's words and left 632, 885 out). What it cannot tell apart:
-    their answer is a 250-token reply ("left left ...", the fixture's) where jaxmech's
-    report reads the top token, their verdict the reply's text, their norm every
-    occurrence's (no object word in these replies) and their IDs their canvases' (no
-    verdict changes here). Slow: the report's ID probes and factorial steering on the
+    question's own relation's words and left 632, 885 out). Its replies are generated
+    (`report(max_new_tokens=N_NEW)`, the view's `generate`, N_NEW of their 250 tokens)
+    and judged as theirs: each question's control and steered verdicts equal theirs.
+    What it cannot tell apart: their norm every occurrence's (no object word in these
+    replies) and their IDs their canvases' (no verdict changes here). Slow: the report's ID probes and factorial steering on the
     32-block model (~9 min on 2 busy cores)."""
     from jaxmech.reports import steering
     from jaxmech.reports.driver import analyse_subject
@@ -169,7 +268,9 @@ def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     ref, _ = reference()
     run = open_checkpoint(LLAVA, grid=(4, 4), layers=(8, 14), protocol="authors", batch=8,
                           questions_from="coco_spatial_all", data=SAMPLE, log=lambda *_: None)  # fmt: skip
-    res = analyse_subject(steering.REPORT, run, str(tmp_path), log=lambda *_: None)["res"]
+    report = steering.report(max_new_tokens=N_NEW)
+    res = analyse_subject(report, run, str(tmp_path), log=lambda *_: None)["res"]
+    assert res["answer_read"].startswith(f"a greedy reply of {N_NEW} tokens")
     authors = res["authors"]
     ids = [int(os.path.basename(str(q.image)).split(".")[0]) for q in run.subject.photos.questions]
     theirs = {int(str(c).split("_")[-1]): k for k, c in enumerate(ref["case"])}
@@ -177,8 +278,11 @@ def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     steered = [their_direction(str(ref["reply"][theirs[i], 0])) is not None for i in ids]
     counted = np.asarray(authors["counted"])[0, 0].tolist()
     assert counted == steered, (ids, counted, steered)
+    verdicts = np.asarray(authors["verdict"])[0]  # [1 + sites, B]: control, then steered
+    for b, image_id in enumerate(ids):
+        np.testing.assert_array_equal(verdicts[:, b], ref["verdict"][theirs[image_id]])
     for r in range(2):
-        flipped = (np.asarray(authors["plain"])[0, r] > 0) != (np.asarray(authors["id"])[0, r] > 0)
+        flipped = np.asarray(authors["reply_flip"])[0, r]
         for b, image_id in enumerate(ids):
             v = ref["verdict"][theirs[image_id]]
             assert bool(flipped[b]) == (v[0] != v[1 + r]), image_id

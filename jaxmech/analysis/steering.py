@@ -246,9 +246,35 @@ def reply_corners(plain_BxV, directions_V, grid_h: int, grid_w: int):
     an above / below question is steered along x, as their script does."""
     top = jnp.argmax(plain_BxV, axis=-1)
     d = jnp.take(jnp.asarray(directions_V), top, mode="fill", fill_value=-1)
+    return direction_corners(d, grid_h, grid_w)
+
+
+def direction_corners(d_B, grid_h: int, grid_w: int):
+    """([B] source cell, [B] target cell, [B] bool counted) of each reply's direction
+    d_B (an index into `REPLY_WORDS`, -1: none, not counted): "left" / "above" steer X
+    from (0, 0) to the far corner along the row / column, "right" / "below" back."""
+    d = jnp.asarray(d_B)
     far = jnp.where(d < 2, grid_w - 1, (grid_h - 1) * grid_w)
     first = (d == 0) | (d == 2)  # left / above: X from (0, 0) to the far corner
     return jnp.where(first, 0, far), jnp.where(first, far, 0), d >= 0
+
+
+def steered_replies(view: VLMView, params, ex, site: int, delta_LxD, source_B, target_B,
+                    max_new_tokens: int, clean, scale: float = AUTHORS_SCALE):  # fmt: skip
+    """The greedy replies (`view.generate`'s `Generation`) with the authors' steering at
+    `site` on the prompt's forward (their hooks: X's word moved `scale` x its own norm
+    towards `target_B`, Y's the other way, `authors_margins`' ID vectors); `clean`: the
+    examples' `unsteered` forward, whose residual gives the norms."""
+    resid = clean[1][f"lm/resid_pre.{site}"]
+    words = (ex.spans.x_B, ex.spans.y_B)
+    add = sum(
+        at_word(sign * authors_vectors(delta_LxD, source_B, target_B,
+                                       jnp.linalg.norm(rows_at(resid, w), axis=-1), scale),
+                w, ex.spans.length)
+        for sign, w in zip((1.0, -1.0), words)
+    )  # fmt: skip
+    edits = Edits(add={f"lm/resid_pre.{site}": add})
+    return view.generate(params, ex.inputs, max_new_tokens=max_new_tokens, edits=edits)
 
 
 def sign_flips(plain_B, steered_B) -> jax.Array:
@@ -310,6 +336,7 @@ def steer_models(
     against: str = "truth",
     factorial: bool = False,
     directions=None,
+    corners=None,
 ) -> dict:
     """Per model and LM site y >= 1 (before it the object word has seen no image):
     flip margins (`flip_margins` at `ALPHAS`) [K, Y', ...] and the ID curves' logits of
@@ -327,11 +354,16 @@ def steer_models(
     `target_B`) or "answer" (against the model's own answer with fixed corner IDs,
     ambiguous answers not counted: `answer_corners`) or "reply" (the top token read as
     their script reads a reply, `reply_corners` over `directions` [V], `token_directions`
-    of the tokenizer's vocabulary); its margins carry "counted" [K, Y', B].
+    of the tokenizer's vocabulary) or "given" (`corners`: ([B] source, [B] target, [B]
+    counted), e.g. a generated reply's `direction_corners`); its margins carry
+    "counted" [K, Y', B].
     `factorial`: the IDs' probes put the other object at every other cell
     (`spatial_ids.probe`, the authors' extraction)."""
-    if against not in ("truth", "answer", "reply"):
-        raise ValueError(f"against = {against!r}: expected 'truth', 'answer' or 'reply'")
+    if against not in ("truth", "answer", "reply", "given"):
+        raise ValueError(f"against = {against!r}: expected 'truth', 'answer', 'reply' or 'given'")
+    if (against == "given") != (corners is not None):
+        raise ValueError("corners: given exactly when against = 'given' (source, target, "
+                         "counted)")  # fmt: skip
     if (against == "reply") != (directions is not None):
         raise ValueError("directions: given exactly when against = 'reply' (the vocabulary's "
                          "`token_directions`)")  # fmt: skip
@@ -353,6 +385,7 @@ def steer_models(
                                              ex.spec.relation_B, *view.grid),
             "reply": lambda: reply_corners(clean[0], directions, *view.grid),
             "truth": lambda: (source_B, target_B, jnp.ones(len(source_B), bool)),
+            "given": lambda: tuple(jnp.asarray(c) for c in corners),
         }[against]()  # fmt: skip
         out = [
             (
@@ -410,7 +443,9 @@ def authors_flip_rates(res: dict) -> dict:
     relation's counted examples: all, or those with an unambiguous answer when steered
     against it), {("flips", kind, relation): [K, Y', B]} each example's flip (NaN: not
     counted), {("n", relation): [K, Y']} the counts and {("top", relation):
-    `top_sites_mean`}."""
+    `top_sites_mean`}. Where the margins carry "reply_flip" [K, Y', B] (generated
+    replies judged as the authors' `compute_coco_stats.py`: a verdict change), that is
+    the ID steering's flip; the controls' stay sign changes of the margin."""
     a = res["authors"]
     counted = np.asarray(a.get("counted", np.ones_like(a["plain"], bool)), bool)
     out = {}
@@ -418,7 +453,8 @@ def authors_flip_rates(res: dict) -> dict:
         w = counted & (res["relation"] == r)
         out[("n", name)] = w.sum(-1)
         for kind in KINDS:
-            f = np.where(w, np.asarray(sign_flips(a["plain"], a[kind])), np.nan)
+            flips = a["reply_flip"] if kind == "id" and "reply_flip" in a else sign_flips(a["plain"], a[kind])  # fmt: skip
+            f = np.where(w, np.asarray(flips), np.nan)
             out[("flips", kind, name)] = f
             n = np.maximum(w.sum(-1), 1)
             out[(kind, name)] = np.where(w.any(-1), np.nansum(f, -1) / n, np.nan)

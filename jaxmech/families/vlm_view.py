@@ -48,6 +48,9 @@ family's own modules. A family's view:
                                   from a run whose intermediates `aux` hold the sites
                                   `cache_sites` (a causal LM's key / value cache); a
                                   patch then costs only the rows and blocks after it
+  generate(params, inputs, *, max_new_tokens, edits=None) -> models.generate.Generation
+                                optional (None: not offered): greedy replies to rendered
+                                  `inputs`, `edits` on the prompt's forward only
   render_images(images, questions, words) -> (inputs, spans)
                                 optional (None: drawn scenes only): photographs (uint8
                                   [H, W, 3] arrays of one `image_grid`) asked `questions`
@@ -145,6 +148,7 @@ class VLMView(NamedTuple):
     vit_table: bool = False
     size: int | None = None
     resume_any_layer: bool = False  # forward_from takes a traced layer (models.decoder.Resume)
+    generate: Callable | None = None
 
 
 def placed(inputs, spans: Spans):

@@ -50,7 +50,7 @@ from jaxmech.models.decoder import (
 from jaxmech.models.edits import NO_EDITS
 
 __all__ = ["Decoding", "Generation", "continued_ids", "decode_step", "generate",
-           "generation_ids", "judge_reply", "reply_text", "sequences"]  # fmt: skip
+           "generation_ids", "judge_reply", "reply_text", "sequences", "text_verdict"]  # fmt: skip
 
 
 class Decoding(NamedTuple):
@@ -299,7 +299,11 @@ def judge_reply(tokenizer, ids, correct: str, wrong: str) -> str:
     `compute_verdict`): "correct" where the reply (`reply_text`) contains the word
     `correct` and not `wrong`, "wrong" where the reverse, else "nonsense". Containment
     is of the substring, as theirs ("leftmost" contains "left"); words lower-case."""
-    text = reply_text(tokenizer, ids)
+    return text_verdict(reply_text(tokenizer, ids), correct, wrong)
+
+
+def text_verdict(text: str, correct: str, wrong: str) -> str:
+    """`judge_reply`'s verdict on a reply already read (`reply_text`, lower-case)."""
     has_c, has_w = correct.lower() in text, wrong.lower() in text
     if has_c and not has_w:
         return "correct"

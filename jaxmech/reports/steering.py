@@ -29,9 +29,13 @@ with both boxes, n = 0 where none has them), and without `--layers` the sites ar
 authors' window for the model (`AUTHORS_WINDOWS`, `adversarial_steering.sh`'s CONFIG),
 else every site, said in the log. Their population is every row of
 `coco_qa_two_obj.json`, both relations: `--questions_from=coco_spatial_all`. The
-direction is their reply test on the top token (`vocabulary_directions`: a "left" to an
-above / below question steers along x); their 250-token reply, its verdict and the
-norm over the word's every occurrence in prompt and reply are not reproduced.
+answer is their reply test (a "left" to an above / below question steers along x) on a
+greedy reply of `--max_new_tokens` tokens (default theirs, 250) where the view offers
+`generate` (`Replies`: the ID steering's flip is a change of their verdict, correct /
+wrong / nonsense, `compute_coco_stats.py`; the noise / orthogonal controls stay sign
+changes of the margin), else on the top next token (`vocabulary_directions`); the
+summary's `answer_read` says which. The norm over the word's every occurrence in prompt
+and reply is not reproduced (the prompt's).
 
 Writes into `RUN/steering/` (every row also names its `examples` and `model_group`):
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
@@ -44,6 +48,7 @@ Writes into `RUN/steering/` (every row also names its `examples` and `model_grou
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 
@@ -59,6 +64,7 @@ from jaxmech.analysis.steering import (
 )
 from jaxmech.data.spec import RELATIONS
 from jaxmech.families.registry import FAMILIES
+from jaxmech.models.generate import reply_text, sequences, text_verdict
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -80,7 +86,7 @@ from jaxmech.reports.common import (
     steering_examples,
     view_of,
 )
-from jaxmech.reports.questions import first_answer
+from jaxmech.reports.questions import first_answer, take_examples
 from jaxmech.stats import correlation_ci, mean_ci
 
 
@@ -92,6 +98,7 @@ def steering_refusal(config, path: str) -> str | None:
 # where each per-question result keeps its questions (`batches.joined`)
 QUESTION_AXES = {"flips": -1, "curves": -2, "curves_paper": -2, "authors": -1, "relation": -1,
                  "boxed": -1}  # fmt: skip
+MAX_NEW_TOKENS = 250  # the authors' reply length (adversarial_steering.py's num_generate)
 BOX_TABLES = ("flips", "curves", "curves_paper", "relation")  # need X's cell: boxed questions
 
 # The authors' steered layers per model (`adversarial_steering.sh` CONFIG, `seq START
@@ -164,7 +171,8 @@ def steered_questions(run: LoadedRun, batch, protocol: str):
     return ex, known[:, 0], np.where(boxed, target, 0).astype(np.int32), boxed
 
 
-def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
+def compute(run: LoadedRun, seed: int = 0, log=print,
+            max_new_tokens: int = MAX_NEW_TOKENS) -> dict:  # fmt: skip
     """`analysis.steering.steer_models` on the relation questions of `run.examples`,
     with the universal IDs of the training-pair labels (`common.id_labels`), at every
     site y >= 1 (a checkpoint's: its `--layers` from 1 on; under the authors' protocol
@@ -172,7 +180,10 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
     photographs per image size (`common.question_batches`), those whose X and Y boxes
     are both known (their centres' cells: where X is steered from, and which side Y is
     on; the authors' protocol: every one, `steered_questions`), the IDs from drawn
-    probes as the paper's (the same in every batch)."""
+    probes as the paper's (the same in every batch). Under the authors' protocol where
+    the view offers `generate` (one checkpoint), the answer is a greedy reply of
+    `max_new_tokens` tokens judged as theirs (`Replies`), else the top next token."""
+    check_max_new_tokens(max_new_tokens)
     sites, protocol, out = steering_sites(run, log), protocol_of(run), []
     if not sites:
         raise ValueError("steering: no LM site to steer (n = 0): --layers chooses them")
@@ -182,7 +193,8 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
             log("  the authors' steering asks every row of coco_qa_two_obj.json, left / right "
                 "and above / below (adversarial_steering.sh): --questions_from=coco_spatial_all; "
                 "here coco_spatial's left / right sample")  # fmt: skip
-    directions = vocabulary_directions(run) if protocol == "authors" else None
+    generated = generates(run)
+    directions = vocabulary_directions(run) if protocol == "authors" and not generated else None
     for batch in question_batches(run, (0, 1)):
         ex, source, target, boxed = steered_questions(run, batch, protocol)
         if not boxed.all():
@@ -194,26 +206,109 @@ def compute(run: LoadedRun, seed: int = 0, log=print) -> dict:
         if not len(ex.answer_B):
             continue
         what = f"steering ({len(ex.answer_B)} questions, {len(sites)} sites)"
+        view = batch.view if batch is not None else view_of(run)
+        replies = Replies(run, view, ex, max_new_tokens) if generated else None
         res = st.steer_models(
-            batch.view, run.params, ex, source, target, seed, id_labels(run), sites,
+            view, run.params, ex, source, target, seed, id_labels(run), sites,
             probe_rows(run),
             lambda fn, args: compiled_call(fn, args, what, estimate=run.subject.estimates_time),
-            against="reply" if protocol == "authors" else "truth",
-            factorial=protocol == "authors", directions=directions)  # fmt: skip
+            against="given" if generated else "reply" if protocol == "authors" else "truth",
+            factorial=protocol == "authors", directions=directions,
+            corners=replies.corners if generated else None)  # fmt: skip
+        if generated:
+            res["authors"] |= replies.steered(sites, res["delta"][0], log)
         out.append(res | {"boxed": boxed})
     if not out:
         raise ValueError("steering: no question has both objects' boxes (n = 0); "
                          "COCO-Spatial and a manifest with boxes have them, and "
                          "--protocol=authors steers without them")  # fmt: skip
-    return joined(out, QUESTION_AXES) | {"sites": sites, "protocol": protocol}
+    read = (f"a greedy reply of {max_new_tokens} tokens, their verdict (correct / wrong / "
+            "nonsense); a flip: the verdict changed" if generated else
+            "the top next token" + (", through their reply test" if protocol == "authors" else ""))  # fmt: skip
+    return joined(out, QUESTION_AXES) | {"sites": sites, "protocol": protocol, "answer_read": read}
+
+
+def check_max_new_tokens(n) -> None:
+    """Refuses (ValueError naming --max_new_tokens) anything but an int >= 1."""
+    if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"--max_new_tokens = {n!r}: expected an int >= 1 (the authors' "
+                         f"replies: {MAX_NEW_TOKENS})")  # fmt: skip
+
+
+def generates(run: LoadedRun) -> bool:
+    """Whether the authors' protocol reads generated replies here: one checkpoint whose
+    view offers `generate` (else the top next token, `vocabulary_directions`)."""
+    return protocol_of(run) == "authors" and run.k == 1 and view_of(run).generate is not None
+
+
+def checkpoint_tokenizer(run: LoadedRun):
+    family, folder = run.family, run.path
+    return family.tokenizer(family.processor(folder, family.read_config(folder)))
+
+
+class Replies:
+    """The authors' steering judged by generated replies (`adversarial_steering.py` +
+    `compute_coco_stats.py`) on one checkpoint: the control reply of each question
+    (greedy, `max_new_tokens`), the direction their response test reads in it
+    (`corners`: `analysis.steering.direction_corners`), and `steered`: the replies
+    with the ID steering at each site, a flip where the verdict (`judge_reply`: correct
+    / wrong / nonsense) differs from the control's. Generated `probe_rows` questions
+    at a time."""
+
+    def __init__(self, run: LoadedRun, view, ex, max_new_tokens: int):
+        import jax
+
+        self.view, self.n = view, max_new_tokens
+        self.params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+        self.tok = checkpoint_tokenizer(run)
+        B, size = len(ex.answer_B), probe_rows(run) or len(ex.answer_B)
+        self.chunks = [take_examples(ex, np.arange(i, min(i + size, B))) for i in range(0, B, size)]  # fmt: skip
+        first = first_answer(view, ex)
+        rel = np.asarray(ex.spec.relation_B)
+        pairs = [st.REPLY_WORDS[2 * int(r) : 2 * int(r) + 2] for r in rel]
+        self.words = [p if f else p[::-1] for p, f in zip(pairs, first)]  # (correct, wrong)
+        texts = []
+        for c in self.chunks:
+            g = view.generate(self.params, c.inputs, max_new_tokens=self.n)
+            texts += [reply_text(self.tok, q) for q in self.sequences(c, g)]
+        self.texts, self.control = texts, self.verdicts(texts)
+        self.corners = st.direction_corners(st.token_directions(texts), *view.grid)
+
+    @staticmethod
+    def sequences(ex, generation) -> list:
+        import types
+
+        return sequences(types.SimpleNamespace(inputs=ex.inputs), generation)
+
+    def verdicts(self, texts) -> np.ndarray:
+        """[B] their verdict on each reply text (`compute_coco_stats.py` 44-58)."""
+        return np.asarray([text_verdict(t, c, w) for t, (c, w) in zip(texts, self.words)])
+
+    def steered(self, sites, delta_YxLxD, log=print) -> dict:
+        """{"reply_flip": [1, Y', B] bool, "verdict": [1, 1 + Y', B] str (the control's,
+        then each site's)} of the replies steered at each site."""
+        src, dst, _ = (np.asarray(x) for x in self.corners)
+        rows = np.cumsum([0] + [len(c.answer_B) for c in self.chunks])
+        texts = {y: [] for y in sites}
+        for c, lo, hi in zip(self.chunks, rows[:-1], rows[1:]):
+            clean = st.unsteered(self.view, self.params, c)  # the norms of every site
+            for y in sites:
+                g = st.steered_replies(self.view, self.params, c, y, delta_YxLxD[y],
+                                       src[lo:hi], dst[lo:hi], self.n, clean)  # fmt: skip
+                texts[y] += [reply_text(self.tok, q) for q in self.sequences(c, g)]
+        verdicts = [self.control] + [self.verdicts(texts[y]) for y in sites]
+        for y, v in zip(sites, verdicts[1:]):
+            log(f"  layer {y}: {int((v != self.control).sum())} of {len(v)} steered replies "
+                "changed verdict")  # fmt: skip
+        v = np.stack(verdicts)
+        return {"reply_flip": (v[1:] != v[:1])[None], "verdict": v[None]}
 
 
 def vocabulary_directions(run: LoadedRun) -> np.ndarray:
     """[V] the authors' steering direction of a one-token reply, per token of the
     checkpoint's tokenizer (`analysis.steering.token_directions` of each id decoded, as
     their script decodes a reply: special tokens kept)."""
-    family, folder = run.family, run.path
-    tok = family.tokenizer(family.processor(folder, family.read_config(folder)))
+    tok = checkpoint_tokenizer(run)
     ids = [[i] for i in range(tok.get_vocab_size(with_added_tokens=True))]
     return st.token_directions(tok.decode_batch(ids, skip_special_tokens=False))
 
@@ -547,8 +642,8 @@ def across_steerability(summaries: dict, out: str) -> dict:
     return {"accuracy_vs_steerability": record}
 
 
-def _compute(run: LoadedRun) -> dict:
-    res = compute(run)
+def _compute(run: LoadedRun, max_new_tokens: int = MAX_NEW_TOKENS) -> dict:
+    res = compute(run, max_new_tokens=max_new_tokens)
     grid = view_of(run).grid
     boxed = boxed_only(res)  # the box-based tables; the authors' steering reads every one
     cb = curve_beliefs(boxed, grid.h, grid.w)
@@ -582,13 +677,14 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
     summary = summarise(res["flip_rates"], res["beliefs"], res["accuracy"], log, sites)
     against = "answer" if res["protocol"] == "authors" else "truth"
     summary |= summarise_authors(res["authors_rates"], log, sites, against)
+    log(f"the authors' steering read the answer as {res['answer_read']}")
     summary |= summarise_paper_curves(res["beliefs_paper"], log, sites)
     if run.subject.over_questions:  # a checkpoint: its point of Fig. 9 across checkpoints
         summary["steerability"] = point = steerability(res)
         log("Fig. 9's point, over every question steered: "
             + "; ".join(f"{k} {fmt_interval(c, signed=False)}" for k, c in point.items()))  # fmt: skip
     return summary | {"alphas": list(ALPHAS), "excluded": list(run.excluded),
-                      "protocol": res["protocol"]}  # fmt: skip
+                      "protocol": res["protocol"], "answer_read": res["answer_read"]}  # fmt: skip
 
 
 REPORT = Report(
@@ -607,3 +703,10 @@ REPORT = Report(
     photos=True,
     across=across_steerability,
 )
+
+
+def report(max_new_tokens: int = MAX_NEW_TOKENS) -> Report:
+    """`REPORT` whose authors' protocol generates replies of `max_new_tokens` tokens
+    (`--max_new_tokens`); ValueError naming it before any compute."""
+    check_max_new_tokens(max_new_tokens)
+    return REPORT._replace(compute=functools.partial(_compute, max_new_tokens=max_new_tokens))

@@ -29,6 +29,7 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
 from __future__ import annotations
 
 import functools
+import types
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.llava import model, positions, processor
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
+from jaxmech.models import generate as gen
 from jaxmech.models.decoder import RESUME_SITES, answer_forward
 from jaxmech.models.positions import view_ids
 
@@ -99,6 +101,17 @@ def forward_from(config: LlavaConfig, table, params, inputs, layer, start, x_BxT
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
     resume = model.Resume(layer, start, x_BxTxD, aux)
     return forward(config, table, params, inputs, resume=resume)[0]
+
+
+def generate(config: LlavaConfig, table, folder: str, params, inputs, *, max_new_tokens: int,
+             edits=None) -> gen.Generation:  # fmt: skip
+    """Greedy replies (`models.generate`, the folder's end-of-sequence and pad ids) to a
+    rendered batch, its uint8 levels decoded first as `forward` does; `edits` act on
+    the prompt's forward only (the authors' steering hooks)."""
+    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+    encoded = types.SimpleNamespace(inputs=inputs)  # what `generate` reads of an encoding
+    return gen.generate(model.decoding, config, params, encoded, max_new_tokens=max_new_tokens,
+                        edits=edits, folder=folder)  # fmt: skip
 
 
 def vit_positions(config: LlavaConfig):
@@ -163,6 +176,7 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         vit_blocks=lambda params: 0,
         position_basis=lambda params: params["vit"]["pos"][1:],
         forward_from=functools.partial(forward_from, config, table),
+        generate=functools.partial(generate, config, table, folder),
         resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, proc, grid),
