@@ -185,6 +185,8 @@ def finetuned(vlm_base, tmp_path_factory):
     return out
 
 
+# slow: a trained base and two fine-tune sweeps (~35 s); the checkpoint fine-tune (test_qwen2_vl_view) and the toy ID loss's identities stay in the suite
+@pytest.mark.slow
 def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_path):
     from jaxmech.reports import id_loss as report
     from jaxmech.reports.common import analyse, open_run

@@ -92,6 +92,8 @@ def test_cli_refuses_bad_distributed_flags_before_compute(tmp_path):
     assert not os.path.exists(out) and not jax.distributed.is_initialized()
 
 
+# slow: a faked process 1 training a sweep (~10 s); the 2-process test (slow) checks the same on real processes, the error hand-off stays in the suite
+@pytest.mark.slow
 def test_only_process_0_writes_the_folder(tmp_path, monkeypatch):
     """A process other than 0 trains (its devices' share) and writes nothing: no lock,
     no sweep.json, no checkpoints, no results (here it is alone, so it trains all)."""

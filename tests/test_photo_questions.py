@@ -83,7 +83,8 @@ def test_relations_a_flip_does_not_swap_are_left_out_and_said():
 @pytest.mark.parametrize(
     "report, source",
     [
-        ("patching", "coco_spatial"),
+        # slow: patching on photographs stays in the suite through test_authors_patching
+        pytest.param("patching", "coco_spatial", marks=pytest.mark.slow),
         ("counterfactuals", "cvbench"),  # What'sUp A's: `test_the_counterfactual_table_has_...`
         ("steering", "manifest"),
         ("steering", "manifest:authors"),

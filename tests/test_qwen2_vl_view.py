@@ -240,8 +240,6 @@ def test_the_patching_report_on_a_checkpoint_resumes(tmp_path, capsys):
     assert again["tables"]["shifts"] == rows
 
 
-# slow: a checkpoint fine-tune end to end (~11 s); the toy's fine-tune report and the frozen-parameter identity stay in the suite
-@pytest.mark.slow
 def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
     """Two steps of the authors' recipe per weight on the fixture, end to end: the LM's
     params and the merger stay bit-equal, the ViT's MLP weights move, weight 0's loss has no ID term, and a
