@@ -122,21 +122,18 @@ FLAGS = flags.FLAGS
 def _reference_options() -> str:
     """--reference's flags checked (ValueError naming the flag): the python that runs
     the reference (`real_size.reference_python`)."""
-    from jaxmech.bench.real_size import reference_python
-    from jaxmech.families.registry import stand_in_family
+    from jaxmech.bench.real_size import reference_python, reference_script
 
     if not FLAGS.real_size:
         raise ValueError("--reference times a checkpoint's forward: give it with --real_size")
-    if stand_in_family(FLAGS.family).name != "qwen2_vl":
-        raise ValueError(f"--reference: --family = {FLAGS.family!r}; only qwen2_vl's "
-                         "reference forward is scripted (reference_speed.py)")  # fmt: skip
+    script = reference_script(FLAGS.family)  # the family's own, else refused by name
     dtypes = [d.strip() for d in FLAGS.reference_dtypes.split(",") if d.strip()]
     if not dtypes or set(dtypes) - {"float32", "bfloat16"}:
         raise ValueError(f"--reference_dtypes = {FLAGS.reference_dtypes!r}: expected "
                          "float32 and / or bfloat16, comma-separated")  # fmt: skip
     if FLAGS.reference_repeats < 1 or FLAGS.reference_size < 28:
         raise ValueError("--reference_repeats must be >= 1 and --reference_size >= 28")
-    return reference_python(FLAGS.reference_python)
+    return reference_python(FLAGS.reference_python, script)
 
 
 def _int_list(name: str, text: str) -> list[int]:
@@ -209,16 +206,16 @@ def real_size(python=None):
     import csv
     import os
 
-    from jaxmech.bench.real_size import run_reports, write_stand_in
+    from jaxmech.bench.real_size import reference_script, run_reports, write_stand_in
     from jaxmech.families.registry import stand_in_family
 
     name = stand_in_family(FLAGS.family).name
     folder = FLAGS.real_dir or os.path.join("runs", "real_size", name)
     if FLAGS.reference and os.path.exists(os.path.join(folder, "config.json")):
-        return against_reference(folder, python)  # any Qwen2-VL folder, as it is
+        return against_reference(folder, python, reference_script(name))  # as it is
     folder, real = write_stand_in(folder, name)
     if FLAGS.reference:
-        return against_reference(folder, python)
+        return against_reference(folder, python, reference_script(name))
     print(f"stand-in checkpoint: {folder} (random bf16 weights, {real}'s layout)")
     out = os.path.join(os.path.dirname(os.path.normpath(folder)), f"reports_{FLAGS.real_dtype}")
     rows = run_reports(folder, out, FLAGS.real_dtype)
@@ -253,8 +250,9 @@ def sharded_peak() -> None:
     print(f"results: {os.path.join(out, 'sharded_peak.json')}")
 
 
-def against_reference(folder: str, python: str) -> None:
-    """--real_size --reference: one row per dtype printed and written as reference.csv."""
+def against_reference(folder: str, python: str, script: str) -> None:
+    """--real_size --reference: one row per dtype printed and written as reference.csv
+    (`script`: the family's reference forward)."""
     import csv
     import os
 
@@ -263,7 +261,9 @@ def against_reference(folder: str, python: str) -> None:
     out = FLAGS.reference_out or os.path.join("runs", "real_size", "reference")
     print(f"jaxmech's forward against the reference's on {folder}; reference python {python}")
     dtypes = [d.strip() for d in FLAGS.reference_dtypes.split(",") if d.strip()]
-    rows = run(folder, python, out, dtypes, FLAGS.reference_repeats, FLAGS.reference_size)
+    rows = run(
+        folder, python, out, dtypes, FLAGS.reference_repeats, FLAGS.reference_size, script=script
+    )
     print(f"\n{rows[0]['tokens']} tokens; seconds: first call (compile / warm-up included), "
           f"median of {FLAGS.reference_repeats} after it; torch {rows[0]['threads']} threads")  # fmt: skip
     print(f"{'dtype':>9} {'side':>9} {'first s':>8} {'median s':>9} {'peak GB':>8}")

@@ -9,7 +9,7 @@ with its peak resident memory (from the OS), wall time and the plan the sizing l
   first chunk's measured GB where the log states them.
 
 * `against_reference(folder, python, out)`: jaxmech's forward and the reference's
-  (transformers, sdpa; `tests/fixtures/qwen2_vl/reference_speed.py --inputs`, run by
+  (transformers, sdpa; the stand-in family's `StandIn.reference_script --inputs`, run by
   `python`, an interpreter with torch and transformers: the `fixtures` extra) on the
   same folder and the same processed inputs, for each dtype, each side its own process:
   the first call apart, the median of `repeats` calls after it, peak resident memory,
@@ -109,18 +109,32 @@ def run_reports(folder: str, out: str, dtype: str = "bfloat16", questions: int =
     return rows
 
 
-REFERENCE_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))), "tests", "fixtures", "qwen2_vl", "reference_speed.py")  # fmt: skip
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REFERENCE_MODULES = ("torch", "transformers", "safetensors")
 
 
-def reference_python(given: str | None) -> str:
-    """The interpreter that runs the reference's forward: `given` (`--reference_python`)
-    where it imports `REFERENCE_MODULES`, else this one where it does; ValueError naming
-    the flag and the `fixtures` extra otherwise, or where the reference script (a source
-    checkout's) is missing. Checked before anything runs."""
-    if not os.path.exists(REFERENCE_SCRIPT):
-        raise ValueError(f"--reference runs {REFERENCE_SCRIPT}, a source checkout's "
+def reference_script(family: str | None = None) -> str:
+    """The absolute path of the script that runs the reference's forward for `family`'s
+    stand-ins (None: the default stand-in family; its `StandIn.reference_script`);
+    ValueError naming `--family` where the family has none."""
+    from jaxmech.families.registry import stand_in_family
+
+    fam = stand_in_family(family)
+    if not fam.stand_in.reference_script:
+        raise ValueError(f"--reference: --family = {fam.name!r} has no scripted reference "
+                         "forward (its StandIn.reference_script)")  # fmt: skip
+    return os.path.join(ROOT, fam.stand_in.reference_script)
+
+
+def reference_python(given: str | None, script: str | None = None) -> str:
+    """The interpreter that runs the reference's forward (`script`, None:
+    `reference_script()`): `given` (`--reference_python`) where it imports
+    `REFERENCE_MODULES`, else this one where it does; ValueError naming the flag and the
+    `fixtures` extra otherwise, or where the script (a source checkout's) is missing.
+    Checked before anything runs."""
+    script = script or reference_script()
+    if not os.path.exists(script):
+        raise ValueError(f"--reference runs {script}, a source checkout's "
                          "script: not found (run from a clone of the repository)")  # fmt: skip
     python = given or sys.executable
     probe = ("import importlib.util as u, sys; sys.exit(0 if all(u.find_spec(m) for m in "
@@ -194,8 +208,10 @@ def _log_softmax(x):
 
 
 def against_reference(folder: str, python: str, out: str, dtypes=("float32", "bfloat16"),
-                      repeats: int = 3, size: int = 448, log=print) -> list[dict]:  # fmt: skip
-    """jaxmech's forward and the reference's on checkpoint `folder` (a Qwen2-VL layout),
+                      repeats: int = 3, size: int = 448, log=print,
+                      script: str | None = None) -> list[dict]:  # fmt: skip
+    """jaxmech's forward and the reference's (`script`, None: `reference_script()`, run
+    on the same folder) on checkpoint `folder` (the stand-in family's layout),
     for each of `dtypes`, each side in its own process (`memory.peak_run`; jaxmech's
     with a compilation cache of its own, so its first call compiles), the reference's
     run by `python` (`reference_python`). One row per dtype: each side's first call,
@@ -204,6 +220,7 @@ def against_reference(folder: str, python: str, out: str, dtypes=("float32", "bf
     Logs under `out`; a side that fails raises RuntimeError with its log's tail."""
     import numpy as np
 
+    script = script or reference_script()
     os.makedirs(out, exist_ok=True)
     rows = []
     for dtype in dtypes:
@@ -213,7 +230,7 @@ def against_reference(folder: str, python: str, out: str, dtypes=("float32", "bf
         cmds = {
             "jaxmech": [sys.executable, "-m", "jaxmech.bench.real_size", folder, dtype,
                         str(size), str(repeats), inputs, ours_path],
-            "reference": [python, REFERENCE_SCRIPT, f"--checkpoint={folder}",
+            "reference": [python, script, f"--checkpoint={folder}",
                           f"--dtype={dtype}", f"--inputs={inputs}", f"--repeats={repeats}",
                           f"--logits_out={theirs_path}"],
         }  # fmt: skip

@@ -109,12 +109,16 @@ class StandIn(NamedTuple):
     (config_of(special ids) -> config, picture size); `tokenizer(folder) -> special
     ids` writing a word-level tokenizer (and a processor config) there; `write(folder,
     log=)` writing a whole random checkpoint folder of the real size (None: no
-    real-size check); `real_name` the real model it stands in for (for logs)."""
+    real-size check); `real_name` the real model it stands in for (for logs);
+    `reference_script` the script (a path from the repository's root, a source
+    checkout's) that runs the reference's forward on a folder of this layout for
+    `bench --real_size --reference` ("": none)."""
 
     configs: dict
     tokenizer: Callable
     write: Callable | None = None
     real_name: str = ""
+    reference_script: str = ""
 
 
 class CheckpointFamily(NamedTuple):

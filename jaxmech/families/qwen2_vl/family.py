@@ -7,6 +7,7 @@ are config fields the forward reads (`config` docstring)."""
 from __future__ import annotations
 
 import functools
+import os
 
 from jaxmech.families.contract import CheckpointFamily, StandIn, contract_forward
 from jaxmech.families.qwen2_vl import checks, load, model, params, processor
@@ -48,6 +49,7 @@ FAMILY = CheckpointFamily(
         stand_ins.word_tokenizer,
         write=stand_ins.write_stand_in,
         real_name="Qwen2-VL-2B-Instruct",
+        reference_script=os.path.join("tests", "fixtures", "qwen2_vl", "reference_speed.py"),
     ),
     authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
         (("qwen2_vl", 28, 1536), ("qwen2-2b", "Qwen/Qwen2-VL-2B-Instruct", (6, 16))),
