@@ -322,6 +322,36 @@ def adversarial_targets(cells_Nx3, relation_N, grid_h: int, grid_w: int,
     return np.where(relation_N == 0, xr * grid_w + h_col, v_row * grid_w + xc).astype(np.int32)
 
 
+AGAINST = ("truth", "answer", "reply", "given")  # the authors' steering's directions
+
+
+def _check_against(against: str, directions, corners) -> None:
+    """`steer_models`' `against` with exactly the inputs it reads (ValueError naming
+    them): `directions` with "reply", `corners` with "given"."""
+    if against not in AGAINST:
+        raise ValueError(f"against = {against!r}: expected 'truth', 'answer', 'reply' or 'given'")
+    if (against == "given") != (corners is not None):
+        raise ValueError("corners: given exactly when against = 'given' (source, target, "
+                         "counted)")  # fmt: skip
+    if (against == "reply") != (directions is not None):
+        raise ValueError("directions: given exactly when against = 'reply' (the vocabulary's "
+                         "`token_directions`)")  # fmt: skip
+
+
+def _authors_corners(view: VLMView, ex, plain_BxV, against: str, source_B, target_B,
+                     directions, corners) -> tuple:  # fmt: skip
+    """(source [B], target [B], counted [B]) of the authors' steering `against` (see
+    `steer_models`), from the plain run's logits `plain_BxV` where it reads them."""
+    if against == "answer":
+        words = view.answer_words[:2]
+        return answer_corners(plain_BxV, words, ex.spec.relation_B, *view.grid)
+    if against == "reply":
+        return reply_corners(plain_BxV, directions, *view.grid)
+    if against == "given":
+        return tuple(jnp.asarray(c) for c in corners)
+    return source_B, target_B, jnp.ones(len(source_B), bool)
+
+
 def steer_models(
     view: VLMView,
     params_K,
@@ -359,14 +389,7 @@ def steer_models(
     "counted" [K, Y', B].
     `factorial`: the IDs' probes put the other object at every other cell
     (`spatial_ids.probe`, the authors' extraction)."""
-    if against not in ("truth", "answer", "reply", "given"):
-        raise ValueError(f"against = {against!r}: expected 'truth', 'answer', 'reply' or 'given'")
-    if (against == "given") != (corners is not None):
-        raise ValueError("corners: given exactly when against = 'given' (source, target, "
-                         "counted)")  # fmt: skip
-    if (against == "reply") != (directions is not None):
-        raise ValueError("directions: given exactly when against = 'reply' (the vocabulary's "
-                         "`token_directions`)")  # fmt: skip
+    _check_against(against, directions, corners)
     call = call or (lambda fn, args: jax.device_get(jax.jit(fn)(*args)))
     labels = range(1, view.n_labels + 1) if labels is None else labels
     pr = si.probe(view, labels, factorial=factorial)
@@ -380,13 +403,8 @@ def steer_models(
         states = si.word_states(view, p, inputs[0], pr.spans.x_B, probe_batch)
         delta = si.spatial_ids(states, pr.label_N, pr.cell_N, L)
         clean = unsteered(view, p, ex_, probe_batch)  # one plain forward serves every site
-        a_src, a_tgt, counted = {
-            "answer": lambda: answer_corners(clean[0], view.answer_words[:2],
-                                             ex.spec.relation_B, *view.grid),
-            "reply": lambda: reply_corners(clean[0], directions, *view.grid),
-            "truth": lambda: (source_B, target_B, jnp.ones(len(source_B), bool)),
-            "given": lambda: tuple(jnp.asarray(c) for c in corners),
-        }[against]()  # fmt: skip
+        a_src, a_tgt, counted = _authors_corners(view, ex, clean[0], against, source_B,
+                                                 target_B, directions, corners)  # fmt: skip
         out = [
             (
                 flip_margins(view, p, ex_, y, delta[y], source_B, target_B, ALPHAS, key, clean),

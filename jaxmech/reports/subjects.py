@@ -528,10 +528,8 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     from jaxmech.chunks import file_stamps
     from jaxmech.data.questions import sample_seed
     from jaxmech.data.spec import Grid
-    from jaxmech.families import load_checkpoint
     from jaxmech.families.registry import read_checkpoint_config
     from jaxmech.hub_names import checkpoint_folder
-    from jaxmech.models.precision import describe
 
     photos = _photo_questions(questions_from, data, questions, sample_seed(seed, protocol), video)
     seed = 0 if seed is None else seed  # the drawn scenes' (and the twins') seed
@@ -547,16 +545,7 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     # drawn before the weights are read, so a grid with no question of a relation is
     # refused at once (`spec.check_pair_grid`)
     specs = _pair_specs(view, questions, seed, video)
-    weights = stored_elements(folder) * jnp.dtype(dtype).itemsize
-    devices = 1 if place == "one" else len(jax.devices())
-    check_weights_fit(weights, budget, dtype, f"checkpoint {folder}", devices)
-    log(f"loading {folder} ({dtype}, place={place})")
-    _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype), place=place)
-    log(describe(dtype))  # which products, and why (models.precision)
-    release_freed()  # the tensors' host copies
-    log(f"checkpoint {folder}: {family.describe(config)}, {dtype}, weights "
-        f"{tree_bytes(params) / 2**30:.2f} GB{placement_text(params)}; memory budget "
-        f"{budget.bytes / 2**30:.1f} GB ({budget.how})")  # fmt: skip
+    params = _load_weights(folder, family, dtype, place, budget, log)
     key = {"checkpoint": os.path.abspath(folder), "files": file_stamps(folder), "grid": grid,
            "size": size, "questions": questions, "seed": seed, "dtype": dtype, "video": video,
            "protocol": protocol}  # fmt: skip
@@ -574,6 +563,26 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
                      settings=None, data=None, results=[{"model": 0, "diverged_step": -1}],
                      models=(0,), excluded=(), family=family, examples=None,
                      subject=subject)  # fmt: skip
+
+
+def _load_weights(folder: str, family, dtype: str, place: str, budget, log) -> dict:
+    """A checkpoint's params in `dtype`, placed by `place`: refused before any weight is
+    read where they alone exceed `budget` (`memory.check_weights_fit`), the host copies
+    released after, what was loaded logged."""
+    from jaxmech.families import load_checkpoint
+    from jaxmech.models.precision import describe
+
+    weights = stored_elements(folder) * jnp.dtype(dtype).itemsize
+    devices = 1 if place == "one" else len(jax.devices())
+    check_weights_fit(weights, budget, dtype, f"checkpoint {folder}", devices)
+    log(f"loading {folder} ({dtype}, place={place})")
+    _, config, params = load_checkpoint(folder, dtype=getattr(jnp, dtype), place=place)
+    log(describe(dtype))  # which products, and why (models.precision)
+    release_freed()  # the tensors' host copies
+    log(f"checkpoint {folder}: {family.describe(config)}, {dtype}, weights "
+        f"{tree_bytes(params) / 2**30:.2f} GB{placement_text(params)}; memory budget "
+        f"{budget.bytes / 2**30:.1f} GB ({budget.how})")  # fmt: skip
+    return params
 
 
 def placement_text(params) -> str:
