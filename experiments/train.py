@@ -9,6 +9,8 @@
 unseen-pair accuracy of every relation), at most `--max_seeds` (default 4 N). The rule is
 written to OUT/selection.json before training and fixed there: every report on OUT takes
 the passing models as its main group, the failing ones beside them, "n = k of m trained".
+The cap is a budget: rerun with a higher `--max_seeds` (same N and rule) and a run that
+stopped at its cap short of N trains the next seeds, its trained models kept.
 
 Any config field is a flag (see --helpfull). Results go to --out (config.json,
 results.csv, curves.csv, params/, figures/); an existing result is never overwritten

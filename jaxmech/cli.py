@@ -153,7 +153,8 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_integer("seeds_until", None, "train seeds in chunks until at least N models "
                          "pass --pass_rule (one grid point; the rule is written to OUT/"
                          "selection.json before training, and reports take the passing models)")  # fmt: skip
-    flags.DEFINE_integer("max_seeds", None, "with --seeds_until: most seeds tried (default 4 N)")
+    flags.DEFINE_integer("max_seeds", None, "with --seeds_until: most seeds tried (default 4 N); "
+                         "a rerun may raise it (the models trained are kept)")  # fmt: skip
     flags.DEFINE_string("pass_rule", None, "with --seeds_until: METRIC>=VALUE a model must reach "
                         "(default: the family's progress metric >= 0.9; the toy VLM's "
                         "unseen_min_acc, unseen-pair accuracy on every relation)")  # fmt: skip

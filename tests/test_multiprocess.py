@@ -132,21 +132,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _cmd(out, steps, *extra):
-    return [sys.executable, "-m", "experiments.sweep", f"--out={out}", *TINY_FLAGS, *SWEEP,
+def _cmd(out, steps, *extra, sweep=tuple(SWEEP)):
+    return [sys.executable, "-m", "experiments.sweep", f"--out={out}", *TINY_FLAGS, *sweep,
             f"--steps={steps}", *extra]  # fmt: skip
 
 
-def _start_pair(out, steps, log_dir, tag):
-    """Two processes of one sweep, started as a pod starts them (coordinator, count, id),
-    one CPU device each: 2 devices in all."""
+def _start_pair(out, steps, log_dir, tag, sweep=tuple(SWEEP)):
+    """Two processes of one sweep (`sweep`: its flags), started as a pod starts them
+    (coordinator, count, id), one CPU device each: 2 devices in all."""
     port, procs = _free_port(), []
     for i in range(2):
         peers = ["--distributed", f"--coordinator_address=localhost:{port}",
                  "--num_processes=2", f"--process_id={i}"]  # fmt: skip
         log = open(os.path.join(log_dir, f"{tag}_{i}.log"), "w")
-        procs.append(subprocess.Popen(_cmd(out, steps, *peers), cwd=ROOT, env=subprocess_env(1),
-                                      stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+        cmd = _cmd(out, steps, *peers, sweep=sweep)
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=subprocess_env(1), stdout=log,
+                                      stderr=subprocess.STDOUT))  # fmt: skip
     return procs
 
 
@@ -160,10 +161,10 @@ def _finish_pair(procs, log_dir, tag, timeout=600):
     return codes, texts
 
 
-def _one_process(out, steps):
+def _one_process(out, steps, sweep=tuple(SWEEP)):
     """The same sweep in one process on 2 CPU devices."""
-    proc = subprocess.run(_cmd(out, steps), cwd=ROOT, env=subprocess_env(2), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(_cmd(out, steps, sweep=sweep), cwd=ROOT, env=subprocess_env(2),
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 

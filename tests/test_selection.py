@@ -117,7 +117,7 @@ def test_reports_take_the_passing_models_and_state_n_of_trained(monkeypatch, tmp
     out = str(tmp_path / "run")
     _train(monkeypatch, out, 2, 8)
     run = common.open_run(out, with_data=False, log=quiet)
-    assert run.selection.words() == "n = 2 of 4 trained (rule: unseen_min_acc >= 0.9)"
+    assert run.selection.words() == "n = 2 of 4 trained (rule: unseen_min_acc >= 0.9; cap 8 seeds)"
     computed, lines = [], []
     report = _fake_report(per_model, computed)
     res = common.analyse_loaded(report, run, str(tmp_path), lines.append)
@@ -128,7 +128,7 @@ def test_reports_take_the_passing_models_and_state_n_of_trained(monkeypatch, tmp
     assert computed == ([(0, 1, 2, 3)] if per_model else [(0, 3), (1, 2)])
     groups = {(r["model"], r["model_group"]) for r in res["tables"]["t"]}
     assert groups == {(0, "passing"), (3, "passing"), (1, "failing"), (2, "failing")}
-    assert "selection: n = 2 of 4 trained (rule: unseen_min_acc >= 0.9)" in lines
+    assert "selection: n = 2 of 4 trained (rule: unseen_min_acc >= 0.9; cap 8 seeds)" in lines
     assert any("main: passing models, n = 2 of 4 trained" in x for x in lines)
 
 

@@ -361,18 +361,21 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
     parts, tables, full = report_parts(report, run)
     for name, rows in tables.items():
         write_csv(os.path.join(out, f"{name}.csv"), rows)
+    # a selection no model passes has no main group: its failing models stay beside
+    main = run.selection is None or len(run.selection.passing) > 0
     if run.selection is not None:  # the models the main rows rest on, and the rule
-        log(f"selection: {run.selection.words()}")
+        none = "" if main else ": no model passes, so no main group (the failing ones beside)"
+        log(f"selection: {run.selection.words()}{none}")
     if len(parts) == 1 and not parts[0].key:
         summary = report.summarise(parts[0].res, parts[0].tables, run, log)
     else:
-        summary = {"main": parts[0].key}
+        summary = {"main": parts[0].key if main else None}
         if run.selection is None:
             summary["threshold"] = GENERALISING
         else:
             summary["selection"] = run.selection.record()
         for i, p in enumerate(parts):
-            log(f"\n--- {'main: ' if i == 0 else 'beside: '}{p.words}")
+            log(f"\n--- {'main: ' if i == 0 and main else 'beside: '}{p.words}")
             summary[p.key] = report.summarise(p.res, p.tables, p.run, log)
     if run.subject.source != "drawn":  # what was asked: the dataset, its files' sha256
         summary = {"questions": run.subject.source} | summary

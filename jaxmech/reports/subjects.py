@@ -70,6 +70,7 @@ from jaxmech.memory import (
 from jaxmech.models.hub import check_place, stored_elements
 from jaxmech.results import load_config, load_run
 from jaxmech.sweep import read_selection
+from jaxmech.sweep.until import cap_words
 
 EXAMPLES = ("seen", "unseen")  # the paper 003 / 004 reports' question sets, main first
 EXAMPLE_SETS = {"seen": "seen_pair", "unseen": "unseen_pair"}
@@ -124,14 +125,17 @@ class Selection(NamedTuple):
     rule: str
     trained: int
     passing: tuple[int, ...]
+    cap: str = ""  # the seeds it might try, and the caps it was raised from (`cap_words`)
 
     def words(self) -> str:
-        return f"n = {len(self.passing)} of {self.trained} trained (rule: {self.rule})"
+        cap = f"; {self.cap}" if self.cap else ""
+        return f"n = {len(self.passing)} of {self.trained} trained (rule: {self.rule}{cap})"
 
     def record(self) -> dict:
         """What a report's summary.json says of it."""
         return {"rule": self.rule, "n": len(self.passing), "trained": self.trained,
-                "passing_models": list(self.passing), "words": self.words()}  # fmt: skip
+                "passing_models": list(self.passing), "cap": self.cap,
+                "words": self.words()}  # fmt: skip
 
 
 def run_selection(path: str, rows: list[dict]) -> Selection | None:
@@ -140,7 +144,8 @@ def run_selection(path: str, rows: list[dict]) -> Selection | None:
     sel = read_selection(path, rows)
     if sel is None:
         return None
-    return Selection(sel["text"], int(sel["trained"]), tuple(sel["passing_models"]))
+    passing = tuple(sel["passing_models"])
+    return Selection(sel["text"], int(sel["trained"]), passing, cap_words(sel))
 
 
 class TrainedSubject(NamedTuple):

@@ -81,7 +81,9 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
     folder was written takes its default, so an old sweep still resumes (or is found
     finished) when its values are the defaults. A folder written before programs were
     recorded matches any program. A sweep from trained params matches only the same
-    start (`identity`'s "init_from": base run, models, fingerprints).
+    start (`identity`'s "init_from": base run, models, fingerprints). A `--seeds_until`
+    folder matches its run with the cap raised (`_until_difference`): the seeds it
+    holds are then the first of the new grid's.
     """
     if stored == ident:
         return None
@@ -93,11 +95,15 @@ def sweep_difference(stored: dict, ident: dict) -> str | None:
         changed = [f"{n} {old[n]!r} (folder) vs {new[n]!r}" for n in new if old[n] != new[n]]
         if changed:
             return "a different sweep (" + ", ".join(changed[:3]) + ")"
+        models = ident["settings"]
         if stored.get("until") != ident.get("until"):
-            return _until_difference(stored.get("until"), ident.get("until"))
+            until = _until_difference(stored.get("until"), ident.get("until"))
+            if until:
+                return until
+            models = models[: len(stored["settings"])]  # a raised cap adds seeds after them
         defaults = Config().flat()
         fill = lambda s: {n: s.get(n, defaults[n]) for n in SWEEPABLE}  # noqa: E731
-        if [fill(s) for s in stored["settings"]] != [fill(s) for s in ident["settings"]]:
+        if [fill(s) for s in stored["settings"]] != [fill(s) for s in models]:
             return "a different sweep (other models: swept values or seeds)"
         start = _start_difference(stored.get("init_from"), ident.get("init_from"))
         if start:

@@ -6,7 +6,8 @@ A plan (`_Plan`, `_make_plan`) cuts the models into chunks; each chunk trains or
 (`_train_chunk`, `_restore_chunk` / `_read_chunk`), with progress lines (`_Progress`);
 the finished chunks are written and published (`_finish`). Models start from a fresh
 init or from a finished run's params (`init_from`); with `until` only as many chunks
-train as the rule asks (`until`). Several processes share the work (`processes`).
+train as the rule asks (`until`), and a raised cap trains on from the models it has
+(`reuse`). Several processes share the work (`processes`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import numpy as np
 from jaxmech import checkpoint, outdir, results
 from jaxmech.config import Settings
 from jaxmech.families import family_for
+from jaxmech.sweep import folder as opened_folder
+from jaxmech.sweep import reuse
 from jaxmech.sweep.init_from import InitFrom, _Start, _start
 from jaxmech.sweep.processes import _on_writer, _quiet, is_writer
-from jaxmech.sweep.record import _folder_difference, default_chunk_size, identity, program_record
+from jaxmech.sweep.record import default_chunk_size, identity, program_record
 from jaxmech.sweep.spec import Grid
 from jaxmech.sweep.until import (
     PASS_AT_LEAST,
@@ -63,13 +66,15 @@ class _Plan:
 
     grid: Grid
     chunk: int  # models per chunk (the last chunk is padded)
-    n_chunks: int
+    n_chunks: int  # chunks of `chunk` models (`ranges`: the chunks trained, cuts included)
     every: int  # steps between checkpoints
     settings: Settings  # arrays [n_chunks * chunk], padded by repeating the last model
     budget: np.ndarray  # [n_chunks * chunk] steps each model trains
     fields: tuple[str, ...]  # curve fields (the family's metrics and training signals)
     progress_metric: str | None
     start: _Start | None = None  # trained params the models start from (None: fresh init)
+    cuts: tuple[int, ...] = ()  # caps a --seeds_until run was raised from: chunk ends too
+    reused: int = 0  # models [0, reused) finished before a raised cap (`REUSED`)
 
     @property
     def k(self) -> int:
@@ -79,11 +84,23 @@ class _Plan:
     def program(self) -> dict:
         return program_record(self.chunk)
 
-    def chunk_slice(self, c: int) -> slice:
-        return slice(c * self.chunk, (c + 1) * self.chunk)
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """(first, end) models of each chunk: `chunk` models each, cut also at the caps
+        the run was raised from, so that the chunks trained before keep their models
+        (a padded chunk's models have the numbers they have in a full one)."""
+        ends = {*range(self.chunk, self.k, self.chunk), self.k}
+        ends = sorted(ends | {c for c in self.cuts if 0 < c < self.k})
+        return list(zip([0, *ends[:-1]], ends))
+
+    def take(self, tree, c: int):
+        """Chunk c's models of `tree` (leading axis: the models), padded to `chunk`."""
+        lo, hi = self.ranges[c]
+        return pad_models(jax.tree_util.tree_map(lambda x: np.asarray(x)[lo:hi], tree), self.chunk)
 
     def n_real(self, c: int) -> int:
-        return min(self.chunk, self.k - c * self.chunk)
+        lo, hi = self.ranges[c]
+        return hi - lo
 
 
 def _make_plan(
@@ -160,13 +177,13 @@ class _Progress:
         rate = self.trained / max(elapsed, 1e-9)
         eta = (self.total - self.done) / max(rate, 1e-9)
         text = (
-            f"  chunk {c + 1}/{plan.n_chunks} step {step}/{plan.grid.config.train.steps}  "
+            f"  chunk {c + 1}/{len(plan.ranges)} step {step}/{plan.grid.config.train.steps}  "
             f"{rate:.0f} model-steps/s  ETA {eta:.0f} s  "
         )
         if self.rule:
             r = self.rule
             now = int(r.passes(curves[r.metric][: plan.n_real(c), col]).sum())
-            seen = c * plan.chunk + plan.n_real(c)
+            seen = plan.ranges[c][1]
             text += f"{r.metric}>={r.at_least:g}: {self.passed_before + now}/{seen}{self.until}  "
         return text + f"({seg_s:.1f} s this segment)"
 
@@ -174,6 +191,12 @@ class _Progress:
         if self.rule:
             last = curves[self.rule.metric][: plan.n_real(c), -1]
             self.passed_before += int(self.rule.passes(last).sum())
+
+    def reused(self, plan: _Plan, curves: dict) -> None:
+        """The models a raised cap reuses count as done (and passing, if they pass)."""
+        self.done += int(plan.budget[: plan.reused].sum())
+        if self.rule:
+            self.passed_before += int(self.rule.passes(curves[self.rule.metric][:, -1]).sum())
 
 
 def _not_written(plan: _Plan, wall: float, trained: int, selection) -> dict:
@@ -211,7 +234,7 @@ def _read_chunk(plan: _Plan, c: int, ckpt_dir: str, like: dict, log) -> dict | N
     # the newest intact step; damaged ones are reported through `log` and dropped
     found = checkpoint.restore_latest(ckpt_dir, like, log)
     if found is None:
-        log(f"  chunk {c + 1}/{plan.n_chunks}: no intact checkpoint; training it from step 0")
+        log(f"  chunk {c + 1}/{len(plan.ranges)}: no intact checkpoint; training it from step 0")
         return None
     tree, meta, _ = found
     if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
@@ -223,7 +246,7 @@ def _read_chunk(plan: _Plan, c: int, ckpt_dir: str, like: dict, log) -> dict | N
 
 
 def _settings_meta(plan: _Plan, c: int) -> list[dict]:
-    return [s._asdict() for s in plan.grid.settings[plan.chunk_slice(c)]]
+    return [s._asdict() for s in plan.grid.settings[slice(*plan.ranges[c])]]
 
 
 def _copy_last_evaluation(curves: dict, evals_done: int, eval_every: int) -> None:
@@ -240,11 +263,11 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
     cfg = plan.grid.config
     eval_every = cfg.train.eval_every
     ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
-    settings_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.settings)
-    budget_c = plan.budget[plan.chunk_slice(c)][: plan.n_real(c)]
+    settings_c = plan.take(plan.settings, c)
+    budget_c = plan.budget[slice(*plan.ranges[c])]
     state, curves = _restore_chunk(plan, c, ckpt_dir, log)
     if state is None and plan.start is not None:  # step 0 from the trained params
-        params_c = jax.tree_util.tree_map(lambda x: x[plan.chunk_slice(c)], plan.start.params)
+        params_c = plan.take(plan.start.params, c)
         state = restart_state(cfg, settings_c, params_c)
     step = 0 if state is None else int(np.asarray(state.step).max())
     progress.done += int(np.minimum(budget_c, step).sum())
@@ -254,7 +277,7 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
             # every model of the chunk is done (finite-set budgets): their params are
             # frozen, so later evaluations would repeat the last one; copy it instead
             _copy_last_evaluation(curves, evals_done, eval_every)
-            log(f"  chunk {c + 1}/{plan.n_chunks}: every model's budget done at step {step}")
+            log(f"  chunk {c + 1}/{len(plan.ranges)}: every model's budget done at step {step}")
             break
         ts = time.perf_counter()
         state, seg_curves = train_models(cfg, settings_c, data=data, state=state, n_chunks=seg)
@@ -272,7 +295,8 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
         log(progress.line(plan, c, step, curves, evals_done - 1, time.perf_counter() - ts))
     progress.chunk_done(plan, c, curves)
     n_real = plan.n_real(c)
-    state = jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state)
+    # no optimiser state: a finished model needs none, and a reused one has none
+    state = jax.tree_util.tree_map(lambda x: np.asarray(x)[:n_real], state._replace(opt_state=None))
     return state, {n: v[:n_real] for n, v in curves.items()}
 
 
@@ -300,7 +324,9 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
         extra=extra,
         steps_trained=steps_trained,
     )
-    shutil.rmtree(os.path.join(work, "checkpoints"))
+    for name in ("checkpoints", reuse.REUSED):  # none when a raised cap trained nothing new
+        if os.path.isdir(os.path.join(work, name)):
+            shutil.rmtree(os.path.join(work, name))
     outdir.publish(work, out)  # --overwrite: the old folder is replaced only now
     return rows, diverged
 
@@ -342,6 +368,10 @@ def run_grid(
     written. The rule is written to `out/selection.json` and recorded in `sweep.json`
     before any model trains (a resume with another rule is refused); after training
     selection.json lists every trained model and whether it passed (`read_selection`).
+    A resume may raise the cap (`until.max_seeds`, never lower it): the caps before
+    are recorded ("raised_from") and cut the chunks, so that those trained are kept;
+    a finished run that stopped at its cap short of the rule trains on from its
+    models (`reuse`), to the models an uninterrupted run with the new cap trains.
 
     Several processes (`jax.distributed`, `--distributed`): every process calls
     `run_grid` with the same arguments and trains its devices' share of each chunk (the
@@ -369,41 +399,58 @@ def run_grid(
 
         def open_folder():  # process 0: the lock (held to the end), then the folder
             held.enter_context(outdir.locked(out, log))
-            folder["work"], finished = _open_folder(out, ident, overwrite, until)
-            return np.int32(finished)
+            folder["work"], *found = opened_folder.open_folder(out, ident, overwrite, until, log)
+            return opened_folder.opened_code(plan.k, *found)
 
-        if _on_writer(open_folder, np.int32(0)):
+        code = _on_writer(open_folder, opened_folder.opened_code(plan.k))
+        finished, raised_from, reused = opened_folder.opened(code)
+        if finished:
             if not is_writer():
                 return _not_written(plan, 0.0, 0, None)
             outdir.publish(folder["work"], out)  # a finished --overwrite whose swap was cut
             log(f"{out}: this sweep is already finished; nothing to train")
             return _finished(out)
+        if until is not None:  # the caps it was raised from cut its chunks (`_Plan.ranges`)
+            until = until._replace(raised_from=raised_from)
+            plan = dataclasses.replace(plan, cuts=raised_from, reused=reused)
         return _train_all(plan, folder["work"], out, log, until)
 
 
-def _open_folder(out: str, ident: dict, overwrite: bool, until) -> tuple[str, bool]:
-    """(folder to train in, whether it holds the finished sweep), `outdir.prepare`d; a
-    new or resumed one holds sweep.json (and the `until` rule) before any model trains."""
-    work, finished = outdir.prepare(out, _folder_difference(ident), overwrite)
-    if not finished:
-        os.makedirs(work, exist_ok=True)
-        with open(os.path.join(work, "sweep.json"), "w") as f:
-            json.dump(ident, f, indent=1)
-        if until is not None:  # the rule, before any model trains
-            _write_selection(work, until.record())
-    return work, finished
+def _reused_part(plan: _Plan, work: str) -> tuple:
+    """(state, curves) of the models [0, plan.reused) a raised cap keeps, as a trained
+    chunk's; process 0 reads them, every process gets them (`_on_writer`)."""
+    cfg, n = plan.grid.config, plan.reused
+    first = jax.tree_util.tree_map(lambda x: x[:n], plan.settings)
+    params = jax.eval_shape(lambda s: init_program(s, cfg).params, first)
+    ints = np.zeros(n, np.int32)
+    curves = {f: np.zeros((n, cfg.train.n_evals), np.float32) for f in plan.fields + ("step",)}
+    like = {"state": TrainState(params, None, ints, ints), "curves": curves}
+    tree = _on_writer(lambda: reuse.read_reused(work, like), like)
+    # in a fresh run's order (a shared dict comes back sorted): curves.csv's columns
+    return TrainState(*tree["state"]), {n: tree["curves"][n] for n in curves}
 
 
 def _train_chunks(plan: _Plan, work: str, data, progress: _Progress, log, until) -> list:
-    """Every chunk's (state, curves), trained or resumed in order; with `until`, only
-    up to the chunk in which the passing models reach `until.passing`."""
+    """Every chunk's (state, curves), reused, trained or resumed in order; with
+    `until`, only up to the chunk in which the passing models reach `until.passing`,
+    checked at the chunk ends of a run never raised, so that a raised cap trains the
+    models an uninterrupted run with that cap trains."""
     parts, passed = [], 0
-    for c in range(plan.n_chunks):
+    count = lambda part: int(passing_mask(until.rule, part[1], part[0].diverged_step).sum())  # noqa: E731
+    if plan.reused:
+        parts.append(_reused_part(plan, work))
+        progress.reused(plan, parts[0][1])
+        passed = 0 if until is None else count(parts[0])
+        log(f"  models 0..{plan.reused - 1}: trained before the cap was raised; kept")
+    for c, (_, end) in enumerate(plan.ranges):
+        if end <= plan.reused:
+            continue
         parts.append(_train_chunk(plan, c, work, data, progress, log))
-        if until is not None:
-            passed += int(passing_mask(until.rule, parts[-1][1], parts[-1][0].diverged_step).sum())
-            if passed >= until.passing:
-                break
+        if until is None:
+            continue
+        passed += count(parts[-1])
+        if passed >= until.passing and (end % plan.chunk == 0 or end == plan.k):
+            break
     return parts
 
 
@@ -413,7 +460,7 @@ def _train_all(plan: _Plan, work: str, out: str, log, until: Until | None = None
     cfg = plan.grid.config
     start = "" if plan.start is None else f" from the params of {plan.start.record['run']}"
     log(
-        f"sweep: {plan.k} model(s) in {plan.n_chunks} chunk(s) of {plan.chunk} x "
+        f"sweep: {plan.k} model(s) in {len(plan.ranges)} chunk(s) of {plan.chunk} x "
         f"{cfg.train.steps} steps{start} on {jax.device_count()} {jax.default_backend()} "
         f"device(s); checkpoints every {plan.every} steps"
     )

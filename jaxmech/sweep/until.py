@@ -4,7 +4,9 @@
 `PassRule` `parse_rule` reads from `--pass_rule`); `run_grid(..., until=...)` trains
 chunk by chunk until enough pass (`passing_mask`). The rule is written to
 `SELECTION_FILE` before any model trains and the outcome after (`_selection_outcome`);
-`read_selection` reads it back, checked against the rule the run trained under.
+`read_selection` reads it back, checked against the rule the run trained under. A
+resume may raise the cap, never change the rule or the count (`_until_difference`);
+`raised_until` records the caps raised from (`cap_words` says them).
 """
 
 from __future__ import annotations
@@ -46,15 +48,28 @@ class Until(NamedTuple):
     """`run_grid(..., until=...)`: the grid's seeds (one grid point, `max_seeds` of
     them) train chunk by chunk, in seed order, until at least `passing` models pass
     `rule`; the chunks after that one are never trained. Every trained model is kept
-    and listed in `SELECTION_FILE` with whether it passed."""
+    and listed in `SELECTION_FILE` with whether it passed. The cap is a budget: a
+    resume may raise it (`raised_until`; the caps before, oldest first, in
+    `raised_from`), never lower it, and never change `passing` or `rule`."""
 
     passing: int
     max_seeds: int
     rule: PassRule
+    raised_from: tuple[int, ...] = ()
 
     def record(self) -> dict:
-        return {"seeds_until": self.passing, "max_seeds": self.max_seeds,
-                "rule": self.rule.record(), "text": self.rule.text()}  # fmt: skip
+        rec = {"seeds_until": self.passing, "max_seeds": self.max_seeds,
+               "rule": self.rule.record(), "text": self.rule.text()}  # fmt: skip
+        if self.raised_from:  # a run never raised keeps the record it always had
+            rec["raised_from"] = list(self.raised_from)
+        return rec
+
+
+def cap_words(record: dict) -> str:
+    """The cap of an `Until.record` (sweep.json's "until", selection.json) in words."""
+    raised = record.get("raised_from")
+    before = f", raised from {', '.join(map(str, raised))}" if raised else ""
+    return f"cap {record['max_seeds']} seeds{before}"
 
 
 def until_cap(passing: int, max_seeds: int | None) -> int:
@@ -108,14 +123,34 @@ def seeds_until(grid: Grid, passing: int, max_seeds: int | None = None, rule=Non
     return Until(passing, cap, parse_rule(grid.config, rule))
 
 
-def _until_difference(old: dict | None, new: dict | None) -> str:
-    """What a folder's "until" record (None: a plain sweep) holds instead of `new`."""
+def _until_difference(old: dict | None, new: dict | None) -> str | None:
+    """None when `new` (an `Until.record`) is the folder's `old` rule with its cap kept
+    or raised (`raised_until`), else what the folder holds instead (None: a plain
+    sweep): the count and the rule are fixed at a run's start, the cap only grows."""
     words = lambda u: (  # noqa: E731
         "a plain sweep"
         if u is None
         else f"seeds until {u['seeds_until']} pass {u['text']} (at most {u['max_seeds']})"
     )
+    fixed = ("seeds_until", "rule", "text")
+    if old is not None and new is not None and all(old.get(k) == new.get(k) for k in fixed):
+        if new["max_seeds"] >= old["max_seeds"]:
+            return None
+        return (f"{words(old)} (folder), not at most {new['max_seeds']}: a cap may be raised, "
+                f"never lowered (--max_seeds >= {old['max_seeds']})")  # fmt: skip
     return f"{words(old)} (folder), not {words(new)}: its selection rule is fixed at its start"
+
+
+def raised_until(stored: dict | None, until: Until) -> Until:
+    """`until` with the caps its folder's run was raised from (`stored`: the folder's
+    sweep.json "until", None for a new folder), its own cap last when it raises it
+    again. Call it after `_until_difference` accepted `until`."""
+    if stored is None:
+        return until
+    earlier = tuple(stored.get("raised_from", ()))
+    if until.max_seeds > stored["max_seeds"]:
+        earlier += (stored["max_seeds"],)
+    return until._replace(raised_from=earlier)
 
 
 def passing_mask(rule: PassRule, curves: dict, diverged_step) -> np.ndarray:
@@ -140,7 +175,8 @@ def _selection_outcome(until: Until, settings: Settings, passed: np.ndarray, log
     }
     n = int(passed.sum())
     log(f"selection: n = {n} of {len(seeds)} trained pass {until.rule.text()} (seeds "
-        f"{seeds[0]}..{seeds[-1]}); passing models {record['passing_models']}")  # fmt: skip
+        f"{seeds[0]}..{seeds[-1]}; {cap_words(record)}); passing models "
+        f"{record['passing_models']}")  # fmt: skip
     if n < until.passing:
         log(f"WARNING: --max_seeds={until.max_seeds} seeds tried and only {n} pass "
             f"(--seeds_until={until.passing} asked); every one is kept")  # fmt: skip
