@@ -393,6 +393,11 @@ def test_random_orders_say_where_the_objects_land_and_pooled_shares_resample_que
     got = cfa.order_reversed(spans, cells, orders)
     want = [[0, 0, np.nan, np.nan], [1, 1, np.nan, np.nan], [0, 0, np.nan, np.nan]]
     np.testing.assert_array_equal(got, want)
+    # which box is X's does not matter (CV-Bench's bbox order is assumed): X, Y swapped
+    random = np.stack([cfa.random_order(8, k) for k in range(4)])
+    for o in (orders, random):
+        np.testing.assert_array_equal(cfa.order_reversed(spans, cells[:, ::-1], o),
+                                      cfa.order_reversed(spans, cells, o))  # fmt: skip
     assert len(cfa.RANDOM_ORDERS) == 4 and sorted(cfa.random_order(8, 1)) == list(range(8))
     assert not np.array_equal(cfa.random_order(8, 0), cfa.random_order(8, 1))  # seeded apart
     m, lo, hi, n = cfa.pooled_ci([1, 2, 0], [2, 2, 2])
@@ -409,7 +414,10 @@ def _posthoc_res():
     The four random orders: question 0 moves to right (its mirror), on, itself, under;
     question 1 to left (its mirror) under order 0 only; question 2 to under (its mirror)
     under order 0. Margins flip where the word moved; X and Y's order reversed under
-    orders 0, 2 for question 0, 0, 1 for question 1 (2: no box), unknown for 2, 3."""
+    orders 0, 2 for question 0, 0, 1 for question 1 (2: no box), unknown for 2, 3. The
+    image mirrors change every answer (image_w the left / right ones, image_h the
+    others); content and order flipped with the codes not (facing_order_w / _h) brings
+    back question 0's and 3's, not 1's (left / right) nor 2's (on / under)."""
     names = cfa.COUNTERFACTUALS + ("facing_order_h",) + cfa.RANDOM_ORDERS
     r0 = len(names) - 4
     says = np.tile(np.asarray([0, 1, 2, 0]), (len(names), 1))  # [C, B] word chosen
@@ -419,6 +427,9 @@ def _posthoc_res():
     margins = np.ones((1, len(names), 4))
     margins[0, r0:, 0] = [-1, -1, 1, -1]
     margins[0, r0, 1] = margins[0, r0, 2] = -1
+    for name, flipped in (("image_w", [0, 1]), ("image_h", [2, 3]), ("facing_order_w", [1]),
+                          ("facing_order_h", [2])):  # fmt: skip
+        margins[0, names.index(name), flipped] = -1
     reversed_ = np.asarray([[1, 1, np.nan, np.nan], [0, 1, np.nan, np.nan],
                             [1, np.nan, np.nan, np.nan], [0, 0, np.nan, np.nan]])  # fmt: skip
     return {"margins": margins, "swapped": np.ones((1, 4)), "relation": np.asarray([0, 0, 3, 1]),
@@ -447,9 +458,49 @@ def test_posthoc_rows_count_changes_landing_on_the_mirror_and_order_reversals():
     lines = []
     summary = report._posthoc_summary(list(rows.values()), lines.append)["posthoc"]["0"]
     assert summary["horizontal"]["mirror_landing"][3] == 4
-    said = [x for x in lines if x.strip().startswith("vertical")]
+    said = [x for x in lines if x.strip().startswith("vertical")][:4]  # (a), (b): none
     assert len(said) == 4 and all(x.endswith("empty (n = 0)") for x in said)
     assert report._posthoc_summary([], lines.append) == {}  # drawn scenes: none
+
+
+def test_back_to_the_original_answer_counts_returns_among_the_mirrors_changes():
+    """Post-hoc (c) on the hand-made reads (`_posthoc_res`): of the answers its image
+    mirror changed, the share content-and-order-flipped (codes not) brings back: left /
+    right 1/2 (questions 0, 1), on / under 0/1, above / below 1/1, and each minus left /
+    right's; front / behind (no mirror, no question) is "empty (n = 0)". It is not (a)
+    or (b): those read the random orders, which the mirrors and facing_order_* leave
+    alone, and changing (c)'s conditions leaves theirs unchanged."""
+    from jaxmech.reports import counterfactuals as report
+
+    res = _posthoc_res() | {"left_out": {"front_behind": "its words read alike"}}
+    rows = {(r["relation"], r["row"]): r for r in report.posthoc_rows(res, (0,))}
+    got = {rel: (rows[rel, "back_to_original"]["share"], rows[rel, "back_to_original"]["n"])
+           for rel in ("horizontal", "on_under", "vertical")}  # fmt: skip
+    assert got == {"horizontal": (0.5, 2), "on_under": (0.0, 1), "vertical": (1.0, 1)}
+    assert rows["horizontal", "back_to_original"]["chance"] == 0.5
+    assert ("horizontal", "back_minus_left_right") not in rows
+    minus = {rel: rows[rel, "back_minus_left_right"] for rel in ("on_under", "vertical")}
+    assert np.isclose(minus["on_under"]["share"], -0.5) and minus["on_under"]["n"] == 3
+    assert np.isclose(minus["vertical"]["share"], 0.5) and minus["vertical"]["n"] == 3
+    fb = rows["front_behind", "back_to_original"]
+    assert fb["n"] == 0 and np.isnan(fb["share"]) and np.isnan(fb["chance"])
+    # the mirrors and the flipped conditions moved back: (c) changes, (a) and (b) do not
+    other = _posthoc_res() | {"left_out": res["left_out"]}
+    other["margins"][0, res["names"].index("facing_order_w"), 1] = 1
+    again = {(r["relation"], r["row"]): r for r in report.posthoc_rows(other, (0,))}
+    assert again["horizontal", "back_to_original"]["share"] == 1.0
+    for key in rows:
+        if not key[1].startswith("back"):
+            assert str(again[key]) == str(rows[key])  # NaN-safe equality
+    lines = []
+    summary = report._posthoc_summary(list(rows.values()), lines.append)["posthoc"]["0"]
+    assert summary["on_under"]["back_to_original"][:1] == (0.0,)
+    assert summary["horizontal"]["back_chance"] == 0.5
+    said = [x for x in lines if x.strip().startswith("front_behind") and "back" in x]
+    assert len(said) == 2 and all(x.endswith("empty (n = 0)") for x in said)
+    # the analysis function alone: counted only where the mirror changed the answer
+    hits, counted = cfa.back_to_original([1, 1, 0, 0], [0, 1, 1, 0], [1, 0, 1, 1])
+    assert hits.tolist() == [1, 0, 0, 0] and counted.tolist() == [1, 0, 1, 0]
 
 
 def test_the_report_on_a_checkpoint_under_the_authors_protocol(tmp_path):

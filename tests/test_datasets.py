@@ -121,12 +121,59 @@ def test_cvbench_jsonl_and_parquet_give_the_same_relation_questions():
     assert js.questions[0].objects == ("book", "couch")
     assert "annotated by the red box" in js.questions[0].question
     for a, b in zip(js.questions, pq.questions):
-        assert (a.question, a.answers, a.objects) == (b.question, b.answers, b.objects)
+        read = lambda x: (x.question, x.answers, x.objects, x.boxes)  # noqa: E731
+        assert read(a) == read(b)
         with open(a.image, "rb") as f:
             assert f.read() == b.image  # the parquet row embeds the same image file
+    assert {k: v for k, v in js.sample.items() if k.startswith("bbox")} == {
+        k: v for k, v in pq.sample.items() if k.startswith("bbox")}  # fmt: skip
 
 
-def test_cvbench_reads_both_relation_wordings():
+def test_cvbench_bbox_is_read_as_corners_of_x_then_y():
+    """`bbox` [[x1, y1, x2, y2] of X, of Y] in pixels becomes the questions' [x, y, w, h]
+    (the sample's red and blue blocks, `make_samples.blocks`); X's box alone leaves Y's
+    None, [] none; the sample says the reading is assumed and checks list order against
+    the answers (boxes swapped in a copy: one disagrees)."""
+    js = _load("cvbench", "cvbench")
+    book, lamp, chair, bottle, clock = js.questions
+    assert book.boxes == ((2.0, 10.0, 14.0, 20.0), (34.0, 10.0, 14.0, 20.0))
+    assert lamp.boxes[0][0] > lamp.boxes[1][0] and lamp.answers[0] == "right"
+    assert bottle.boxes == ((34.0, 10.0, 14.0, 20.0), None) and clock.boxes is None
+    from PIL import Image
+
+    for question in (book, lamp, chair):  # each box holds its block: red X, blue Y
+        pixels = np.asarray(Image.open(question.image).convert("RGB"), int)
+        for box, colour in zip(question.boxes, (0, 2)):
+            x, y, w, h = (int(v) for v in box)
+            assert (pixels[y : y + h, x : x + w, colour] > 200).all()
+    s = js.sample
+    assert (s["bbox_both"], s["bbox_x_only"], s["bbox_none"]) == (3, 1, 1)
+    # chair's above / below: its blocks side by side, centres level, not counted
+    assert (s["bbox_order_agrees"], s["bbox_order_disagrees"]) == (2, 0)
+    assert s["bbox_reading"].startswith("assumed")
+
+
+def test_cvbench_bbox_order_check_and_malformed_boxes(tmp_path):
+    c = _copy(tmp_path, "cvbench")
+    _rewrite_jsonl(c / "test_2d.jsonl", 1, lambda r: r.update(bbox=r["bbox"][::-1]))
+    s = load_questions("cvbench", str(c)).sample
+    assert (s["bbox_order_agrees"], s["bbox_order_disagrees"]) == (1, 1)
+    for bad, said in (([[5.0, 2.0, 3.0, 4.0]], r"x2 > x1"), ([[1, 2, 3]], r"\[x1, y1, x2, y2\] numbers"),
+                      ([[1, 2, 3, 4]] * 3, "one or two"), ("1,2,3,4", "one or two")):  # fmt: skip
+        _rewrite_jsonl(c / "test_2d.jsonl", 1, lambda r: r.update(bbox=bad))
+        with pytest.raises(ValueError, match=rf"test_2d.jsonl:2: field 'bbox': expected .*{said}"):
+            load_questions("cvbench", str(c))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(c / "parquet" / "test_2d.parquet").to_pylist()
+    rows[1]["bbox"] = [[1.0, 4.0, 3.0, 4.0]]  # no height
+    pq.write_table(pa.Table.from_pylist(rows), c / "parquet" / "test_2d.parquet")
+    with pytest.raises(ValueError, match=r"test_2d.parquet: row 2: field 'bbox': expected x2 > x1"):
+        load_questions("cvbench", str(c / "parquet"))
+
+
+def test_cvbench_reads_both_relation_wordings(tmp_path):
     """CV-Bench's Relation rows with "(annotated by the red box)" and without it (e.g.
     "... of the bottle and the wine glass in the image provided, where is the bottle
     located with respect to the wine glass?"): both read, X and Y from either."""
@@ -144,6 +191,17 @@ def test_cvbench_reads_both_relation_wordings():
         "couch in the image provided, where is the book (annotated by the red box) located?"
     )
     assert (boxed["x"], boxed["y"]) == ("book", "couch")
+    # X and Y as the asked clause names them, whatever order the leading clause lists
+    c = _copy(tmp_path, "cvbench")
+    swapped = CV_SWAPPED.format(x="book", y="couch")
+    _rewrite_jsonl(c / "test_2d.jsonl", 0, lambda r: r.update(question=swapped))
+    book = load_questions("cvbench", str(c)).questions[0]
+    assert book.objects == ("book", "couch") and book.question == swapped
+
+
+CV_SWAPPED = ("Considering the relative positions of the {y} and the {x} (annotated by the "
+              "red box) in the image provided, where is the {x} (annotated by the red box) "
+              "located with respect to the {y}?")  # fmt: skip
 
 
 def test_a_manifest_needs_no_code():

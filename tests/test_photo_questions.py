@@ -123,6 +123,26 @@ def test_each_report_runs_on_a_dataset_and_records_it(tmp_path, report, source):
     if report in ("steering", "diagnostics"):  # only the questions with both boxes
         asked = boxed
     assert n == len(asked) > 0
+    if report == "counterfactuals":  # CV-Bench's bbox: the objects' order is read
+        _cvbench_order_rows(tmp_path, res["res"], boxed)
+
+
+def _cvbench_order_rows(tmp_path, res, boxed):
+    """Post-hoc (b) on CV-Bench: each left / right question with both boxes (in
+    distinct cells) counts once per random order, reversed or kept; (c) too is written."""
+    import csv
+
+    from jaxmech.analysis import counterfactuals as cfa
+
+    rows = {(r["relation"], r["row"]): r
+            for r in csv.DictReader(open(tmp_path / "counterfactuals" / "posthoc.csv"))}  # fmt: skip
+    both = sum(batches.photo_relation(q) == 0 for q in boxed)  # the third: X's box only
+    known = np.isfinite(res["reversed"][:, res["relation"] == 0])
+    orders = len(cfa.RANDOM_ORDERS)
+    assert both == 2 and known.sum() == both * orders == known.all(0).sum() * orders
+    counted = [int(rows["horizontal", k]["n"]) for k in ("flips_reversed", "flips_kept")]
+    assert sum(counted) == both * len(cfa.RANDOM_ORDERS)
+    assert ("vertical", "back_minus_left_right") in rows
 
 
 def test_a_report_of_drawn_scenes_refuses_a_dataset_by_name():
@@ -379,6 +399,34 @@ def test_the_counterfactual_table_has_on_under_and_front_behind_rows(tmp_path):
         np.abs(diff[:, 0]), np.abs(res["margins"][0][:, pair >= 0]), atol=1e-5
     )
     posthoc = {(r["relation"], r["row"]): r for r in read("posthoc")}
-    assert len(posthoc) == 4 * 4 and posthoc["horizontal", "mirror_landing"]["chance"] == "0.2"
+    # (a), (b) and (c) per relation, and (c) minus left / right's beside the other three
+    assert len(posthoc) == 4 * 5 + 3 and posthoc["horizontal", "mirror_landing"]["chance"] == "0.2"
     assert posthoc["on_under", "flips_reversed"]["n"] == "0"
     assert posthoc["on_under", "flips_reversed"]["share"] == "nan"
+    _back_to_original_rows(posthoc, res, summary, lines)
+
+
+def _back_to_original_rows(posthoc, res, summary, lines):
+    """Post-hoc (c) on What'sUp A (`test_the_counterfactual_table_has_...`): per relation,
+    of the questions its image mirror changed, the share facing_order_* answers as the
+    plain photograph; front / behind (no mirror) and above / below (no question) empty."""
+    says, names = res["margins"][0] > 0, list(res["names"])
+    for r, rel, mirror, back in ((0, "horizontal", "image_w", "facing_order_w"),
+                                 (3, "on_under", "image_h", "facing_order_h")):  # fmt: skip
+        w = res["relation"] == r
+        changed = (says[names.index(mirror)] != says[0])[w]
+        back_ = (says[names.index(back)] == says[0])[w] & changed
+        row = posthoc[rel, "back_to_original"]
+        assert int(row["n"]) == changed.sum()
+        if changed.any():
+            assert np.isclose(float(row["share"]), back_.sum() / changed.sum())
+            assert float(row["ci_low"]) <= float(row["share"]) <= float(row["ci_high"])
+        else:
+            assert row["share"] == "nan"
+    for rel in ("front_behind", "vertical"):
+        assert posthoc[rel, "back_to_original"]["n"] == "0"
+        assert posthoc[rel, "back_minus_left_right"]["share"] == "nan"
+    cell = summary["posthoc"]["0"]["on_under"]["back_to_original"]
+    assert cell[3] == int(posthoc["on_under", "back_to_original"]["n"])
+    said = [x for x in lines if x.strip().startswith("front_behind") and "back" in x]
+    assert len(said) == 2 and all(x.endswith("empty (n = 0)") for x in said)

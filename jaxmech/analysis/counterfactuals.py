@@ -62,6 +62,11 @@ upside down), so only a photograph's table has it:
                      (`RANDOM_ORDERS`; content moved, ids with the slots), read by
                      paper 004's post-hoc rows: `mirror_landing`, `order_reversed`
 
+Paper 004's post-hoc "back to the original answer" (`back_to_original`, `RETURN_OF`)
+reads facing_order_w / _h beside the image mirrors: of the answers the flipped
+photograph changed, the share the same flip with the ViT's codes mirrored back returns
+to the plain answer (codes decide: back; content and order decide: not).
+
 Each relation's reference (`MIRROR_OF`, paper 004's "the flipped image's answer"): the
 width mirror swaps left / right, the height mirror above / below and, as the paper's
 What'sUp rows have it, on / under (the supported object ends up below); no image mirror
@@ -140,6 +145,10 @@ RANDOM_ORDERS = tuple(f"order_random_{k}" for k in range(4))
 # swaps it), None where none does (module docstring)
 MIRROR_OF = {"horizontal": "image_w", "vertical": "image_h", "on_under": "image_h",
              "front_behind": None}  # fmt: skip
+# relation -> the photograph's content-and-order-flipped condition on its mirror's axis
+# (`PHOTO_CHANGES`), read by the post-hoc "back to the original answer" (`back_to_original`)
+RETURN_OF = {"horizontal": "facing_order_w", "vertical": "facing_order_h",
+             "on_under": "facing_order_h", "front_behind": None}  # fmt: skip
 MIRROR_WORDS = {
     "image_w": "width mirror (image_w): it swaps the relation; agree = equal to its answers",
     "image_h": "height mirror (image_h): it swaps the relation; agree = equal to its answers",
@@ -341,6 +350,18 @@ def mirror_landing(words_CxWxB, pair_B, rows) -> tuple[np.ndarray, np.ndarray]:
     moved = says[list(rows)]  # [R, B]
     changed = (moved != plain) & own
     return changed.sum(0), (changed & (moved == (plain ^ 1))).sum(0)
+
+
+def back_to_original(plain_B, mirror_B, flipped_B) -> tuple[np.ndarray, np.ndarray]:
+    """([B] back, [B] counted): paper 004's post-hoc (c), "back to the original answer".
+    Counted: the questions whose answer the relation's image mirror changed (`mirror_B`
+    != `plain_B`, each bool: chose the question's own answer word); back: of them, those
+    whose answer under the content-and-order-flipped condition of the same axis
+    (`flipped_B`: `RETURN_OF`) is the plain one again, the ViT's codes mirrored back
+    having undone the flip. Over every question instead it would be 1 - changed."""
+    plain, mirror, flipped = (np.asarray(x, bool) for x in (plain_B, mirror_B, flipped_B))
+    counted = mirror != plain
+    return (counted & (flipped == plain)).astype(int), counted.astype(int)
 
 
 def pooled_ci(hits_B, counts_B, seed: int = 0, draws: int = 2000, minus=None):

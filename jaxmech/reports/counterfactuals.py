@@ -31,7 +31,20 @@ the relation words (left / right and the dataset's own: What'sUp's item captions
 the answer: (a) of the answers a random order changed, the share on the mirror word
 (chance 1 / (words - 1)); (b) the share changed where the order reads X's box cell and
 Y's the other way round from the plain order vs the same way, and the difference
-(boxes: COCO-Spatial, a manifest's).
+(boxes: COCO-Spatial, CV-Bench's `bbox`, a manifest's); (c) "back to the original
+answer" (the paper: computed as a return to the original answer, What'sUp's contrast
+between support relations and left / right is clear only in InternVL3-2B). Read here
+as: per relation, of the questions whose answer its image mirror changed (image_w for
+left / right, image_h for above / below and on / under; front / behind has none:
+n = 0), the share whose answer under the same axis's content-and-order-flipped
+condition (facing_order_w / facing_order_h: the flipped photograph, the ViT's codes
+mirrored back) equals the plain photograph's again (chance 1/2, two answer words); and
+each relation's share minus left / right's (`back_minus_left_right`). Where the codes
+carry a relation the answer comes back; where content and token order do, it stays
+flipped. Conditioning on the mirror's change is the reading of "back": over all
+questions the share would be table.csv's 1 - changed of facing_order_*. Each row's
+interval resamples questions (`cfa.pooled_ci`); n counts the questions (the orders'
+answers for (a), (b)); nothing counted prints "empty (n = 0)" and writes NaN.
 
 Writes into `RUN/counterfactuals/` (every row also names its `examples` and `model_group`):
   table.csv     model, counterfactual, relation, agree_mirror, changed, n
@@ -39,7 +52,8 @@ Writes into `RUN/counterfactuals/` (every row also names its `examples` and `mod
   relations.csv model, relation, mirror (the reference's counterfactual, empty: none),
                 reference (in words), n, left_out (why its questions were not asked)
   posthoc.csv   (photographs) model, relation, row (mirror_landing, flips_reversed,
-                flips_kept, reversed_minus_kept), share, ci_low, ci_high, n, chance
+                flips_kept, reversed_minus_kept, back_to_original, back_minus_left_right
+                (not for left / right)), share, ci_low, ci_high, n, chance
   summary.json  means with 95% intervals (mean, ci_low, ci_high, n): over models for a
                 results folder, a checkpoint's (one model) bootstrapped over its
                 questions (n: the questions); figure counterfactuals.png
@@ -277,15 +291,46 @@ def posthoc_rows(res: dict, models) -> list[dict]:
     (read over the relation words, `compute`), the share on the mirror word of the plain
     answer (chance 1 / (words - 1)); `flips_reversed` / `flips_kept`, the share of
     answers a random order changed where it reads X's box cell after Y's the other way
-    round from the plain order / the same way; `reversed_minus_kept`. Each with a 95%
+    round from the plain order / the same way; `reversed_minus_kept`; `back_to_original`
+    and `back_minus_left_right` (`_returns`, module docstring's (c)). Each with a 95%
     interval resampling questions (`cfa.pooled_ci`) and n the answers it counts."""
     random = [res["names"].index(x) for x in cfa.RANDOM_ORDERS]
     rows = []
     for i, m in enumerate(models):
         for r, rel in relations_of(res):
-            for row, ci, chance in _posthoc(res, i, res["relation"] == r, random):
+            w = res["relation"] == r
+            for row, ci, chance in _posthoc(res, i, w, random) + _returns(res, i, rel):
                 rows.append({"model": m, "relation": rel, "row": row, "share": ci[0],
                              "ci_low": ci[1], "ci_high": ci[2], "n": ci[3], "chance": chance})  # fmt: skip
+    return rows
+
+
+def _back(res: dict, i: int, rel: str):
+    """([B], [B]) `cfa.back_to_original` of model i over every question (0 outside
+    `rel`'s, or where the photograph's table lacks its mirror or flipped condition)."""
+    says, names = res["margins"][i] > 0, res["names"]
+    zeros = np.zeros(says.shape[1], int)
+    r = {name: k for k, name in relations_of(res)}.get(rel)
+    mirror, back = MIRROR_OF[rel], cfa.RETURN_OF[rel]
+    if r is None or mirror not in names or back not in names:
+        return zeros, zeros
+    w = res["relation"] == r
+    mirrored, flipped = says[names.index(mirror)], says[names.index(back)]
+    hits, counted = cfa.back_to_original(says[0], mirrored, flipped)
+    return hits * w, counted * w
+
+
+def _returns(res: dict, i: int, rel: str) -> list[tuple]:
+    """Post-hoc (c) rows of model i's relation `rel` (`posthoc_rows`): `back_to_original`
+    (chance 1/2: two answer words) and, beside left / right, the relation's share minus
+    left / right's (`back_minus_left_right`, resampling the questions of both)."""
+    hits, counted = _back(res, i, rel)
+    chance = 0.5 if counted.any() else float("nan")
+    rows = [("back_to_original", cfa.pooled_ci(hits, counted), chance)]
+    if rel != "horizontal":
+        rows.append(("back_minus_left_right",
+                     cfa.pooled_ci(hits, counted, minus=_back(res, i, "horizontal")),
+                     float("nan")))  # fmt: skip
     return rows
 
 
@@ -313,12 +358,15 @@ POSTHOC_WORDS = {
     "flips_reversed": "changed, objects' order reversed",
     "flips_kept": "changed, objects' order kept",
     "reversed_minus_kept": "reversed - kept",
+    "back_to_original": "mirror-changed, back under content+order",
+    "back_minus_left_right": "back to original - left/right's",
 }
 
 
 def _posthoc_summary(rows: list[dict], log, words: int | None = None) -> dict:
-    """summary.json's "posthoc" {model: {relation: {row: (share, lo, hi, n), "chance"}}},
-    logged (`words`: how many relation words were read); {} for drawn scenes (no rows)."""
+    """summary.json's "posthoc" {model: {relation: {row: (share, lo, hi, n), "chance",
+    "back_chance"}}}, logged (`words`: how many relation words were read); {} for drawn
+    scenes (no rows)."""
     if not rows:
         return {}
     log(f"\npost-hoc (paper 004), {len(cfa.RANDOM_ORDERS)} seeded random orders of the "
@@ -326,15 +374,17 @@ def _posthoc_summary(rows: list[dict], log, words: int | None = None) -> dict:
     if words == 2:  # a changed answer can only be the other word: nothing to measure
         log("  answers read over 2 relation words (no dataset relation beside left / right): "
             "the mirror-word row is empty")  # fmt: skip
-    log("  the objects' order needs both boxes (COCO-Spatial, a manifest's; not What'sUp, "
-        "CV-Bench)")  # fmt: skip
+    log("  the objects' order needs both boxes (COCO-Spatial, CV-Bench's bbox, a manifest's; "
+        "not What'sUp)")  # fmt: skip
+    log("  back to the original answer: of the answers the image mirror changed, the share "
+        "facing_order_w / _h (content and order flipped, codes not) brings back to the plain one")  # fmt: skip
     out = {}
     for x in rows:
         cell = out.setdefault(str(x["model"]), {}).setdefault(x["relation"], {})
         ci = (x["share"], x["ci_low"], x["ci_high"], x["n"])
         cell[x["row"]] = ci
-        if x["row"] == "mirror_landing":
-            cell["chance"] = x["chance"]
+        if x["row"] in ("mirror_landing", "back_to_original"):
+            cell["chance" if x["row"] == "mirror_landing" else "back_chance"] = x["chance"]
         chance = f" (chance {x['chance']:.3f})" if np.isfinite(x["chance"]) else ""
         log(f"  {x['relation']:>12} {POSTHOC_WORDS[x['row']]:>36}: {fmt_interval(ci)}{chance}")
     return {"posthoc": out}
