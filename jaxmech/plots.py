@@ -465,3 +465,24 @@ def target_share_figure(grids: dict, suptitle: str = ""):
         empty_panel(axes[0], "no layer")
     fig.suptitle(suptitle, fontsize=9)
     return fig
+
+
+def layer_logp_figure(curves: dict, layers, suptitle: str = ""):
+    """Fig. 6A: log likelihood of each answer word against the layer steered.
+    `curves`: {label: ([Y, 4] cells (mean, ci_low, ci_high, n), colour, line style)},
+    each drawn with its 95% interval as a band."""
+    fig, ax = plt.subplots(figsize=(7.2, 4.6))
+    x = np.arange(len(layers))
+    for label, (cells, colour, style) in curves.items():
+        v = np.asarray(cells, float).reshape(len(x), 4)
+        m = np.where(v[:, 3] > 0, v[:, 0], np.nan)
+        ax.plot(x, m, style, marker="o", ms=3, color=colour, label=label)
+        ax.fill_between(x, v[:, 1], v[:, 2], color=colour, alpha=0.15, lw=0)
+    ax.set_xticks(x, [str(y) for y in layers])
+    ax.set_xlabel("layer of intervention")
+    ax.set_ylabel("log likelihood")
+    ax.grid(alpha=0.4)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2, frameon=False)
+    fig.suptitle(suptitle, fontsize=9)
+    fig.tight_layout()
+    return fig

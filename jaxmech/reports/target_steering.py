@@ -3,7 +3,9 @@ report (paper 003's Fig. 6) and the depth diagnosis (Fig. 7) share. Shared repor
 code, not a report: the setup (targets, protocol, layers, scale), the question sets,
 the compiled steered table over chunks, the per-question results and their rows,
 summaries and figures. `reports.arbitrary_steering` asks left / right questions with
-it, `reports.depth_diagnosis` above / below and front / behind ones.
+it (and near / far, in between: `reports.target_questions`, each set its own implied
+answers and figure line), `reports.depth_diagnosis` above / below and front / behind
+ones; `reports.pair_steering` (Fig. 6A) builds a result of the same shape.
 
 Protocols (`--protocol`):
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -78,6 +80,10 @@ class QSet(NamedTuple):
     word_names: tuple
     axis: str
     follows_first: bool = True
+    # sides(grid, targets [T], ex) -> [T, B] the answer each target implies (None: its
+    # side of the reference cell along `axis`, `minus_and_ref`)
+    sides: Callable | None = None
+    line: tuple | None = None  # the cells its paper figure draws (None: `default_line`)
 
 
 def parse_targets(text: str | None, grid: Grid) -> np.ndarray | None:
@@ -239,10 +245,18 @@ def steer_set(run: LoadedRun, view, qs: QSet, s: Setup, delta, key: dict, log) -
                         store=store, plan=plan, fn=fn)  # fmt: skip
     return {
         "lp": lp,
-        "sides": ar.target_sides(grid, s.targets, ref, qs.axis),
+        "sides": sides_of(qs, grid, s.targets, ref),
         "answer_first": np.asarray(ex.answer_B) == qs.words[0],
         "cells": np.asarray(ex.spec.cells_BxK)[:, :2].T,
     }
+
+
+def sides_of(qs: QSet, grid: Grid, targets, ref_TxB) -> np.ndarray:
+    """[T, B] the answer each target implies: the set's own `sides`, else its side of
+    the reference cells along the set's axis (`analysis.arbitrary_steering.target_sides`)."""
+    if qs.sides is None:
+        return ar.target_sides(grid, targets, ref_TxB, qs.axis)
+    return qs.sides(grid, targets, qs.ex)
 
 
 def resumed_share(view, run: LoadedRun, s: Setup, ex: Examples) -> float:
@@ -266,15 +280,17 @@ def compute_sets(run: LoadedRun, sets_of, relations, targets=None, authors_targe
     """The universal IDs (drawn probes, the authors' factorial ones under their
     protocol), then every question set `sets_of(run, batch, setup)` of each batch of
     `relations` steered (`steer_set`), joined over batches: {"lp": {set: ...}, "sides",
-    "answer_first", "cells": {set: ...}, "setup", "words": {set: names}}."""
+    "answer_first", "cells": {set: ...}, "setup", "words": {set: names}, "lines": {set:
+    the cells its paper figure draws}}."""
     s = setup(run, targets, authors_targets, log)
     what = f"universal spatial IDs ({len(id_labels(run))} labels)"
     delta = ar.universal_ids(view_of(run), run.params, id_labels(run), probe_rows(run),
                              functools.partial(_call, run, what), s.protocol == "authors")  # fmt: skip
-    per_set, words = {}, {}
+    per_set, words, lines = {}, {}, {}
     for batch in question_batches(run, relations):
         for qs in sets_of(run, batch, s):
             words[qs.name] = (qs.word_names, qs.follows_first)
+            lines[qs.name] = qs.line or default_line(batch.view.grid, qs.axis)
             if not len(np.asarray(qs.ex.answer_B)):
                 log(f"  {qs.name}: no question to steer here (n = 0)")
                 continue
@@ -285,7 +301,7 @@ def compute_sets(run: LoadedRun, sets_of, relations, targets=None, authors_targe
                          "needs both boxes under jaxmech's protocol (--protocol=authors reads none)")  # fmt: skip
     sets = {k: joined(v, PER_QUESTION) for k, v in per_set.items()}
     return {key: {k: v[key] for k, v in sets.items()} for key in PER_QUESTION} | {
-        "setup": s, "words": words}  # fmt: skip
+        "setup": s, "words": words, "lines": lines}  # fmt: skip
 
 
 def _call(run: LoadedRun, what: str, fn, args):
@@ -385,21 +401,24 @@ def plot_shares(res: dict, run: LoadedRun, path: str, name: str = "left_right") 
     return plots.save(plots.target_share_figure(titled, title), path)
 
 
-def figure_targets(s: Setup, grid: Grid, axis: str) -> list[int]:
-    """The targets a paper figure draws, in order: row 0's cells (Fig. 6B, left to
-    right) or column 0's (Fig. 7, top to bottom), those steered."""
-    line = range(grid.w) if axis == "width" else range(0, grid.cells, grid.w)
+def default_line(grid: Grid, axis: str) -> tuple:
+    """The cells a paper figure draws along `axis`: row 0 left to right (Fig. 6B, 6C)
+    or column 0 top to bottom (Fig. 7)."""
+    return tuple(range(grid.w) if axis == "width" else range(0, grid.cells, grid.w))
+
+
+def figure_targets(s: Setup, line) -> list[int]:
+    """The indices into `s.targets` of the cells of `line`, in its order, those steered."""
     where = {int(cell): i for i, cell in enumerate(s.targets)}
     return [where[c] for c in line if c in where]
 
 
 def paper_panels(res: dict, name: str, grid: Grid, split: bool) -> list:
     """Rows (one per layer) of (title, {curve: [T', 4] cells}, {control: [T', 4]}) of
-    each word's change of log p per figure target (`figure_targets`); `split`: a panel
-    per unsteered truth (Fig. 6B's "Original: left" / "right")."""
+    each word's change of log p per figure target (`figure_targets` of the set's line);
+    `split`: a panel per unsteered truth (Fig. 6B's "Original: left" / "right")."""
     s, pq = res["setup"], per_question(res, name)
-    (words, _), axis = res["words"][name], "width" if name == "left_right" else "height"
-    idx = figure_targets(s, grid, axis)
+    (words, _), idx = res["words"][name], figure_targets(s, res["lines"][name])
     truth = np.asarray(res["answer_first"][name])
     groups = [(f"Original: {words[0]}", truth), (f"Original: {words[1]}", ~truth)] if split else [("", np.ones_like(truth))]  # fmt: skip
     rows = []
@@ -419,15 +438,20 @@ def _cell_label(cell: int, grid: Grid) -> str:
     return f"({cell % grid.w},{cell // grid.w})"
 
 
-def plot_paper(res: dict, run: LoadedRun, path: str) -> str:
-    """Fig. 6B as the paper draws it: per layer, the change of log p of 'left' and
-    'right' against the ID steered onto the subject along row 0, questions split by
-    their true answer, 95% bands; the noise control dashed."""
+FIGURES = {"left_right": "Fig. 6B", "near_far": "Fig. 6C", "in_between": "Fig. 6D"}
+
+
+def plot_paper(res: dict, run: LoadedRun, path: str, name: str = "left_right") -> str:
+    """Fig. 6B / 6C / 6D as the paper draws it: per layer, each answer word's change of
+    log p against the ID steered onto the subject along the set's line (row 0; in
+    between's middle column), questions split by their true answer, 95% bands; the
+    noise control dashed."""
     from jaxmech import plots
 
-    rows, ticks = paper_panels(res, "left_right", view_of(run).grid, split=True)
+    rows, ticks = paper_panels(res, name, view_of(run).grid, split=True)
     s = res["setup"]
-    title = f"Arbitrary spatial steering ({PROTOCOL_WORDS[s.protocol]}, scale {s.scale:g})"
+    title = (f"{FIGURES.get(name, name)}: arbitrary spatial steering, {name} "
+             f"({PROTOCOL_WORDS[s.protocol]}, scale {s.scale:g})")  # fmt: skip
     return plots.save(plots.target_curves_figure(rows, ticks, title), path)
 
 
