@@ -245,18 +245,15 @@ def test_sharding_never_splits_the_block_axis():
     assert all(a is None for a in hub._sharding((8, 16), devices, stacked=True).spec)
 
 
-def test_the_patching_table_resumes_every_layer_in_one_program():
-    """Where the view takes a traced layer (`resume_any_layer`), a patching table's
-    resumed runs are one `lax.map` over the layers per group: the same values as one
-    resumed LM per layer and group, and the program has one resumed LM per group."""
+def fixture_table(m):
+    """(patch(view) -> `patch_logp`'s dict, the view, the resume plan): a patching table
+    of the Qwen2-VL fixture loaded as `m`, every LM layer, the mirror twins."""
     from jaxmech.analysis.patching import patch_logp, resume_plan, token_groups
     from jaxmech.data.spec import Grid, pair_questions
     from jaxmech.families.qwen2_vl.view import checkpoint_view
     from jaxmech.families.vlm_view import examples
 
-    m = jaxmech.load(QWEN)
     view = checkpoint_view(QWEN, m.config, Grid(4, 4), 112)
-    assert view.resume_any_layer
     specs = pair_questions(view.grid, 2, view.n_labels, view.n_colours, seed=1)
     ex = examples(view, specs["examples"])
     mirror = view.render(specs["mirror"], ask=specs["examples"])[0]
@@ -268,6 +265,15 @@ def test_the_patching_table_resumes_every_layer_in_one_program():
         return patch_logp(v, m.params, ex.inputs, mirror, groups, ex.answer_B, ex.other_B,
                           layers, plan=plan)  # fmt: skip
 
+    return patch, view, plan
+
+
+def test_the_patching_table_resumes_every_layer_in_one_program():
+    """Where the view takes a traced layer (`resume_any_layer`), a patching table's
+    resumed runs are one `lax.map` over the layers per group: the same values as one
+    resumed LM per layer and group, and the program has one resumed LM per group."""
+    patch, view, plan = fixture_table(jaxmech.load(QWEN))
+    assert view.resume_any_layer
     per_layer = view._replace(resume_any_layer=False)
     got, want = jax.jit(lambda: (patch(view), patch(per_layer)))()
     np.testing.assert_allclose(got["patched"], want["patched"], atol=1e-5)

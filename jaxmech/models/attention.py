@@ -83,7 +83,7 @@ def n_blocks(part) -> int:
     """The blocks of one model part (a params subtree with `block_0 .. block_{n-1}`, or
     stacked under `blocks`, `models.layout.BLOCKS`): every family's block count."""
     if "blocks" in part:
-        return int(next(iter(jax.tree_util.tree_leaves(part["blocks"]))).shape[0])
+        return int(next(iter(part["blocks"].values())).shape[0])  # a leaf or its Rows
     return sum(1 for k in part if k.startswith("block_"))
 
 

@@ -39,7 +39,7 @@ from jaxmech.models.attention import rotate
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
 from jaxmech.models.precision import choose, einsum, matmul
-from jaxmech.models.scan import LAYER, in_place, scan_blocks
+from jaxmech.models.scan import LAYER, has_rows, in_place, scan_blocks
 
 POINTS = (
     "resid_pre",
@@ -316,11 +316,15 @@ def stack(lm, x, n_layers: int, first, site, block, after_block, cache, last_row
     on their own (with their `after_block`), the last one too under `last_row` (it runs
     the last row only), the others under one `lax.scan` (`models.scan.scan_blocks`).
     `first` may be traced (`Resume`): every block then runs, those before it skipped.
-    Low-precision weights on a CPU run unrolled (`models.scan.in_place`)."""
+    Low-precision weights on a CPU run unrolled (`models.scan.in_place`), but for their
+    rows (`layout.Rows`) under a traced `first`: scanned, each block's read by a switch."""
     static = is_static(first)
     end = n_layers - 1 if last_row else n_layers
     lo = first if static else 0
-    n_apart = n_apart if in_place(lm[layout.BLOCKS]) else end  # else all unrolled
+    # else all unrolled; rows (`layout.Rows`) under a traced `first` scan all the same:
+    # unrolled, every block would run for every layer (`where`) and compile apart
+    scan_rows = not static and has_rows(lm[layout.BLOCKS])
+    n_apart = n_apart if in_place(lm[layout.BLOCKS]) or scan_rows else end
     for i in range(lo, min(n_apart, end)):
         y = after_block(i, block(block_after(lm, i, x), x, site, i, cache(i), layer=i), False)
         x = y if static else jnp.where(i >= first, y, x)
@@ -343,9 +347,11 @@ def block_after(lm, i: int, x):
     """Block i's weights (`models.layout.block`) for an unrolled loop, sliced from the
     stack after `x` exists (`models.order.tie`) when they are low-precision: XLA's CPU
     backend copies each static slice, and untied it makes every block's copies at the
-    start (the MLP's too, which `after` leaves)."""
+    start (the MLP's too, which `after` leaves). Rows (`layout.Rows`, what a loaded
+    model holds there: `models.scan.held_apart`) are read as they are, no slice made."""
     w = layout.block(lm, i)
-    return tie(w, x) if layout.is_stacked(lm) and low_precision(w) else w
+    sliced = layout.is_stacked(lm) and not has_rows(lm[layout.BLOCKS])
+    return tie(w, x) if sliced and low_precision(w) else w
 
 
 def unembed(lm, x):

@@ -13,7 +13,8 @@ the function that maps a stored name in any of its layouts to the canonical one.
   the raw bytes), and each is cast, laid out and put on the devices before the next
   is read, so the weights are held once, in `dtype` (`Stored`); a stacked leaf (the
   LM's blocks, `models.layout.BLOCKS`: key-map paths `stacked_path`) is filled layer
-  by layer on the host and placed when full.
+  by layer on the host and placed when full, or, low-precision on a CPU, placed layer
+  by layer as its `models.layout.Rows` (`models.scan.held_apart`).
 * Placement: on one device when the params fit in its memory, else each matrix split
   over every device along an axis they divide (`place="auto"`; "one" or "shard" force
   either).
@@ -41,7 +42,8 @@ import ml_dtypes
 import numpy as np
 
 from jaxmech.config import ConfigError
-from jaxmech.models import precision
+from jaxmech.models import layout, precision
+from jaxmech.models.scan import held_apart
 
 DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16}
 PLACES = ("auto", "one", "shard")
@@ -211,7 +213,7 @@ def _put(params: dict, path: str, x, where) -> None:
     *parents, leaf = path.split("/")
     for p in parents:
         node = node.setdefault(p, {})
-    node[leaf] = jax.device_put(x, where)
+    node[leaf] = x if where is None else jax.device_put(x, where)
 
 
 def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto") -> dict:
@@ -220,7 +222,8 @@ def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto")
     read: on one device, or sharded over every device when they do not fit one
     (`place`: "auto", "one", "shard"). A stacked leaf (paths `stacked_path(p, i)`) is
     filled one layer at a time into one host array, placed when full, before the next
-    leaf is read: at most one leaf's layers are held twice."""
+    leaf is read: at most one leaf's layers are held twice. Low-precision on a CPU
+    (`models.scan.held_apart`) its layers are placed one by one as `layout.Rows`."""
     check_place(place)
     stored_shapes = {k.split("#")[0]: v[1] for k, v in m.items()}  # a fused tensor once
     n_bytes = sum(np.prod(shape) for shape in stored_shapes.values()) * np.dtype(dtype).itemsize
@@ -233,6 +236,9 @@ def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto")
     params: dict = {}
     for base, entries in groups.items():
         stacked = entries[0][0] is not None
+        if stacked and held_apart(dtype):
+            _put(params, base, _rows(stored, entries, dtype, devices, shard), None)
+            continue
         buf = None
         for i, key, transform in entries:
             x = transform(np.asarray(stored.array(key.split("#")[0]), dtype))
@@ -246,6 +252,16 @@ def place_params(stored: Stored, m: dict, dtype=np.float32, place: str = "auto")
         _put(params, base, buf, where)
         del buf
     return params
+
+
+def _rows(stored: Stored, entries: list, dtype, devices, shard: bool) -> layout.Rows:
+    """A stacked leaf's layers (`entries`: (index, stored key, transform)) each placed
+    as its own array (`models.scan.held_apart`), never stacked."""
+    rows = [None] * len(entries)
+    for i, key, transform in entries:
+        x = np.ascontiguousarray(transform(np.asarray(stored.array(key.split("#")[0]), dtype)))
+        rows[i] = jax.device_put(x, _sharding(x.shape, devices) if shard else devices[0])
+    return layout.Rows(rows)
 
 
 HEAD = "lm_head.weight"  # the unembedding's canonical name, in every family's key map

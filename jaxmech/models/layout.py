@@ -82,14 +82,58 @@ def stack_shapes(block: dict, n: int) -> dict:
     return {k: (n,) + tuple(s) for k, s in block.items()}
 
 
+@jax.tree_util.register_pytree_node_class
+class Rows:
+    """A stacked leaf [L, ...] held as its L rows, each its own array (a pytree whose
+    children are the rows): what low-precision weights on XLA's CPU backend run from
+    (`models.scan.apart`), where a slice of a stacked bf16 leaf is a copy of it. Reads
+    as the stacked leaf would: `shape` [L, ...], `dtype`, `rows[i]` by a Python int."""
+
+    def __init__(self, rows):
+        self.rows = tuple(rows)
+
+    def tree_flatten(self):
+        return self.rows, None
+
+    @classmethod
+    def tree_unflatten(cls, _, rows):
+        return cls(rows)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.rows),) + tuple(self.rows[0].shape)
+
+    @property
+    def dtype(self):
+        return self.rows[0].dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if not isinstance(i, (int, np.integer)):
+            raise TypeError(f"Rows[{i!r}]: a stacked leaf held as rows is read by a Python "
+                            "int (one block), not a traced index or a slice")  # fmt: skip
+        return self.rows[i]
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self.rows)} x {self.dtype}{list(self.shape[1:])})"
+
+
 def is_stacked(part) -> bool:
-    """Whether a model part holds its blocks stacked (`BLOCKS`)."""
+    """Whether a model part holds its blocks stacked (`BLOCKS`, as stacked leaves or
+    their `Rows`)."""
     return BLOCKS in part
 
 
 def block(part, i: int) -> dict:
-    """Block i's weights of a model part, stacked (`BLOCKS`: index i of each leaf) or
-    not (`part["block_{i}"]`): every reader of one block's weights goes through here."""
+    """Block i's weights of a model part, stacked (`BLOCKS`: index i of each leaf, or
+    row i of its `Rows`) or not (`part["block_{i}"]`): every reader of one block's
+    weights goes through here."""
     if BLOCKS in part:
         return {k: w[i] for k, w in part[BLOCKS].items()}
     return part[f"block_{i}"]

@@ -16,6 +16,10 @@ Inside the scan body a block names its sites with `LAYER` in place of its index
   `pattern` is never stacked over layers nobody asked for); both come back in
   `Sites.aux` under the per-layer names.
 
+Low-precision weights on a CPU are held as `layout.Rows` (one array a block,
+`held_apart`) and run unrolled; under a traced `Resume.layer` they scan too, each
+step's block picked by a `lax.switch` (`_row`).
+
 Axis names (`jaxmech.shapes`): L scanned blocks, K captured layers of one point.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxmech.models import layout
 from jaxmech.models.edits import apply_named
 from jaxmech.models.order import low_precision
 
@@ -69,17 +74,60 @@ class LayerSites:
 
 def in_place(stacked) -> bool:
     """Whether a scan can read these stacked weights one block at a time. Not so for
-    low-precision weights on XLA's CPU backend: it runs a bf16 / f16 dynamic slice in
-    float32, converting the whole stacked leaf before the loop (every block's float32
-    copy at once, what `models.order.tie` prevents; seen in the compiled HLO, with or
-    without the tie; slicing the bits as uint16 makes a whole copy of them instead).
-    Those blocks run unrolled (`models.decoder.stack`), each a static slice, tied."""
+    low-precision weights on XLA's CPU backend (`held_apart`): it runs a bf16 / f16
+    dynamic slice in float32, converting the whole stacked leaf before the loop (every
+    block's float32 copy at once, what `models.order.tie` prevents; seen in the
+    compiled HLO, with or without the tie; slicing the bits as uint16 makes a whole copy
+    of them instead). Nor for leaves held as `layout.Rows` (`has_rows`). Those blocks
+    run unrolled (`models.decoder.stack`)."""
+    if has_rows(stacked):
+        return False
     return jax.default_backend() != "cpu" or not low_precision(stacked)
 
 
+def has_rows(tree) -> bool:
+    """Whether any leaf of `tree` is held as `layout.Rows`."""
+    is_rows = lambda w: isinstance(w, layout.Rows)  # noqa: E731
+    return any(is_rows(w) for w in jax.tree_util.tree_leaves(tree, is_leaf=is_rows))
+
+
+def held_apart(dtype) -> bool:
+    """Whether stacked block weights of `dtype` are held as `layout.Rows` (one array a
+    block): low-precision ones on XLA's CPU backend, which runs their blocks unrolled
+    (`in_place`) and copies each static slice of a stacked bf16 leaf, one more pass
+    over every weight a forward (the Qwen2-VL-2B stand-in's bf16 forward 1.19x the
+    reference's, 1.07x with a leaf a block; BUILD_NOTES.md, Speed)."""
+    narrow = jnp.issubdtype(dtype, jnp.inexact) and jnp.dtype(dtype).itemsize < 4
+    return narrow and jax.default_backend() == "cpu"
+
+
+def apart(part: dict) -> dict:
+    """A model part (e.g. `params["lm"]`) with its stacked blocks' leaves held as
+    `layout.Rows` where `held_apart` (else `part` itself), sliced here, outside any
+    compiled program. The loader makes its rows directly (`models.hub.place_params`);
+    this serves params made otherwise. Drop `part` after: both hold the weights."""
+    blocks = part.get(layout.BLOCKS, {})
+    split = [k for k, w in blocks.items()
+             if not isinstance(w, layout.Rows) and held_apart(w.dtype)]  # fmt: skip
+    if not split:
+        return part
+    return {**part, layout.BLOCKS: blocks | {k: layout.Rows(list(blocks[k])) for k in split}}
+
+
 def _row(stacked: dict, i) -> dict:
-    """Block i's weights (i an int or traced) of stacked leaves, read in place."""
-    return {k: jax.lax.dynamic_index_in_dim(w, i, keepdims=False) for k, w in stacked.items()}
+    """Block i's weights (i an int or traced) of stacked leaves, read in place; of
+    `layout.Rows`, row i (a traced i: chosen by one `lax.switch`, a copy of the block's
+    weights, the price of one compiled block over rows)."""
+    rows = {k: w for k, w in stacked.items() if isinstance(w, layout.Rows)}
+    out = {k: jax.lax.dynamic_index_in_dim(w, i, keepdims=False)
+           for k, w in stacked.items() if k not in rows}  # fmt: skip
+    if not rows:
+        return out
+    if isinstance(i, int):
+        return out | {k: w[i] for k, w in rows.items()}
+    n = len(next(iter(rows.values())))
+    pick = [lambda j=j: {k: w[j] for k, w in rows.items()} for j in range(n)]
+    return out | jax.lax.switch(i, pick)
 
 
 def _edited_layers(edits, layers) -> dict:
@@ -131,7 +179,8 @@ def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=Non
     bufs0 = {b: jnp.zeros((len(ls),) + found[b].shape, found[b].dtype) for b, ls in some.items()}
     kept = {b: found[b] for b in every}
 
-    def run(w, x, bufs, i, e):
+    def run(x, bufs, i, e):
+        w = _row(stacked, i)  # in the taken branch: a skipped block reads nothing
         s = LayerSites(outer, i, edited, every, some, bufs)
         y = body(w, x, s, i, e)
         return y, s.bufs, s.keep
@@ -139,12 +188,11 @@ def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=Non
     def step(carry, inp):
         x, bufs = carry
         i, e = inp
-        w = _row(stacked, i)  # read in place, not a sliced copy of the stacked leaves
         if skip_before is None:
-            y, bufs, keep = run(w, x, bufs, i, e)
+            y, bufs, keep = run(x, bufs, i, e)
         else:
             zeros = {b: jnp.zeros(v.shape, v.dtype) for b, v in kept.items()}
-            y, bufs, keep = jax.lax.cond(i >= skip_before, lambda: run(w, x, bufs, i, e),
+            y, bufs, keep = jax.lax.cond(i >= skip_before, lambda: run(x, bufs, i, e),
                                          lambda: (x, bufs, zeros))  # fmt: skip
         return (y.astype(x.dtype), bufs), keep
 
