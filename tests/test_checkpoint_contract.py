@@ -17,10 +17,14 @@ For every registered checkpoint family (`families.registry.FAMILIES`, those with
   logits bit for bit, and a named capture holds those sites only, equal to the plain
   run's;
 - every refusal names what it refuses (bad `Edits` fields and sites, inputs of the
-  wrong shape, a bare string as `capture`, a processor asked the impossible).
+  wrong shape, a bare string as `capture`, a processor asked the impossible);
+- the params keep their layout: the loaded and the random params have exactly the
+  shapes `params.param_shapes` names and `params.n_params` counts the loaded leaves
+  (every checkpoint family's package has its `params.py`, `families.hf_vlm`).
 
 A new family is covered by one entry in `FIXTURES` (its fixture folders and how they
-store the reference's outputs); a registered checkpoint family without one, or a
+store the reference's outputs; a chat-template family with a square patch grid reuses
+`chat_encode`, `grid_identity` and `nchw`); a registered checkpoint family without one, or a
 `model_type` it reads with no fixture, fails `test_every_checkpoint_family_has_fixtures`
 by name. What is particular to one family (DeepStack's two sides, pixel shuffle, tiling,
 crop geometry, the position edits' effects) stays in its own test file.
@@ -34,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import glob
+import importlib
 import json
 import os
 import re
@@ -47,6 +52,7 @@ from PIL import Image
 
 import jaxmech
 from jaxmech.families.registry import FAMILIES, checkpoint_family
+from jaxmech.models import layout
 from jaxmech.models.edits import Edits
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -92,6 +98,44 @@ def as_levels(levels, settings, n: int):
     (divide, then subtract the mean, then divide by the std, in float32)."""
     mean, std = np.repeat(np.float32(settings.mean), n), np.repeat(np.float32(settings.std), n)
     return ((levels.astype(np.float64) / 255).astype(np.float32) - mean) / std
+
+
+def chat_encode(family: str, question):
+    """The `Fixtures.encode` of a family whose stored prompts are its chat template
+    around one question (`question(prompt)` cuts it out): the case's images and
+    questions through the handle, or the family's `encode_text` where no pixels are
+    stored."""
+
+    def encode(model, folder, case, ref):
+        qs = [question(str(t)) for t in ref["prompt"]]
+        if "pixel_values" not in ref:
+            processor = importlib.import_module(f"jaxmech.families.{family}.processor")
+            return processor.encode_text(model.processor, qs)
+        return model.encode(images(folder, case, len(qs)), qs)
+
+    return encode
+
+
+def grid_identity(family: str):
+    """The `Fixtures.identity` of a family with a square patch grid and one LM position
+    id per token: the grid's own rows and columns (`positions.patch_grid`), the image
+    tokens in order, the LM ids repeated on the three rows."""
+
+    def identity(model, x):
+        positions = importlib.import_module(f"jaxmech.families.{family}.positions")
+        rows, cols = positions.patch_grid(model.config.grid)
+        return dict(vit_rows=rows, vit_cols=cols, image_order=np.arange(x.image_BxI.shape[1]),
+                    lm_pos_ids=np.repeat(np.asarray(x.pos_BxS)[:, None], 3, 1))  # fmt: skip
+
+    return identity
+
+
+def nchw(pixels, config, want) -> tuple:
+    """(ours, the reference's): our [B, (T,) P, C p p] pixels as the reference's [B, C, H,
+    W] (or [B, 1, T, C, H, W]), `want` that array."""
+    g, p = config.grid, config.patch_size
+    px = np.asarray(pixels).reshape(-1, g, g, 3, p, p).transpose(0, 3, 1, 4, 2, 5)
+    return px.reshape(want.shape), want
 
 
 # ---- Qwen2-VL, Qwen2.5-VL, Qwen3-VL (families/qwen2_vl) ----------------------------
@@ -174,22 +218,10 @@ QWEN = Fixtures(
 # ---- LLaVA-1.5 (families/llava) ------------------------------------------------------
 
 
-def llava_encode(model, folder, case, ref):
-    from jaxmech.families.llava import processor
-
-    qs = [t.split("USER: ")[1].replace("<image>\n", "").rsplit(" ASSISTANT:", 1)[0]
-          for t in ref["prompt"]]  # fmt: skip
-    if "pixel_values" not in ref:
-        return processor.encode_text(model.processor, qs)
-    return model.encode(images(folder, case, len(qs)), qs)
-
-
 def llava_processed(model, ref, enc):
-    x, g, p = enc.inputs, model.config.grid, model.config.patch_size
-    out = {"pos_BxS": (x.pos_BxS, ref["position_ids"])}
-    if "pixel_values" in ref:  # ours [B, P, C p p] as the reference's [B, C, H, W]
-        nchw = np.asarray(x.pixels_BxPxF).reshape(-1, g, g, 3, p, p).transpose(0, 3, 1, 4, 2, 5)
-        out["pixels_BxPxF"] = (nchw.reshape(ref["pixel_values"].shape), ref["pixel_values"])
+    out = {"pos_BxS": (enc.inputs.pos_BxS, ref["position_ids"])}
+    if "pixel_values" in ref:
+        out["pixels_BxPxF"] = nchw(enc.inputs.pixels_BxPxF, model.config, ref["pixel_values"])
     return out
 
 
@@ -201,20 +233,14 @@ def llava_vision(config, ref):
     return out | {f"vit/resid_post.{config.vit_depth - 1}": vit[-1], "proj/out": ref["projected"]}
 
 
-def llava_identity(model, x):
-    from jaxmech.families.llava import positions
-
-    rows, cols = positions.patch_grid(model.config.grid)
-    return dict(vit_rows=rows, vit_cols=cols, image_order=np.arange(model.config.n_patches),
-                lm_pos_ids=np.repeat(np.asarray(x.pos_BxS)[:, None], 3, 1))  # fmt: skip
-
-
 LLAVA = Fixtures(
     folders={"llava/llava": "batch", "llava/llava_t5": "batch"},
-    encode=llava_encode,
+    encode=chat_encode(
+        "llava", lambda t: t.split("USER: ")[1].replace("<image>\n", "").rsplit(" ASSISTANT:", 1)[0]
+    ),
     processed=llava_processed,
     vision=llava_vision,
-    identity=llava_identity,
+    identity=grid_identity("llava"),
     unexpand=lambda p: re.sub(r"(<image>)+", "<image>", p),
 )
 
@@ -279,23 +305,11 @@ INTERNVL = Fixtures(
 # ---- Llama-3.2-Vision (families/mllama) ---------------------------------------------
 
 
-def mllama_encode(model, folder, case, ref):
-    from jaxmech.families.mllama import processor
-
-    qs = [t.split("<|end_header_id|>\n\n")[1].replace("<|image|>", "").split("<|eot_id|>")[0]
-          for t in ref["prompt"]]  # fmt: skip
-    if "pixel_values" not in ref:
-        return processor.encode_text(model.processor, qs)
-    return model.encode(images(folder, case, len(qs)), qs)
-
-
 def mllama_processed(model, ref, enc):
-    x, g, p = enc.inputs, model.config.grid, model.config.patch_size
+    x = enc.inputs
     out = {"pos_BxS": (x.pos_BxS, ref["position_ids"])}
-    if "pixel_values" in ref:  # ours [B, T, P, C p p] as the reference's [B, 1, T, C, H, W]
-        px = np.asarray(x.pixels_BxTxPxF).reshape(-1, x.pixels_BxTxPxF.shape[1], g, g, 3, p, p)
-        out |= {"pixels_BxTxPxF": (px.transpose(0, 1, 4, 2, 5, 3, 6).reshape(ref["pixel_values"].shape),
-                                   ref["pixel_values"]),
+    if "pixel_values" in ref:
+        out |= {"pixels_BxTxPxF": nchw(x.pixels_BxTxPxF, model.config, ref["pixel_values"]),
                 "aspect_B": (x.aspect_B, ref["aspect_ratio_ids"][:, 0]),
                 "tiles_BxT": (x.tiles_BxT, ref["aspect_ratio_mask"][:, 0].astype(bool)),
                 "xattn_BxSxT": (x.xattn_BxSxT, ref["cross_attention_mask"][:, :, 0].astype(bool))}  # fmt: skip
@@ -311,20 +325,17 @@ def mllama_vision(config, ref):
     return out | {f"vit_global/resid_post.{i}": h for i, h in enumerate(ref["vit_global"])}
 
 
-def mllama_identity(model, x):
-    from jaxmech.families.mllama import positions
-
-    rows, cols = positions.patch_grid(model.config.grid)
-    return dict(vit_rows=rows, vit_cols=cols, image_order=np.arange(x.image_BxI.shape[1]),
-                lm_pos_ids=np.repeat(np.asarray(x.pos_BxS)[:, None], 3, 1))  # fmt: skip
-
-
 MLLAMA = Fixtures(
     folders={"mllama/mllama": "batch", "mllama/mllama_t5": "batch"},
-    encode=mllama_encode,
+    encode=chat_encode(
+        "mllama",
+        lambda t: (
+            t.split("<|end_header_id|>\n\n")[1].replace("<|image|>", "").split("<|eot_id|>")[0]
+        ),
+    ),
     processed=mllama_processed,
     vision=mllama_vision,
-    identity=mllama_identity,
+    identity=grid_identity("mllama"),
     unexpand=lambda p: p,
 )
 
@@ -332,26 +343,15 @@ MLLAMA = Fixtures(
 # ---- Gemma-3 (families/gemma3) --------------------------------------------------------
 
 
-def gemma3_encode(model, folder, case, ref):
-    from jaxmech.families.gemma3 import processor
-
-    qs = [t.split("<start_of_turn>user\n")[1].replace("<start_of_image>", "")
-          .split("<end_of_turn>")[0] for t in ref["prompt"]]  # fmt: skip
-    if "pixel_values" not in ref:
-        return processor.encode_text(model.processor, qs)
-    return model.encode(images(folder, case, len(qs)), qs)
-
-
 def gemma3_processed(model, ref, enc):
-    x, g, p = enc.inputs, model.config.grid, model.config.patch_size
+    x = enc.inputs
     image = np.zeros(np.shape(x.valid_BxS), np.int64)  # the image block: token_type_ids
     for b, row in enumerate(np.asarray(x.image_BxI)):
         image[b, row] = 1
     out = {"pos_BxS": (x.pos_BxS, ref["position_ids"]),
            "token_type_ids": (image, ref["token_type_ids"])}  # fmt: skip
-    if "pixel_values" in ref:  # ours [B, P, C p p] as the reference's [B, C, H, W]
-        nchw = np.asarray(x.pixels_BxPxF).reshape(-1, g, g, 3, p, p).transpose(0, 3, 1, 4, 2, 5)
-        out["pixels_BxPxF"] = (nchw.reshape(ref["pixel_values"].shape), ref["pixel_values"])
+    if "pixel_values" in ref:
+        out["pixels_BxPxF"] = nchw(x.pixels_BxPxF, model.config, ref["pixel_values"])
     return out
 
 
@@ -363,20 +363,19 @@ def gemma3_vision(config, ref):
     return out | {f"vit/resid_post.{i}": vit[i + 1] for i in range(config.vit_depth)}
 
 
-def gemma3_identity(model, x):
-    from jaxmech.families.gemma3 import positions
-
-    rows, cols = positions.patch_grid(model.config.grid)
-    return dict(vit_rows=rows, vit_cols=cols, image_order=np.arange(model.config.mm_tokens),
-                lm_pos_ids=np.repeat(np.asarray(x.pos_BxS)[:, None], 3, 1))  # fmt: skip
-
-
 GEMMA3 = Fixtures(
     folders={"gemma3/gemma3": "batch", "gemma3/gemma3_t5": "batch"},
-    encode=gemma3_encode,
+    encode=chat_encode(
+        "gemma3",
+        lambda t: (
+            t.split("<start_of_turn>user\n")[1]
+            .replace("<start_of_image>", "")
+            .split("<end_of_turn>")[0]
+        ),
+    ),
     processed=gemma3_processed,
     vision=gemma3_vision,
-    identity=gemma3_identity,
+    identity=grid_identity("gemma3"),
     unexpand=lambda p: re.sub(
         r"\n\n<start_of_image>(<image_soft_token>)+<end_of_image>\n\n", "<start_of_image>", p
     ),
@@ -573,3 +572,17 @@ def test_refusals_name_what_they_refuse(folder):
         model.encode(["/nonexistent.png"], ["Is it?"])
     with pytest.raises(ValueError, match="images: 1 images for 2 questions"):
         model.encode(picture, ["Is it?", "Is it?"])
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_params_keep_their_layout(folder):
+    """The loaded params have exactly the shapes the family's `params.param_shapes` names,
+    random ones (`init_params`) the same tree and shapes, and `params.n_params` counts
+    the loaded leaves (tied embeddings once): the key map, the layout and the count agree."""
+    model, _, _ = opened(folder)
+    shapes = importlib.import_module(f"jaxmech.families.{model.family.name}.params")
+    want = jax.tree.map(tuple, shapes.param_shapes(model.config), is_leaf=layout.is_shape)
+    assert jax.tree.map(np.shape, model.params) == want
+    fresh = model.family.init_params(model.config, jax.random.PRNGKey(0))
+    assert jax.tree.map(np.shape, fresh) == want
+    assert shapes.n_params(model.config) == sum(np.size(a) for a in jax.tree.leaves(model.params))

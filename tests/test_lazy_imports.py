@@ -11,7 +11,9 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED = {"jaxmech.families.registry", "jaxmech.families.contract", "jaxmech.families.vlm_view"}
+# the shared modules; `families.hf_vlm`, the checkpoint families' kit, comes with any of them
+SHARED = {"jaxmech.families.registry", "jaxmech.families.contract", "jaxmech.families.vlm_view",
+          "jaxmech.families.hf_vlm"}  # fmt: skip
 FOLDER = REPO / "tests" / "fixtures" / "internvl" / "internvl"
 
 HELP = """import runpy

@@ -26,6 +26,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, int_in
+from jaxmech.families import hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
@@ -38,7 +39,7 @@ SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "imag
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma3Config:
+class Gemma3Config(hf_vlm.PatchGeometry):
     """One checkpoint's architecture (module docstring); defaults: a tiny Gemma-3."""
 
     # vision tower (SigLIP, no CLS, no head)
@@ -96,14 +97,8 @@ class Gemma3Config:
                  f"a square whose side divides the {self.grid} x {self.grid} patch grid")  # fmt: skip
         hf_config.check_heads(self)
 
-    @property
-    def grid(self) -> int:
-        """Patches per side of the ViT's input (64 for gemma-3's 896 px at 14 px)."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        return self.grid**2
+    # grid (64 for gemma-3's 896 px at 14 px), n_patches, vit_head_dim, patch_features:
+    # `hf_vlm.PatchGeometry`
 
     @property
     def token_grid(self) -> int:
@@ -114,15 +109,6 @@ class Gemma3Config:
     def pool(self) -> int:
         """The average pooling's kernel and stride, in patches (4 for gemma-3)."""
         return self.grid // self.token_grid
-
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
-
-    @property
-    def patch_features(self) -> int:
-        """One flattened patch's length: C x patch x patch, channel first."""
-        return self.vit_in_chans * self.patch_size**2
 
     def sliding(self, i: int) -> bool:
         """Whether LM layer i attends within the sliding window."""
@@ -179,10 +165,7 @@ def _text_fields(t: Mapping[str, Any]) -> dict:
                  "rope_theta": float(t.get("rope_local_base_freq", 10_000.0))}  # fmt: skip
     g_theta, g_factor = _rope(full, 1_000_000.0, "full_attention")
     l_theta, l_factor = _rope(local, 10_000.0, "sliding_attention")
-    return dict(lm_vocab=int(t["vocab_size"]), lm_width=int(t["hidden_size"]),
-                lm_layers=int(t["num_hidden_layers"]), lm_heads=int(t["num_attention_heads"]),
-                lm_kv_heads=int(t["num_key_value_heads"]), lm_head_dim=int(t["head_dim"]),
-                lm_mlp=int(t["intermediate_size"]), lm_eps=float(t["rms_norm_eps"]),
+    return hf_vlm.lm_fields(t) | dict(
                 lm_act=str(get(t, "hidden_activation", "hidden_act")),
                 lm_query_scale=float(t["query_pre_attn_scalar"]),
                 lm_window=int(t["sliding_window"]), lm_layer_types=_layers(t),

@@ -17,46 +17,15 @@ TransformerLens layout (`params.py`) on the devices.
 
 from __future__ import annotations
 
-import numpy as np
-
+from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.config import Gemma3Config, from_hf
 from jaxmech.families.gemma3.params import lm_layout
 from jaxmech.models import hub
-from jaxmech.models.hub import LoadError, T, heads_bias, heads_in, heads_out, same
+from jaxmech.models.hub import LoadError, same
 
 __all__ = ["LoadError", "canonical", "key_map", "load_checkpoint", "read_config"]
 
-# stored name prefix -> canonical prefix, first match wins (module docstring)
-PREFIXES = (
-    ("model.vision_tower.vision_model.", "vision."),
-    ("model.vision_tower.", "vision."),
-    ("vision_tower.vision_model.", "vision."),
-    ("vision_tower.", "vision."),
-    ("model.multi_modal_projector.", "proj."),
-    ("multi_modal_projector.", "proj."),
-    ("model.language_model.", "lm."),
-    ("language_model.model.", "lm."),
-    ("language_model.lm_head.", "lm_head."),
-    ("lm_head.", "lm_head."),
-)
-canonical = hub.prefix_renamer(PREFIXES)  # a stored name in any layout -> canonical (`key_map`)
-
-
-def _vit_block_map(c: Gemma3Config, i: int) -> dict:
-    E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
-    b, out = f"vision.encoder.layers.{i}.", f"vit/block_{i}/"
-    m = {}
-    for hf, ours in (("layer_norm1", "ln1"), ("layer_norm2", "ln2")):
-        m |= {b + f"{hf}.weight": (out + f"{ours}_w", (E,), same),
-              b + f"{hf}.bias": (out + f"{ours}_b", (E,), same)}  # fmt: skip
-    for w in "qkv":
-        m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
-        m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (E,), heads_bias(H, Dh))
-    m |= {b + "self_attn.out_proj.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
-          b + "self_attn.out_proj.bias": (out + "b_O", (E,), same),
-          b + "mlp.fc1.weight": (out + "W_in", (M, E), T), b + "mlp.fc1.bias": (out + "b_in", (M,), same),
-          b + "mlp.fc2.weight": (out + "W_out", (E, M), T), b + "mlp.fc2.bias": (out + "b_out", (E,), same)}  # fmt: skip
-    return m
+canonical = hub.prefix_renamer(hf_vlm.HUB_PREFIXES)  # a stored name -> canonical (`key_map`)
 
 
 def _lm_map(c: Gemma3Config) -> dict:
@@ -85,20 +54,10 @@ def key_map(c: Gemma3Config) -> dict:
          "vision.post_layernorm.weight": ("vit/ln_post_w", (E,), same),
          "vision.post_layernorm.bias": ("vit/ln_post_b", (E,), same)}  # fmt: skip
     for i in range(c.vit_depth):
-        m |= _vit_block_map(c, i)
+        m |= hf_vlm.clip_block_map(c, i)
     m |= {"proj.mm_soft_emb_norm.weight": ("proj/norm_w", (E,), same),
           "proj.mm_input_projection_weight": ("proj/W", (E, c.lm_width), same)}  # fmt: skip
     return m | _lm_map(c)
 
 
-def read_config(folder: str) -> Gemma3Config:
-    """The folder's config.json as a `Gemma3Config` (LoadError naming the path)."""
-    return hub.read_config(folder, from_hf)
-
-
-def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of a Gemma-3 checkpoint folder (module docstring;
-    `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one" or
-    "shard")."""
-    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
-                               key_map=key_map)  # fmt: skip
+read_config, load_checkpoint = hf_vlm.loaders("Gemma-3", from_hf, canonical, key_map)

@@ -56,6 +56,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.checks import check_edits, check_inputs
 from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.models import layout
@@ -327,11 +328,8 @@ def decode_step(c: Gemma3Config, params, inputs: Inputs, token_B, cache, valid_B
 
 def decoding(config: Gemma3Config) -> Decoding:
     """What `models.generate` needs: the forward (prefill) and Gemma-3's own step
-    (`decode_step`); `eps`, `act` and `angles` as the step reads them."""
-    freq = rotary(config, "full_attention")
-
-    def angles(inputs: Inputs, step):
-        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
-
+    (`decode_step`), the global layers' rotary for generated tokens
+    (`hf_vlm.text_decoding`)."""
     step = functools.partial(decode_step, config)
-    return Decoding(forward, config.lm_layers, config.lm_eps, config.lm_act, angles, step)
+    return hf_vlm.text_decoding(forward, config, rotary(config, "full_attention"), config.lm_act,
+                                step)  # fmt: skip

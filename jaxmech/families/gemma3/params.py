@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.models import layout
 
@@ -42,20 +43,10 @@ GEMMA_NORMS = ("ln1_w", "ln1_post_w", "ln2_w", "ln2_post_w", "q_norm_w", "k_norm
                "norm_w")  # fmt: skip
 
 
-def _vit_block(c: Gemma3Config) -> dict:
-    E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
-    s = {n: (E,) for n in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")}
-    for w in "QKV":
-        s |= {f"W_{w}": (H, E, Dh), f"b_{w}": (H, Dh)}
-    return s | {"W_O": (H, Dh, E), "b_O": (E,), "W_in": (E, M), "b_in": (M,), "W_out": (M, E),
-                "b_out": (E,)}  # fmt: skip
-
-
 def lm_layout(c: Gemma3Config) -> layout.LMLayout:
     """The Llama-layout part of the LM (q / k norms, no biases); the Gemma blocks' post
     norms are added beside it (`param_shapes`)."""
-    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
-                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qk_norm=True)  # fmt: skip
+    return hf_vlm.lm_layout(c, qk_norm=True)
 
 
 def param_shapes(c: Gemma3Config) -> dict:
@@ -63,7 +54,7 @@ def param_shapes(c: Gemma3Config) -> dict:
     E, D = c.vit_width, c.lm_width
     vit = {"W_patch": (c.patch_features, E), "b_patch": (E,), "pos": (c.n_patches, E),
            "ln_post_w": (E,), "ln_post_b": (E,)}  # fmt: skip
-    vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
+    vit |= {f"block_{i}": hf_vlm.clip_block_shapes(c) for i in range(c.vit_depth)}
     lm = layout.lm_shapes(lm_layout(c))
     post_norms = {"ln1_post_w": (D,), "ln2_post_w": (D,)}
     lm[layout.BLOCKS] |= layout.stack_shapes(post_norms, c.lm_layers)

@@ -32,10 +32,10 @@ import numpy as np
 
 from jaxmech.data import prompts
 from jaxmech.data.pixels import fused_pixel_table, read_image
-from jaxmech.data.resize import BACKENDS, resize_bicubic, resize_bilinear
+from jaxmech.data.resize import resize_bicubic, resize_bilinear
+from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.families.gemma3.model import Inputs
-from jaxmech.families.vlm_view import Spans
 from jaxmech.models.positions import text_ids
 
 BOS, PAD = "<bos>", "<pad>"
@@ -140,9 +140,7 @@ def load_processor(folder: str, config: Gemma3Config, resize: str | None = None)
     if tok.token_to_id(BOS) is None:
         raise ValueError(f"{path}: no {BOS} token")
     images = image_settings(folder)
-    if resize is not None and resize not in BACKENDS:
-        raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
-    images = images._replace(resize=resize or images.resize)
+    images = hf_vlm.with_resize(images, resize)
     if images.size_hw != (config.image_size, config.image_size):
         raise ValueError(f"{os.path.join(folder, 'preprocessor_config.json')}: images become "
                          f"{images.size_hw[0]} x {images.size_hw[1]} px, config.json's ViT reads "
@@ -197,29 +195,12 @@ def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
     texts, question_Bx2 = prompts.templated(
         questions, lambda q: chat_prompt(q, image).replace(BOI, image_sequence(n)), TAIL
     )
-    pad = proc.tokenizer.token_to_id(PAD)
-    rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad)
+    rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
     tokens, valid = rows.tokens_BxS, rows.valid_BxS
-    where = [np.flatnonzero((row == c.image_token_id) & ok) for row, ok in zip(tokens, valid)]
-    if any(len(w) != n for w in where):
-        raise ValueError(f"questions: expected {n} image tokens in each prompt, found "
-                         f"{sorted({len(w) for w in where})} (is {IMAGE} in a question?)")  # fmt: skip
-    image_BxI = np.stack(where).astype(np.int32).reshape(len(texts), n)
+    image_BxI = hf_vlm.image_rows(tokens, valid, c.image_token_id, n, IMAGE)
     inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
     return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2,
                    c.token_grid if n else 0, c.image_size)  # fmt: skip
 
 
-def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
-    """The VLM interface's `Spans` of an encoded batch: image tokens at their (0, row,
-    col) on the pooled token grid; `words` are each row's (first, second) object words
-    as they appear in its question; `cells` the (rows, cols) of the scene grid that
-    `cell_I` indexes (row-major)."""
-    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
-    g = enc.grid
-    r, c = np.divmod(np.arange(g * g), max(g, 1))
-    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
-    S = enc.offsets_BxSx2.shape[1]
-    return Spans(enc.inputs.image_BxI, np.stack([0 * r, r, c], 1).astype(np.int32),
-                 ((r * cells[0] // max(g, 1)) * cells[1] + c * cells[1] // max(g, 1)).astype(np.int32),
-                 xy[:, 0], xy[:, 1], question, np.full(len(xy), S - 1, np.int32))  # fmt: skip
+spans = hf_vlm.grid_spans  # image tokens at (0, row, col) of the pooled token grid

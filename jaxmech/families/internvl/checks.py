@@ -4,19 +4,17 @@ and shapes): shapes always (static, also under `jax.jit`), values only when conc
 
 from __future__ import annotations
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl.config import InternVLConfig
 from jaxmech.families.internvl.positions import tile_side
 from jaxmech.models import checks
 from jaxmech.models.checks import shape
-from jaxmech.models.decoder import POINTS, UNROTATED_POINTS, block_sites
 
 
 def site_names(c: InternVLConfig) -> tuple[str, ...]:
     """Every named site of `c`'s forward (`model` docstring), in order (no rotary in the
     ViT: no rot_q / rot_k there)."""
-    vit = block_sites("vit", c.vit_depth, UNROTATED_POINTS)
-    lm = block_sites("lm", c.lm_layers, POINTS)
-    return ("vit/embed", "vit/pos", *vit, "proj/in", "proj/out", "lm/embed", *lm, "lm/final")
+    return hf_vlm.lm_site_names(c, ("vit/embed", "vit/pos"), ("proj/in", "proj/out"))
 
 
 def check_inputs(inputs, c: InternVLConfig) -> None:
@@ -40,11 +38,8 @@ def check_inputs(inputs, c: InternVLConfig) -> None:
 
 def check_edits(edits, inputs, c: InternVLConfig) -> None:
     """Site names, and the position / order edits' shapes (and values when concrete)."""
-    examples = ("vit/pos", "proj/out", f"lm/resid_post.{c.lm_layers - 1}")
-    checks.check_names(edits, site_names(c), "InternVL", examples, "internvl")
-    B, S = shape(inputs.tokens_BxS)
     _, T, P, _ = shape(inputs.pixels_BxTxPxF)
-    checks.check_vit_positions(edits, [(P,)], " (one position per patch of a tile; "
-                               "positions enter once, at the input)")  # fmt: skip
-    checks.check_lm_pos_ids(edits.lm_pos_ids, B, S, one_id="InternVL")
-    checks.check_image_order(edits.image_order, T * P // 4)
+    why = " (one position per patch of a tile; positions enter once, at the input)"
+    examples = ("vit/pos", "proj/out", f"lm/resid_post.{c.lm_layers - 1}")
+    hf_vlm.check_edits(edits, inputs, c, site_names, "InternVL", "internvl", why,
+                       examples=examples, vit_shapes=[(P,)], n_image=T * P // 4)  # fmt: skip

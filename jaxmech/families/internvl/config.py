@@ -29,6 +29,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail
+from jaxmech.families import hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
@@ -42,7 +43,7 @@ SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "patc
 
 
 @dataclasses.dataclass(frozen=True)
-class InternVLConfig:
+class InternVLConfig(hf_vlm.PatchGeometry):
     """One checkpoint's architecture (module docstring); defaults: a tiny InternVL. Not a
     `config.ModelConfig`: a checkpoint family is loaded, not trained."""
 
@@ -84,19 +85,12 @@ class InternVLConfig:
                  f"an even number of patches of {self.patch_size} px per side")  # fmt: skip
         hf_config.check_heads(self)
 
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
+    # vit_head_dim, patch_features (588 at patch 14): `hf_vlm.PatchGeometry`
 
     @property
     def table_side(self) -> int:
         """The position table's side in patches (32 for InternViT-300M at 448 px)."""
         return self.image_size // self.patch_size
-
-    @property
-    def patch_features(self) -> int:
-        """One flattened patch's length: C x p x p (588 at patch 14)."""
-        return self.vit_in_chans * self.patch_size**2
 
     @property
     def proj_width(self) -> int:
@@ -166,16 +160,7 @@ def _text_fields(text: Mapping[str, Any]) -> dict:
         "text_config.use_sliding_window = true is not supported",
     )
     kind, theta = _rope(text)
-    width, heads = int(text["hidden_size"]), int(text["num_attention_heads"])
-    return dict(
-        lm_vocab=int(text["vocab_size"]),
-        lm_width=width,
-        lm_layers=int(text["num_hidden_layers"]),
-        lm_heads=heads,
-        lm_kv_heads=int(get(text, "num_key_value_heads", default=heads)),
-        lm_head_dim=int(get(text, "head_dim", default=width // heads)),
-        lm_mlp=int(text["intermediate_size"]),
-        lm_eps=float(get(text, "rms_norm_eps", default=1e-6)),
+    return hf_vlm.lm_fields(text) | dict(
         lm_rope_theta=theta,
         lm_rope_type=kind,
         lm_max_positions=int(get(text, "max_position_embeddings", default=32768)),

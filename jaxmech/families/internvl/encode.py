@@ -13,6 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxmech.data import prompts
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.model import Inputs
 from jaxmech.families.internvl.processor import (
@@ -82,8 +83,7 @@ def _encode(proc: Processor, pixels_BxTxPxF, grid, questions) -> Encoded:
     texts, question_Bx2 = prompts.templated(
         questions, lambda q: chat_prompt(q, n_image if T else None), TAIL
     )
-    pad = proc.tokenizer.token_to_id(PAD)
-    rows = prompts.token_rows(proc.tokenizer, texts, pad if pad is not None else 0)
+    rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
     context = proc.tokenizer.token_to_id(CONTEXT)
     image = [np.flatnonzero((r == context) & v) for r, v in zip(rows.tokens_BxS, rows.valid_BxS)]
     if any(len(i) != n_image for i in image):

@@ -3,14 +3,10 @@ registry and the model handle (`jaxmech.load`) know of it."""
 
 from __future__ import annotations
 
-import functools
-
-from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_forward
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import checks, encode, load, model, params, processor
 from jaxmech.families.internvl.config import MODEL_TYPES
 from jaxmech.families.internvl.view import checkpoint_view
-from jaxmech.models.decoder import next_token_logprobs
-from jaxmech.models.generate import generate
 from jaxmech.models.layout import authors_vit_mlp
 
 
@@ -27,24 +23,14 @@ def describe(c) -> str:
             f"{c.image_size} px, {c.lm_layers} LM blocks")  # fmt: skip
 
 
-FAMILY = CheckpointFamily(
-    name="internvl",
-    checkpoint_types=MODEL_TYPES,
-    read_config=load.read_config,
-    load=load.load_checkpoint,
-    init_params=params.init_params,
+FAMILY = hf_vlm.checkpoint_family(
+    "internvl",
+    MODEL_TYPES,
+    (load, params, checks, model, processor),
     view=checkpoint_view,
-    processor=processor.load_processor,
     encode=encode.encode,
-    tokenizer=lambda proc: proc.tokenizer,
-    next_token=functools.partial(next_token_logprobs, model.forward),
-    generate=functools.partial(generate, model.decoding),
     describe=describe,
     trainable=trainable,
-    forward=functools.partial(contract_forward, model.forward),
-    sites=lambda config, p=None: checks.site_names(config),
-    stand_in=None,
-    reports=tuple(r for r in VLM_REPORTS if r != "temporal_ids"),  # no video view
     authors_windows=(  # adversarial_steering.sh's CONFIG, for jaxmech.reports.steering
         (("internvl", 24, 896), ("internvl-1b", "OpenGVLab/InternVL3-1B-hf", (6, 16))),
         (("internvl", 28, 1536), ("internvl-2b", "OpenGVLab/InternVL3-2B-hf", (6, 16))),

@@ -18,8 +18,7 @@ returns `(config, params)` with params in TransformerLens layout (`params.py`).
 
 from __future__ import annotations
 
-import numpy as np
-
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl.config import InternVLConfig, from_hf
 from jaxmech.families.internvl.params import lm_layout
 from jaxmech.models import hub
@@ -101,14 +100,6 @@ PREFIXES = (  # stored prefix -> canonical, the longest first
 canonical = hub.prefix_renamer(PREFIXES)  # a stored name in either layout -> canonical (`key_map`)
 
 
-def read_config(folder: str) -> InternVLConfig:
-    """The folder's config.json as an `InternVLConfig` (LoadError naming the path)."""
-    return hub.read_config(folder, from_hf)
-
-
-def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of an InternVL -hf checkpoint folder (module docstring;
-    `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one" or
-    "shard"); a stored unembedding wins over config.json's tying."""
-    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
-                               key_map=key_map, stored_head_wins=True)  # fmt: skip
+# a stored unembedding wins over config.json's tying (as transformers)
+read_config, load_checkpoint = hf_vlm.loaders("InternVL -hf", from_hf, canonical, key_map,
+                                              stored_head_wins=True)  # fmt: skip

@@ -51,6 +51,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.checks import check_edits, check_inputs
 from jaxmech.families.internvl.config import InternVLConfig
@@ -69,7 +70,7 @@ from jaxmech.models.decoder import (
     run_lm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
-from jaxmech.models.generate import Decoding, continued_ids
+from jaxmech.models.generate import Decoding
 from jaxmech.models.positions import edited_ids, read_table, rotary_angles
 from jaxmech.models.precision import matmul
 
@@ -177,12 +178,6 @@ def image_features(params, inputs: Inputs, *, config: InternVLConfig) -> jax.Arr
 
 
 def decoding(config: InternVLConfig) -> Decoding:
-    """What `models.generate` needs of the LM: generated token k of a row at rotary id
-    m + 1 + k, m the row's largest prompt id (its real tokens counted on, as `generate`'s
-    position ids from the attention mask)."""
+    """What `models.generate` needs of the LM (`hf_vlm.text_decoding`)."""
     freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
-
-    def angles(inputs: Inputs, step):
-        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
-
-    return Decoding(forward, config.lm_layers, config.lm_eps, "silu", angles)
+    return hf_vlm.text_decoding(forward, config, freq, "silu")

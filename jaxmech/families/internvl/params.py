@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl.config import InternVLConfig
 from jaxmech.models import layout
 from jaxmech.models.layout import is_shape
@@ -45,8 +46,7 @@ def _vit_block(c: InternVLConfig) -> dict:
 
 def lm_layout(c: InternVLConfig) -> layout.LMLayout:
     """The Qwen2 LM's layout: q / k / v biases, no other."""
-    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
-                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=True)  # fmt: skip
+    return hf_vlm.lm_layout(c, qkv_bias=True)
 
 
 def param_shapes(c: InternVLConfig) -> dict:

@@ -37,7 +37,8 @@ import numpy as np
 
 from jaxmech.data import pixels, prompts
 from jaxmech.data.pixels import IMAGENET_MEAN, IMAGENET_STD, read_image
-from jaxmech.data.resize import BACKENDS, resize_bicubic
+from jaxmech.data.resize import resize_bicubic
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl.config import InternVLConfig
 
 START, END, CONTEXT, PAD = "<img>", "</img>", "<IMG_CONTEXT>", "<|endoftext|>"
@@ -171,10 +172,7 @@ def load_processor(folder: str, config: InternVLConfig, resize: str | None = Non
         if tok.token_to_id(t) is None:
             raise ValueError(f"{path}: no {t} token")
     images = image_settings(folder)
-    if resize is not None:
-        if resize not in BACKENDS:
-            raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
-        images = images._replace(resize=resize)
+    images = hf_vlm.with_resize(images, resize)
     if tiles is not None:
         images = images._replace(tiles=bool(tiles))
     check_settings(images, config)

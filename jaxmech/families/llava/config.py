@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, int_in
+from jaxmech.families import hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
@@ -33,7 +34,7 @@ SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "imag
 
 
 @dataclasses.dataclass(frozen=True)
-class LlavaConfig:
+class LlavaConfig(hf_vlm.PatchGeometry):
     """One checkpoint's architecture (module docstring); defaults: a tiny LLaVA. Not a
     `config.ModelConfig`: a checkpoint family is loaded, not trained."""
 
@@ -82,24 +83,8 @@ class LlavaConfig:
             fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
         hf_config.check_heads(self)
 
-    @property
-    def grid(self) -> int:
-        """Patches per side of the ViT's input (24 for LLaVA-1.5's 336 px at 14 px)."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        """P, the ViT's patch tokens (its CLS token not counted): the image tokens."""
-        return self.grid**2
-
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
-
-    @property
-    def patch_features(self) -> int:
-        """One flattened patch's length: C x patch x patch, channel first."""
-        return self.vit_in_chans * self.patch_size**2
+    # grid (24 for LLaVA-1.5's 336 px at 14 px), n_patches (the image tokens),
+    # vit_head_dim, patch_features: `hf_vlm.PatchGeometry`
 
     @property
     def feature_block(self) -> int:
@@ -155,14 +140,9 @@ def _vision_fields(raw: Mapping[str, Any]) -> dict:
 
 
 def _text_fields(t: Mapping[str, Any]) -> dict:
-    heads = int(t["num_attention_heads"])
-    width = int(t["hidden_size"])
-    return dict(lm_vocab=int(t["vocab_size"]), lm_width=width, lm_layers=int(t["num_hidden_layers"]),
-                lm_heads=heads, lm_kv_heads=int(get(t, "num_key_value_heads", default=heads)),
-                lm_head_dim=int(get(t, "head_dim", default=width // heads)),
-                lm_mlp=int(t["intermediate_size"]), lm_eps=float(t["rms_norm_eps"]),
-                lm_rope_theta=_rope_theta(t), lm_act=str(t["hidden_act"]),
-                lm_attention_bias=bool(t["attention_bias"]), lm_mlp_bias=bool(t["mlp_bias"]))  # fmt: skip
+    return hf_vlm.lm_fields(t) | dict(
+        lm_rope_theta=_rope_theta(t), lm_act=str(t["hidden_act"]),
+        lm_attention_bias=bool(t["attention_bias"]), lm_mlp_bias=bool(t["mlp_bias"]))  # fmt: skip
 
 
 def from_hf(raw: Mapping[str, Any]) -> LlavaConfig:

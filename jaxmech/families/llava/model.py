@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.llava import positions
 from jaxmech.families.llava.checks import check_edits, check_inputs
 from jaxmech.families.llava.config import LlavaConfig
@@ -63,7 +64,7 @@ from jaxmech.models.decoder import (
     run_lm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
-from jaxmech.models.generate import Decoding, continued_ids
+from jaxmech.models.generate import Decoding
 from jaxmech.models.positions import edited_ids, rotary_angles
 from jaxmech.models.precision import einsum, matmul
 
@@ -176,12 +177,6 @@ def image_features(params, inputs: Inputs, *, config: LlavaConfig) -> jax.Array:
 
 
 def decoding(config: LlavaConfig) -> Decoding:
-    """What `models.generate` needs of the LM: generated token k of a row at rotary id
-    m + 1 + k, m the row's largest prompt id (its real tokens counted on, as `generate`'s
-    position ids from the attention mask)."""
+    """What `models.generate` needs of the LM (`hf_vlm.text_decoding`)."""
     freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
-
-    def angles(inputs: Inputs, step):
-        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
-
-    return Decoding(forward, config.lm_layers, config.lm_eps, config.lm_act, angles)
+    return hf_vlm.text_decoding(forward, config, freq, config.lm_act)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.models import layout
 from jaxmech.models.layout import is_shape
@@ -35,21 +36,11 @@ from jaxmech.models.layout import is_shape
 __all__ = ["init_params", "is_shape", "lm_layout", "n_params", "n_stored", "param_shapes"]
 
 
-def _vit_block(c: LlavaConfig) -> dict:
-    E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
-    s = {n: (E,) for n in ("ln1_w", "ln1_b", "ln2_w", "ln2_b")}
-    for w in "QKV":
-        s |= {f"W_{w}": (H, E, Dh), f"b_{w}": (H, Dh)}
-    return s | {"W_O": (H, Dh, E), "b_O": (E,), "W_in": (E, M), "b_in": (M,), "W_out": (M, E),
-                "b_out": (E,)}  # fmt: skip
-
-
 def lm_layout(c: LlavaConfig) -> layout.LMLayout:
     """The Llama LM's layout: attention biases (q, k, v and o) and MLP biases where
     config.json says so."""
-    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
-                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=c.lm_attention_bias,
-                           o_bias=c.lm_attention_bias, mlp_bias=c.lm_mlp_bias)  # fmt: skip
+    bias = c.lm_attention_bias
+    return hf_vlm.lm_layout(c, qkv_bias=bias, o_bias=bias, mlp_bias=c.lm_mlp_bias)
 
 
 def param_shapes(c: LlavaConfig) -> dict:
@@ -57,7 +48,7 @@ def param_shapes(c: LlavaConfig) -> dict:
     E, D = c.vit_width, c.lm_width
     vit = {"W_patch": (c.patch_features, E), "cls": (E,), "pos": (1 + c.n_patches, E),
            "ln_pre_w": (E,), "ln_pre_b": (E,)}  # fmt: skip
-    vit |= {f"block_{i}": _vit_block(c) for i in range(c.vit_depth)}
+    vit |= {f"block_{i}": hf_vlm.clip_block_shapes(c) for i in range(c.vit_depth)}
     proj = {"W1": (E, D), "W2": (D, D)} | ({"b1": (D,), "b2": (D,)} if c.proj_bias else {})
     return {"vit": vit, "proj": proj, "lm": layout.lm_shapes(lm_layout(c))}
 

@@ -39,9 +39,9 @@ import numpy as np
 from jaxmech.data import prompts
 from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, fused_pixel_table, read_image
 from jaxmech.data.resize import BACKENDS, resize_bicubic
+from jaxmech.families import hf_vlm
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.families.llava.model import Inputs
-from jaxmech.families.vlm_view import Spans
 from jaxmech.models.positions import text_ids
 
 IMAGE, PAD = "<image>", "<pad>"
@@ -331,29 +331,12 @@ def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
     texts, question_Bx2 = prompts.templated(
         [cut(q) for q in questions], lambda q: template(q, image).replace(IMAGE, IMAGE * n), tail
     )
-    pad = proc.tokenizer.token_to_id(PAD)
-    rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad,
-                              add_special_tokens=True)  # fmt: skip
+    rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD, add_special_tokens=True)
     tokens, valid = rows.tokens_BxS, rows.valid_BxS
-    where = [np.flatnonzero((row == c.image_token_id) & ok) for row, ok in zip(tokens, valid)]
-    if any(len(w) != n for w in where):
-        raise ValueError(f"questions: expected {n} image tokens in each prompt, found "
-                         f"{sorted({len(w) for w in where})} (is {IMAGE} in a question?)")  # fmt: skip
-    image_BxI = np.stack(where).astype(np.int32).reshape(len(texts), n)
+    image_BxI = hf_vlm.image_rows(tokens, valid, c.image_token_id, n, IMAGE)
     inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
     return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2, c.grid if n else 0,
                    c.patch_size)  # fmt: skip
 
 
-def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
-    """The VLM interface's `Spans` of an encoded batch; `words` are each row's (first,
-    second) object words as they appear in its question; `cells` the (rows, cols) of the
-    scene grid that `cell_I` indexes (row-major)."""
-    xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
-    g = enc.grid
-    r, c = np.divmod(np.arange(g * g), max(g, 1))
-    question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
-    S = enc.offsets_BxSx2.shape[1]
-    return Spans(enc.inputs.image_BxI, np.stack([0 * r, r, c], 1).astype(np.int32),
-                 ((r * cells[0] // max(g, 1)) * cells[1] + c * cells[1] // max(g, 1)).astype(np.int32),
-                 xy[:, 0], xy[:, 1], question, np.full(len(xy), S - 1, np.int32))  # fmt: skip
+spans = hf_vlm.grid_spans  # image tokens at (0, row, col) of the patch grid

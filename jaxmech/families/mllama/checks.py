@@ -4,6 +4,7 @@ Errors name the argument."""
 
 from __future__ import annotations
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama.config import MllamaConfig
 from jaxmech.models import checks
 from jaxmech.models.checks import shape
@@ -39,10 +40,5 @@ def check_inputs(inputs, c: MllamaConfig) -> None:
 
 def check_edits(edits, inputs, c: MllamaConfig) -> None:
     """Site names, and the position / order edits' shapes (and values when concrete)."""
-    examples = ("vit/resid_pre.0", "proj/out", f"lm/resid_post.{c.lm_layers - 1}")
-    checks.check_names(edits, site_names(c), "mllama", examples, "mllama")
-    B, S = shape(inputs.tokens_BxS)
-    checks.check_vit_positions(edits, [(c.n_patches,)], ": the position each patch of a tile "
-                               "reads both position tables at")  # fmt: skip
-    checks.check_lm_pos_ids(edits.lm_pos_ids, B, S, one_id="mllama")
-    checks.check_image_order(edits.image_order, shape(inputs.image_BxI)[1])
+    why = ": the position each patch of a tile reads both position tables at"
+    hf_vlm.check_edits(edits, inputs, c, site_names, "mllama", "mllama", why)

@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, fail, int_in
+from jaxmech.families import hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
@@ -33,7 +34,7 @@ def aspect_ratios(max_tiles: int) -> tuple[tuple[int, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MllamaConfig:
+class MllamaConfig(hf_vlm.PatchGeometry):
     """One checkpoint's architecture (module docstring); defaults: the fixture's tiny one."""
 
     # vision tower
@@ -83,29 +84,15 @@ class MllamaConfig:
         if self.lm_width % self.lm_heads or self.lm_heads % self.lm_kv_heads:
             fail("lm_heads", self.lm_heads, "dividing lm_width, a multiple of lm_kv_heads")
 
-    @property
-    def grid(self) -> int:
-        """Patches per side of one tile."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        """Patches per tile (no CLS)."""
-        return self.grid**2
+    vit_in_chans = 3  # (not a field: RGB only, `from_hf`)
+    # grid and n_patches (one tile's, no CLS), vit_head_dim, patch_features:
+    # `hf_vlm.PatchGeometry`
 
     @property
     def tile_rows(self) -> int:
         """Rows per tile in the encoders: CLS + patches, padded to a multiple of 8."""
         n = self.n_patches + 1
         return n + (8 - n % 8) % 8
-
-    @property
-    def patch_features(self) -> int:
-        return 3 * self.patch_size**2
-
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
 
     @property
     def lm_head_dim(self) -> int:
@@ -168,17 +155,14 @@ def from_hf(raw: Mapping[str, Any]) -> MllamaConfig:
     if int(v["num_channels"]) != 3:
         raise ConfigError("config.json: vision_config num_channels must be 3")
     theta, llama3 = _rope(t)
-    width, heads = int(t["hidden_size"]), int(t["num_attention_heads"])
     c = MllamaConfig(
+        **hf_vlm.lm_fields(t, head_dim=False),
         vit_depth=int(v["num_hidden_layers"]), vit_global_depth=int(v["num_global_layers"]),
         vit_width=int(v["hidden_size"]), vit_heads=int(v["attention_heads"]),
         vit_mlp=int(v["intermediate_size"]), image_size=int(v["image_size"]),
         patch_size=int(v["patch_size"]), max_tiles=tiles, vit_eps=float(v["norm_eps"]),
         vit_act=str(v["hidden_act"]),
         intermediate=tuple(int(i) for i in v["intermediate_layers_indices"]),
-        lm_vocab=int(t["vocab_size"]), lm_width=width, lm_layers=int(t["num_hidden_layers"]),
-        lm_heads=heads, lm_kv_heads=int(get(t, "num_key_value_heads", default=heads)),
-        lm_mlp=int(t["intermediate_size"]), lm_eps=float(t["rms_norm_eps"]),
         lm_rope_theta=theta, lm_rope_llama3=llama3, lm_act=str(t["hidden_act"]),
         cross_layers=tuple(int(i) for i in t["cross_attention_layers"]),
         tie_embeddings=hf_config.tied(raw, t),

@@ -13,8 +13,7 @@ E].
 
 from __future__ import annotations
 
-import numpy as np
-
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama.config import MllamaConfig, from_hf
 from jaxmech.models import hub
 from jaxmech.models.hub import T, heads_in, heads_out, same
@@ -24,12 +23,7 @@ __all__ = ["canonical", "key_map", "load_checkpoint", "read_config"]
 PREFIXES = (
     ("model.vision_model.", "vision."),
     ("vision_model.", "vision."),
-    ("model.multi_modal_projector.", "proj."),
-    ("multi_modal_projector.", "proj."),
-    ("model.language_model.", "lm."),
-    ("language_model.model.", "lm."),
-    ("language_model.lm_head.", "lm_head."),
-    ("lm_head.", "lm_head."),
+    *hf_vlm.PROJ_LM_PREFIXES,
 )
 canonical = hub.prefix_renamer(PREFIXES)
 
@@ -116,13 +110,4 @@ def key_map(c: MllamaConfig) -> dict:
     return m
 
 
-def read_config(folder: str) -> MllamaConfig:
-    """The folder's config.json as an `MllamaConfig` (LoadError naming the path)."""
-    return hub.read_config(folder, from_hf)
-
-
-def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of an mllama checkpoint folder (module docstring;
-    `models.hub.load_checkpoint`)."""
-    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
-                               key_map=key_map)  # fmt: skip
+read_config, load_checkpoint = hf_vlm.loaders("mllama", from_hf, canonical, key_map)

@@ -63,6 +63,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama import positions
 from jaxmech.families.mllama.checks import check_edits, check_inputs
 from jaxmech.families.mllama.config import MllamaConfig
@@ -79,7 +80,7 @@ from jaxmech.models.decoder import (
     rms_norm,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
-from jaxmech.models.generate import Decoding, continued_ids
+from jaxmech.models.generate import Decoding
 from jaxmech.models.positions import edited_ids, rotary_angles
 from jaxmech.models.precision import einsum, matmul
 
@@ -255,11 +256,5 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Mllam
 
 
 def decoding(config: MllamaConfig) -> Decoding:
-    """What `models.generate` needs of the LM: generated token k of a row at rotary id
-    m + 1 + k, m the row's largest prompt id."""
-    freq = positions.lm_inv_freq(config)
-
-    def angles(inputs: Inputs, step):
-        return rotary_angles(continued_ids(inputs.pos_BxS, step)[:, None], freq)
-
-    return Decoding(forward, config.lm_layers, config.lm_eps, config.lm_act, angles)
+    """What `models.generate` needs of the LM (`hf_vlm.text_decoding`)."""
+    return hf_vlm.text_decoding(forward, config, positions.lm_inv_freq(config), config.lm_act)

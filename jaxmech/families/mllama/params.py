@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama.config import MllamaConfig
 from jaxmech.models import layout
 from jaxmech.models.layout import is_shape
@@ -41,9 +42,7 @@ def vit_block(c: MllamaConfig, gated: bool) -> dict:
 
 
 def lm_block(c: MllamaConfig, i: int) -> dict:
-    lay = layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
-                          c.lm_layers, c.lm_vocab + 8, c.tie_embeddings)  # fmt: skip
-    s = layout.decoder_block_shapes(lay)
+    s = layout.decoder_block_shapes(hf_vlm.lm_layout(c, vocab=c.lm_vocab + 8))
     if i in c.cross_layers:
         s |= {"q_norm_w": (c.lm_head_dim,), "k_norm_w": (c.lm_head_dim,), "attn_gate": (1,),
               "mlp_gate": (1,)}  # fmt: skip

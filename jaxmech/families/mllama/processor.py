@@ -46,6 +46,7 @@ import numpy as np
 
 from jaxmech.data import prompts
 from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, pixel_table, read_image
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama.config import MllamaConfig, aspect_ratios
 from jaxmech.families.mllama.model import Inputs
 from jaxmech.models.positions import text_ids
@@ -189,8 +190,7 @@ def encode_text(proc: Processor, questions) -> Encoded:
 def _encode(proc: Processor, pixels, aspect_B, n_tiles, questions) -> Encoded:
     c, T = proc.config, pixels.shape[1]
     texts, question_Bx2 = prompts.templated(questions, lambda q: chat_prompt(q, T > 0), TAIL)
-    pad = proc.tokenizer.token_to_id(PAD)
-    rows = prompts.token_rows(proc.tokenizer, texts, 0 if pad is None else pad)
+    rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
     tokens, valid = rows.tokens_BxS, rows.valid_BxS
     B, S = tokens.shape
     where = [np.flatnonzero((row == c.image_token_id) & ok) for row, ok in zip(tokens, valid)]

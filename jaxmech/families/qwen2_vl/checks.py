@@ -4,6 +4,7 @@ shapes): shapes always (static, also under `jax.jit`), values only when concrete
 
 from __future__ import annotations
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.models import checks
 from jaxmech.models.checks import shape
@@ -46,12 +47,10 @@ def check_inputs(inputs, c: QwenVLConfig) -> None:
 
 def check_edits(edits, inputs, c: QwenVLConfig) -> None:
     """Site names, and the position / order edits' shapes (and values when concrete)."""
-    examples = ("vit/resid_pre.0", "merger/out", f"lm/resid_post.{c.lm_layers - 1}")
-    checks.check_names(edits, site_names(c), "Qwen-VL", examples, "qwen2_vl")
-    B, S = shape(inputs.tokens_BxS)
     P = shape(inputs.pixels_BxPxF)[1]
     n = c.vit_depth + bool(c.vit_pos_table)  # the table, then every block
     per = " (the position table's row, then one per block)" if c.vit_pos_table else ""
-    checks.check_vit_positions(edits, [(P,), (n, P)], per)
-    checks.check_lm_pos_ids(edits.lm_pos_ids, B, S)
-    checks.check_image_order(edits.image_order, P // c.merge_size**2)
+    examples = ("vit/resid_pre.0", "merger/out", f"lm/resid_post.{c.lm_layers - 1}")
+    hf_vlm.check_edits(edits, inputs, c, site_names, "Qwen-VL", "qwen2_vl", per,
+                       examples=examples, vit_shapes=[(P,), (n, P)], n_image=P // c.merge_size**2,
+                       one_id=False)  # fmt: skip

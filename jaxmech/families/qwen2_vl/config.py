@@ -39,6 +39,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, float_in, int_in
+from jaxmech.families import hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
@@ -282,17 +283,10 @@ def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
     text = {**raw, **(raw.get("text_config") or {})}
     vision = raw.get("vision_config") or {}
     width = int(text["hidden_size"])
-    heads = int(text["num_attention_heads"])
     return QwenVLConfig(
         variant=variant,
         **_vision_fields(variant, vision, width),
-        lm_vocab=int(text["vocab_size"]),
-        lm_width=width,
-        lm_layers=int(text["num_hidden_layers"]),
-        lm_heads=heads,
-        lm_kv_heads=int(get(text, "num_key_value_heads", default=heads)),
-        lm_mlp=int(text["intermediate_size"]),
-        lm_eps=float(get(text, "rms_norm_eps", default=1e-6)),
+        **hf_vlm.lm_fields(text, head_dim=False),
         lm_rope_theta=_rope_theta(text),
         lm_mrope_section=_mrope_section(text),
         **(_qwen3_text(text) if variant == "qwen3_vl" else {}),

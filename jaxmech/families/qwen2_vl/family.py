@@ -6,16 +6,14 @@ are config fields the forward reads (`config` docstring)."""
 
 from __future__ import annotations
 
-import functools
 import os
 
-from jaxmech.families.contract import CheckpointFamily, StandIn, contract_forward
+from jaxmech.families import hf_vlm
+from jaxmech.families.contract import VLM_REPORTS, StandIn
 from jaxmech.families.qwen2_vl import checks, load, model, params, processor
 from jaxmech.families.qwen2_vl import stand_in as stand_ins
 from jaxmech.families.qwen2_vl.config import VARIANTS
 from jaxmech.families.qwen2_vl.view import checkpoint_view
-from jaxmech.models.decoder import next_token_logprobs
-from jaxmech.models.generate import generate
 from jaxmech.models.layout import authors_vit_mlp
 
 
@@ -28,22 +26,14 @@ def trainable(p) -> str:
     return "+".join(authors_vit_mlp(p))
 
 
-FAMILY = CheckpointFamily(
-    name="qwen2_vl",
-    checkpoint_types=VARIANTS,
-    read_config=load.read_config,
-    load=load.load_checkpoint,
-    init_params=params.init_params,
+FAMILY = hf_vlm.checkpoint_family(
+    "qwen2_vl",
+    VARIANTS,
+    (load, params, checks, model, processor),
     view=checkpoint_view,
-    processor=processor.load_processor,
-    encode=processor.encode,
-    tokenizer=lambda proc: proc.tokenizer,
-    next_token=functools.partial(next_token_logprobs, model.forward),
-    generate=functools.partial(generate, model.decoding),
     describe=lambda c: f"{c.variant}, {c.lm_layers} LM blocks",
     trainable=trainable,
-    forward=functools.partial(contract_forward, model.forward),
-    sites=lambda config, p=None: checks.site_names(config),
+    reports=VLM_REPORTS,  # with videos: temporal_ids too
     stand_in=StandIn(
         stand_ins.BENCH_CONFIGS,
         stand_ins.word_tokenizer,

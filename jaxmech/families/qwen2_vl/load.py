@@ -18,8 +18,7 @@ TransformerLens layout (`params.py`) on the devices.
 
 from __future__ import annotations
 
-import numpy as np
-
+from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl.config import QwenVLConfig, from_hf
 from jaxmech.families.qwen2_vl.params import lm_layout
 from jaxmech.models import hub
@@ -128,14 +127,6 @@ PREFIXES = (  # stored prefix -> canonical, first match wins
 canonical = hub.prefix_renamer(PREFIXES)  # a stored name in either layout -> canonical (`key_map`)
 
 
-def read_config(folder: str) -> QwenVLConfig:
-    """The folder's config.json as a `QwenVLConfig` (LoadError naming the path)."""
-    return hub.read_config(folder, from_hf)
-
-
-def load_checkpoint(folder: str, dtype=np.float32, place: str = "auto"):
-    """(config, params) of a Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint folder (module
-    docstring; `models.hub.load_checkpoint`: `dtype` the params', `place` "auto", "one"
-    or "shard"); some tied checkpoints store the unembedding's copy, which is ignored."""
-    return hub.load_checkpoint(folder, dtype, place, from_hf=from_hf, canonical=canonical,
-                               key_map=key_map)  # fmt: skip
+# some tied checkpoints store the unembedding's copy, which is ignored
+read_config, load_checkpoint = hf_vlm.loaders("Qwen2-VL / Qwen2.5-VL / Qwen3-VL", from_hf,
+                                              canonical, key_map)  # fmt: skip

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.models import layout
 from jaxmech.models.layout import is_shape
@@ -58,9 +59,7 @@ def _vit_block(c: QwenVLConfig) -> dict:
 
 def lm_layout(c: QwenVLConfig) -> layout.LMLayout:
     """The LM's layout: Qwen2's q / k / v biases, or Qwen3's q / k norms."""
-    return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
-                           c.lm_layers, c.lm_vocab, c.tie_embeddings, qkv_bias=c.lm_qkv_bias,
-                           qk_norm=c.lm_qk_norm)  # fmt: skip
+    return hf_vlm.lm_layout(c, qkv_bias=c.lm_qkv_bias, qk_norm=c.lm_qk_norm)
 
 
 def _merger(c: QwenVLConfig, post_shuffle: bool = False) -> dict:

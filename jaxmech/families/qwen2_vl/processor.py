@@ -40,7 +40,8 @@ import numpy as np
 
 from jaxmech.data import pixels, prompts
 from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, read_image
-from jaxmech.data.resize import BACKENDS, resize_bicubic
+from jaxmech.data.resize import resize_bicubic
+from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
 from jaxmech.families.qwen2_vl.model import Inputs
@@ -225,10 +226,7 @@ def load_processor(folder: str, config: QwenVLConfig, resize: str | None = None)
     prompts.check_token_id(tok, path, VIDEO_PAD, config.video_token_id, "video_token_id",
                            optional=True)  # fmt: skip
     images = image_settings(folder)
-    if resize is not None:
-        if resize not in BACKENDS:
-            raise ValueError(f"resize = {resize!r}: expected one of {', '.join(BACKENDS)}")
-        images = images._replace(resize=resize)
+    images = hf_vlm.with_resize(images, resize)
     videos = image_settings(folder, video=True)._replace(frames_in_budget=config.video_timestamps)
     return Processor(tok, images, config, videos)
 
@@ -347,8 +345,7 @@ def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: i
         return text if pad is None else text.replace(block, _vision_text(pad, n, stamps))
 
     texts, question_Bx2 = prompts.templated(questions, template, TAIL)
-    pad_tok = proc.tokenizer.token_to_id(PAD)
-    rows = prompts.token_rows(proc.tokenizer, texts, pad_tok if pad_tok is not None else 0)
+    rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
     per_frame = stamps is not None
     inputs = _inputs(c, rows.tokens_BxS, rows.valid_BxS, patches_BxPxF, grid, pad_id, interval,
                      per_frame)  # fmt: skip
