@@ -19,7 +19,8 @@ On a dataset's photographs instead of drawn scenes (README: where each is publis
         --questions_from=coco_spatial --data=COCO --out=runs/qwen2vl_2b
 
 `--protocol=authors` judges greedy replies of `--max_new_tokens` tokens (default 250,
-their `num_generate`) where the family can generate (LLaVA), else the top next token.
+their `num_generate`) where the family's view can generate (LLaVA, Qwen2/2.5/3-VL,
+InternVL, Gemma-3), else the top next token.
 """
 
 from absl import app, flags

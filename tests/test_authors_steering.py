@@ -258,9 +258,10 @@ def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     question's own relation's words and left 632, 885 out). Its replies are generated
     (`report(max_new_tokens=N_NEW)`, the view's `generate`, N_NEW of their 250 tokens)
     and judged as theirs: each question's control and steered verdicts equal theirs.
-    What it cannot tell apart: their norm every occurrence's (no object word in these
-    replies) and their IDs their canvases' (no verdict changes here). Slow: the report's ID probes and factorial steering on the
-    32-block model (~9 min on 2 busy cores)."""
+    What it cannot tell apart: their norm over every occurrence in prompt and reply
+    (`reports.steering.reply_norms`, computed, but no object word occurs in these
+    replies) and their IDs their canvases' (no verdict changes here). Slow: the report's
+    ID probes and factorial steering on the 32-block model (~9 min on 2 busy cores)."""
     from jaxmech.reports import steering
     from jaxmech.reports.driver import analyse_subject
     from jaxmech.reports.subjects import open_checkpoint

@@ -51,6 +51,21 @@ def questions(name: str, prompts) -> list[str]:
             for t in prompts]  # fmt: skip
 
 
+ENCODE = {"qwen": qwen_processor.encode, "llava": llava_processor.encode,
+          "internvl": internvl_encode.encode}  # fmt: skip
+
+
+def encode_images(name: str, case: str, proc, codes: bool = False):
+    """The case's two images and the reference's questions encoded by `proc` (`codes`:
+    the pixels as uint8 levels, as a view renders them)."""
+    family_dir, _ = CASES[name, case]
+    folder = os.path.join(FIXTURES, family_dir, name)
+    images = [os.path.join(FIXTURES, family_dir, f"{case}{i}.png") for i in range(2)]
+    prompts = np.load(os.path.join(folder, "reference.npz"))[f"{case}/prompt"]
+    encode = ENCODE["qwen" if name.startswith("qwen") else name]
+    return encode(proc, images, questions(name, prompts), codes=codes)
+
+
 def fixture(name: str, case: str | None = None):
     """(the model handle, the case's encoding (default: the checkpoint's image case), the
     reference's generations)."""
@@ -63,20 +78,17 @@ def _fixture(name: str, case: str):
     folder = os.path.join(FIXTURES, family_dir, name)
     family, config, params = load_checkpoint(folder)
     ref = np.load(os.path.join(folder, "reference.npz"))
-    images = [os.path.join(FIXTURES, family_dir, f"{case}{i}.png") for i in range(2)]
     if name.startswith("qwen"):  # the Qwen fixtures were written by the PIL backend
         proc = qwen_processor.load_processor(folder, config, resize="pil")
-        if with_image:
-            enc = qwen_processor.encode(proc, images, questions(name, ref[f"{case}/prompt"]))
-        else:
-            enc = qwen_processor.encode_text(proc, list(ref[f"{case}/questions"]))
     elif name == "llava":
         proc = llava_processor.load_processor(folder, config)
-        enc = llava_processor.encode(proc, images, questions(name, ref[f"{case}/prompt"]))
     else:
         proc = internvl_processor.load_processor(folder, config)
         proc = proc._replace(images=proc.images._replace(size=int(ref[f"{case}/tile"])))
-        enc = internvl_encode.encode(proc, images, questions(name, ref[f"{case}/prompt"]))
+    if with_image:
+        enc = encode_images(name, case, proc)
+    else:
+        enc = qwen_processor.encode_text(proc, list(ref[f"{case}/questions"]))
     gref = np.load(os.path.join(folder, "generate_reference.npz"))
     gref = {k.split("/", 1)[1]: gref[k] for k in gref.files if k.startswith(f"{case}/")}
     np.testing.assert_array_equal(enc.inputs.tokens_BxS, gref["input_ids"])
@@ -260,3 +272,114 @@ def test_sequences_for_the_verdict():
     for b, s in enumerate(seqs):
         assert len(s) == valid[b].sum() + out.n_B[b]
         assert s[-1] == int(ref["stop_eos"])
+
+
+# the views' scenes on each fixture: the size its processor keeps as drawn on a 2 x 2 grid
+VIEW_SIZES = {"qwen2_vl": 112, "qwen2_5_vl": 112, "qwen3_vl": 128, "internvl": None,
+              "gemma3": 56}  # fmt: skip
+
+
+def gemma_fixture():
+    """(the Gemma-3 fixture's handle, its batch case encoded as uint8 codes, the
+    reference's generations): `tests/test_gemma3.py`'s case (its reference is not
+    `CASES`' layout)."""
+    from jaxmech.families.gemma3 import processor as gemma_processor
+
+    folder = os.path.join(FIXTURES, "gemma3", "gemma3")
+    family, config, params = load_checkpoint(folder)
+    proc = gemma_processor.load_processor(folder, config)
+    prompts = np.load(os.path.join(folder, "reference.npz"))["batch/prompt"]
+    asked = [t.split("<start_of_turn>user\n")[1].replace("<start_of_image>", "")
+             .split("<end_of_turn>")[0] for t in prompts]  # fmt: skip
+    images = [os.path.join(FIXTURES, "gemma3", f"batch{i}.png") for i in range(2)]
+    codes = gemma_processor.encode(proc, images, asked, codes=True)
+    gref = np.load(os.path.join(folder, "generate_reference.npz"))
+    gref = {k.split("/", 1)[1]: gref[k] for k in gref.files}
+    np.testing.assert_array_equal(codes.inputs.tokens_BxS, gref["input_ids"])
+    return Model(family, config, params, folder, proc), codes, gref
+
+
+@functools.lru_cache(maxsize=None)
+def view_case(name: str):
+    """(the handle, its checkpoint view (`family.view`, the authors' wording), the
+    image case's prompts encoded as a view renders them (`codes=True`: uint8 levels),
+    the reference's generations) of fixture `name`."""
+    from jaxmech.data.spec import Grid
+
+    if name == "gemma3":
+        m, codes, ref = gemma_fixture()
+    else:
+        m, _, ref = fixture(name)
+        codes = encode_images(name, MAIN[name], m.processor, codes=True)
+    view = m.family.view(m.folder, m.config, Grid(2, 2), VIEW_SIZES[name], wording="authors")
+    return m, view, codes, ref
+
+
+@pytest.mark.parametrize("name", list(VIEW_SIZES))
+def test_the_views_generate_equals_reference(name):
+    """A checkpoint view's `generate` (`vlm_view.generate_rendered`: a rendered batch's
+    uint8 pixel codes decoded as the view's forward does, then `models.generate` with
+    the folder's end-of-sequence and pad ids) on the fixture's prompts encoded as a
+    view renders them (`codes=True`): the reference's greedy tokens and per-step
+    logits (TOL), none of the folder's end-of-sequence ids among them."""
+    m, view, codes, ref = view_case(name)
+    assert {x.dtype for x in jax.tree.leaves(codes.inputs)} >= {np.dtype(np.uint8)}
+    out = view.generate(m.params, codes.inputs, max_new_tokens=8, logits=True)
+    eos, pad = gen.generation_ids(m.folder)
+    assert not np.isin(ref["tokens"], eos).any()  # so the folder's ids stop no row early
+    assert_tokens(out.tokens_BxN, ref["tokens"], pad)
+    n = ref["logits"].shape[1]
+    np.testing.assert_allclose(out.logits_BxNxV[:, :n], ref["logits"], atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", pytest.param("internvl", marks=pytest.mark.slow)])
+def test_a_steer_of_zero_strength_keeps_the_views_reply(name):
+    """The authors' steering on the view's replies (`analysis.steering.steered_replies`
+    on the fixture's prompts, two of the question's tokens as X's and Y's words): at
+    scale 0 (their hooks adding zeros) every reply is the unsteered `generate`'s, its
+    per-step logits within TOL; at their 5 x the words' norms the logits move (the edit
+    reaches the reply; the fixture's tokens are too robust to change). 8 tokens:
+    `test_the_views_generate_equals_reference`'s compiled programs. InternVL's slow (its
+    generation is the reference's above; ~10 s of its own compiles)."""
+    from jaxmech.analysis import steering as st
+    from jaxmech.families.vlm_view import Examples, Spans
+
+    m, view, codes, _ = view_case(name)
+    view = view._replace(generate=functools.partial(view.generate, logits=True))
+    inputs = codes.inputs
+    S = inputs.tokens_BxS.shape[1]
+    words = np.full(2, S - 9), np.full(2, S - 7)  # real tokens of both left-padded rows
+    spans = Spans(None, None, None, *words, np.ones((2, S), bool), np.full(2, S - 1))
+    ex = Examples(None, inputs, spans, np.zeros(2, np.int32), np.zeros(2, np.int32))
+    control = view.generate(m.params, inputs, max_new_tokens=8)
+    clean = jax.jit(lambda params: st.unsteered(view, params, ex))(m.params)
+    D = clean[1]["lm/resid_pre.1"].shape[-1]
+    delta = jax.random.normal(jax.random.PRNGKey(0), (view.grid.cells, D))
+    src, dst = np.zeros(2, np.int32), np.full(2, view.grid.cells - 1, np.int32)
+    steer = functools.partial(st.steered_replies, view, m.params, ex, 1, delta, src, dst, 8,
+                              clean)  # fmt: skip
+    zero, five = steer(scale=0.0), steer(scale=5.0)
+    np.testing.assert_array_equal(zero.tokens_BxN, control.tokens_BxN)
+    np.testing.assert_allclose(zero.logits_BxNxV, control.logits_BxNxV, atol=TOL, rtol=TOL)
+    assert np.abs(five.logits_BxNxV - control.logits_BxNxV).max() > 100 * TOL
+
+
+@pytest.mark.parametrize("name", ["qwen2_vl", pytest.param("internvl", marks=pytest.mark.slow),
+                                  "gemma3"])  # fmt: skip
+def test_a_forward_on_the_prompt_and_reply_reads_the_generated_rows(name):
+    """`vlm_view.with_reply` (the prompts with 7 generated tokens appended, position ids
+    continued as generation places them: M-RoPE's [B, 3, S] and the 1-D [B, S]): the
+    view's forward on it gives at its last row the logits generation chose token 8
+    from (TOL), so the states a forward reads at a reply's rows are the generation's.
+    (8 tokens: `test_the_views_generate_equals_reference`'s compiled programs.) Qwen's
+    M-RoPE ids and Gemma-3's 1-D ids with sliding-window layers in the suite; InternVL's
+    (1-D, as Gemma-3's) slow."""
+    from jaxmech.families.vlm_view import with_reply
+
+    m, view, codes, _ = view_case(name)
+    out = view.generate(m.params, codes.inputs, max_new_tokens=8, logits=True)
+    forward = jax.jit(lambda params, inputs: view.forward(params, inputs)[0])
+    logits = forward(m.params, with_reply(codes.inputs, out.tokens_BxN[:, :7]))
+    np.testing.assert_allclose(logits, out.logits_BxNxV[:, 7], atol=TOL, rtol=TOL)
+    with pytest.raises(ValueError, match="inputs: expected"):
+        with_reply(codes, out.tokens_BxN)

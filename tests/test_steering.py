@@ -207,14 +207,15 @@ def test_the_authors_steering_window_is_found_by_model_type_and_lm_size(tmp_path
 
 def test_the_authors_steering_asks_questions_without_boxes():
     """The authors' corner steering reads no box: under their protocol every question of
-    a photograph batch is steered (CV-Bench's have no boxes), `boxed` marking the ones
-    the box-based tables may read; jaxmech's keeps the boxed ones only (here none)."""
+    a photograph batch is steered (the CV-Bench sample's: 3 with both boxes, 2 without),
+    `boxed` marking the ones the box-based tables may read; jaxmech's keeps the boxed
+    ones only."""
     import os
 
     from jaxmech.reports.subjects import open_checkpoint
 
     here = os.path.join(os.path.dirname(__file__), "fixtures")
-    for protocol, kept in (("authors", 5), ("jaxmech", 0)):
+    for protocol, kept in (("authors", 5), ("jaxmech", 3)):
         run = open_checkpoint(os.path.join(here, "qwen2_vl", "qwen2_vl"), grid=(2, 2),
                               size=112, batch=4, layers=(1,), protocol=protocol,
                               questions_from="cvbench",
@@ -223,10 +224,10 @@ def test_the_authors_steering_asks_questions_without_boxes():
         got = [report.steered_questions(run, b, protocol)
                for b in run.subject.question_batches(run, (0, 1))]  # fmt: skip
         assert sum(len(ex.answer_B) for ex, *_ in got) == kept
-        assert not any(boxed.any() for *_, boxed in got)
+        assert sum(boxed.sum() for *_, boxed in got) == 3
         for ex, source, target, boxed in got:
             assert len(source) == len(target) == len(boxed) == len(ex.answer_B)
-            assert (source == 0).all() and (target == 0).all()
+            assert (source[~boxed] == 0).all() and (target[~boxed] == 0).all()
     # drawn scenes under the authors' protocol: every cell known, as jaxmech steers them
     run = open_checkpoint(os.path.join(here, "qwen2_vl", "qwen2_vl"), grid=(2, 2), size=112,
                           questions=4, batch=4, layers=(1,), protocol="authors",
@@ -237,6 +238,104 @@ def test_the_authors_steering_asks_questions_without_boxes():
     assert boxed.all() and len(ex.answer_B) == len(ex_j.answer_B) == 8
     np.testing.assert_array_equal(source, source_j)
     np.testing.assert_array_equal(target, target_j)
+
+
+def test_the_authors_protocol_generates_replies_on_qwen_and_internvl():
+    """The authors' steering reads generated replies (`report.generates`) on a
+    Qwen2-VL and an InternVL checkpoint as on LLaVA: their views offer `generate`;
+    jaxmech's protocol keeps the top next token."""
+    from jaxmech.reports.subjects import open_checkpoint
+
+    here = os.path.join(os.path.dirname(__file__), "fixtures")
+    for folder, size in (("qwen2_vl/qwen2_vl", 112), ("internvl/internvl", None)):
+        for protocol in ("authors", "jaxmech"):
+            run = open_checkpoint(os.path.join(here, folder), grid=(2, 2), size=size,
+                                  questions=2, layers=(1,), protocol=protocol,
+                                  log=lambda *_: None)  # fmt: skip
+            assert report.generates(run) == (protocol == "authors"), (folder, protocol)
+
+
+@pytest.mark.slow
+def test_the_authors_steering_report_judges_qwen_replies(tmp_path):
+    """`--protocol=authors --max_new_tokens=2` on the Qwen2-VL fixture (drawn scenes)
+    runs the reply path: the answer read is a greedy reply, each question's control
+    verdict is their verdict (`judge_reply`) on the view's own greedy reply to it, and
+    a flip is a verdict change. Slow: the whole report (~2 min on 2 busy cores)."""
+    from jaxmech.data.spec import first_word
+    from jaxmech.models.generate import judge_reply, sequences
+    from jaxmech.reports.driver import analyse_subject
+    from jaxmech.reports.subjects import open_checkpoint
+
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+    run = open_checkpoint(folder, grid=(2, 2), size=112, questions=4, batch=4, layers=(1,),
+                          protocol="authors", log=lambda *_: None)  # fmt: skip
+    res = analyse_subject(report.report(max_new_tokens=2), run, str(tmp_path),
+                          log=lambda *_: None)["res"]  # fmt: skip
+    assert res["answer_read"].startswith("a greedy reply of 2 tokens")
+    verdicts = np.asarray(res["authors"]["verdict"])[0]  # [1 + sites, B]
+    np.testing.assert_array_equal(res["authors"]["reply_flip"][0], verdicts[1:] != verdicts[:1])
+    (batch,) = run.subject.question_batches(run, (0, 1))
+    ex = report.steered_questions(run, batch, "authors")[0]
+    params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+    g = batch.view.generate(params, ex.inputs, max_new_tokens=2)
+    tok = report.checkpoint_tokenizer(run)
+    words = {0: ("left", "right"), 1: ("above", "below")}
+    first = np.asarray(first_word(batch.view.grid, ex.spec))
+    want = [judge_reply(tok, q, *(words[int(r)] if f else words[int(r)][::-1]))
+            for q, r, f in zip(sequences(ex, g), ex.spec.relation_B, first)]  # fmt: skip
+    assert verdicts[0].tolist() == want
+
+
+def test_occurrence_norms_stack_every_read_occurrence():
+    """`occurrence_norms`: the norm of the word's states stacked over every read row
+    whose token is the word's (their `.norm(p=2)` of [occurrences, D]); one occurrence:
+    its state's norm."""
+    rng = np.random.default_rng(0)
+    resid = rng.normal(size=(2, 6, 3)).astype(np.float32)
+    tokens = np.array([[4, 7, 4, 9, 4, 4], [1, 2, 3, 5, 6, 8]])
+    read = np.array([[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]], bool)
+    got = report.occurrence_norms(resid, tokens, read, np.array([0, 2]))
+    want0 = np.sqrt(sum(np.sum(resid[0, t] ** 2) for t in (0, 2, 4)))  # row 5 not read
+    np.testing.assert_allclose(got, [want0, np.linalg.norm(resid[1, 2])], rtol=1e-6)
+
+
+def test_the_authors_norm_counts_the_word_in_the_reply():
+    """`reply_norms` (the authors' steering norm, `adversarial_steering.py` 126-133) on
+    the Qwen2-VL fixture: a reply without X's token gives each word's prompt state's
+    norm (`unsteered`'s); X's token fed back in the reply adds its state there
+    (norm^2 grows by that row's |h|^2); the reply's last token (never fed back) and the
+    tokens after a row's end add nothing."""
+    from jaxmech.data.spec import Grid, pair_questions
+    from jaxmech.families import load_checkpoint
+    from jaxmech.families.qwen2_vl.view import checkpoint_view
+    from jaxmech.families.vlm_view import rows_at
+    from jaxmech.models.generate import Generation
+
+    folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
+    _, config, params = load_checkpoint(folder)
+    view = checkpoint_view(folder, config, Grid(2, 2), 112, wording="authors")
+    specs = pair_questions(view.grid, 2, 6, view.n_colours, seed=1)["examples"]  # known words
+    ex = examples(view, specs)
+    B, sites = len(ex.answer_B), (1,)
+    tokens = np.asarray(ex.inputs.tokens_BxS)
+    x_tok = tokens[np.arange(B), np.asarray(ex.spans.x_B)]
+    assert ((tokens == x_tok[:, None]).sum(1) == 1).all()  # X's token once in each prompt
+    clean = jax.jit(lambda p: st.unsteered(view, p, ex)[1]["lm/resid_pre.1"])(params)
+    prompt = [np.linalg.norm(rows_at(clean, w), axis=-1) for w in (ex.spans.x_B, ex.spans.y_B)]
+    other = np.full((B, 3), 0, np.int32)  # token 0: not an object word here
+    assert not np.isin(0, np.concatenate([x_tok, tokens[np.arange(B), ex.spans.y_B]]))
+    states = report.reply_states(view, sites)  # compiled once for the three calls below
+    plain = report.reply_norms(states, params, ex, Generation(other, np.full(B, 3), None))
+    for got, want in zip(plain[1], prompt):
+        np.testing.assert_allclose(got, want, rtol=1e-4)
+    with_x = np.stack([x_tok, other[:, 0], x_tok], 1)  # X fed back once: the last never is
+    got = report.reply_norms(states, params, ex, Generation(with_x, np.full(B, 3), None))
+    h = states(params, ex.inputs, with_x[:, :2])[1]  # the state of X fed back
+    extra = np.sum(np.asarray(h)[:, -2] ** 2, -1)
+    np.testing.assert_allclose(got[1][0] ** 2, prompt[0] ** 2 + extra, rtol=1e-4)
+    np.testing.assert_allclose(got[1][1], prompt[1], rtol=1e-4)
+    ended = report.reply_norms(states, params, ex, Generation(with_x, np.full(B, 1), None))
+    np.testing.assert_allclose(ended[1][0], prompt[0], rtol=1e-4)  # stopped at its first
 
 
 def test_the_authors_rate_pools_both_relations_as_theirs():

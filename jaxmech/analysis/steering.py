@@ -260,18 +260,21 @@ def direction_corners(d_B, grid_h: int, grid_w: int):
 
 
 def steered_replies(view: VLMView, params, ex, site: int, delta_LxD, source_B, target_B,
-                    max_new_tokens: int, clean, scale: float = AUTHORS_SCALE):  # fmt: skip
+                    max_new_tokens: int, clean, scale: float = AUTHORS_SCALE,
+                    norms=None):  # fmt: skip
     """The greedy replies (`view.generate`'s `Generation`) with the authors' steering at
     `site` on the prompt's forward (their hooks: X's word moved `scale` x its own norm
     towards `target_B`, Y's the other way, `authors_margins`' ID vectors); `clean`: the
-    examples' `unsteered` forward, whose residual gives the norms."""
+    examples' `unsteered` forward, whose residual gives the norms; `norms`: (X's, Y's)
+    [B] norms to use instead (the authors' over prompt and reply: `reports.steering`)."""
     resid = clean[1][f"lm/resid_pre.{site}"]
     words = (ex.spans.x_B, ex.spans.y_B)
+    if norms is None:  # each word's state in the prompt
+        norms = [jnp.linalg.norm(rows_at(resid, w), axis=-1) for w in words]
     add = sum(
-        at_word(sign * authors_vectors(delta_LxD, source_B, target_B,
-                                       jnp.linalg.norm(rows_at(resid, w), axis=-1), scale),
-                w, ex.spans.length)
-        for sign, w in zip((1.0, -1.0), words)
+        at_word(sign * authors_vectors(delta_LxD, source_B, target_B, n, scale), w,
+                ex.spans.length)
+        for sign, w, n in zip((1.0, -1.0), words, norms)
     )  # fmt: skip
     edits = Edits(add={f"lm/resid_pre.{site}": add})
     return view.generate(params, ex.inputs, max_new_tokens=max_new_tokens, edits=edits)

@@ -48,9 +48,11 @@ family's own modules. A family's view:
                                   from a run whose intermediates `aux` hold the sites
                                   `cache_sites` (a causal LM's key / value cache); a
                                   patch then costs only the rows and blocks after it
-  generate(params, inputs, *, max_new_tokens, edits=None) -> models.generate.Generation
+  generate(params, inputs, *, max_new_tokens, edits=None, logits=False)
                                 optional (None: not offered): greedy replies to rendered
-                                  `inputs`, `edits` on the prompt's forward only
+                                  `inputs` (a `models.generate.Generation`), `edits` on
+                                  the prompt's forward only; a checkpoint's is
+                                  `generate_rendered` bound to its family's `decoding`
   render_images(images, questions, words) -> (inputs, spans)
                                 optional (None: drawn scenes only): photographs (uint8
                                   [H, W, 3] arrays of one `image_grid`) asked `questions`
@@ -87,6 +89,7 @@ V vocabulary.
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -94,6 +97,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.spec import PRESENCE, Grid, SceneSpec, first_word
+from jaxmech.models import generate as gen
 
 
 class Spans(NamedTuple):
@@ -158,6 +162,45 @@ def placed(inputs, spans: Spans):
     freed: a report holds its rendered inputs once."""
     first = np.argmax(np.asarray(inputs.valid_BxS), 1).astype(np.int32)
     return jax.device_put(inputs), spans._replace(first_B=first)
+
+
+def generate_rendered(decoding, config, folder: str, decode, params, inputs, *,
+                      max_new_tokens: int, edits=None, logits: bool = False):  # fmt: skip
+    """Greedy replies (`models.generate.generate`: a `Generation`, the folder's
+    end-of-sequence and pad ids) to a view's rendered batch `inputs`, `decode(inputs)`
+    first (its uint8 pixel codes to the model's pixels, as the view's forward does);
+    `edits` act on the prompt's forward only (the authors' steering hooks); `logits`:
+    each step's logits too. A checkpoint view's `generate`, bound to the family's
+    `decoding`, config, folder and decode."""
+    encoded = types.SimpleNamespace(inputs=decode(inputs))  # what `generate` reads of one
+    return gen.generate(decoding, config, params, encoded, max_new_tokens=max_new_tokens,
+                        edits=edits, logits=logits, folder=folder)  # fmt: skip
+
+
+def with_reply(inputs, tokens_BxN):
+    """A checkpoint view's rendered batch `inputs` (rows left-padded) with tokens_BxN
+    appended to every row: real tokens whose position ids continue as generation places
+    them (`models.generate.continued_ids`: new token k at the prompt's largest id + 1 +
+    k, on every row of M-RoPE's three). A forward on it computes at each prompt and new
+    row what the cached generation of those tokens computed there (rows are causal), so
+    the states of a reply can be read. Raises ValueError naming `inputs` where it has no
+    position ids (`pos_BxS` / `pos_Bx3xS`)."""
+    name = next((f for f in ("pos_Bx3xS", "pos_BxS") if f in getattr(inputs, "_fields", ())), None)
+    if name is None:
+        raise ValueError(f"inputs: expected a checkpoint view's rendered batch with pos_BxS or "
+                         f"pos_Bx3xS, got {type(inputs).__name__}")  # fmt: skip
+    new = jnp.asarray(tokens_BxN, jnp.int32)
+    if new.shape[1] == 0:
+        return inputs
+    pos = jnp.asarray(getattr(inputs, name))
+    ids = jnp.stack([gen.continued_ids(pos, k) for k in range(new.shape[1])], -1)  # [B, N]
+    ids = ids[:, None].repeat(3, 1) if pos.ndim == 3 else ids
+    return inputs._replace(**{
+        "tokens_BxS": jnp.concatenate([jnp.asarray(inputs.tokens_BxS), new], 1),
+        "valid_BxS": jnp.concatenate([jnp.asarray(inputs.valid_BxS, bool),
+                                      jnp.ones(new.shape, bool)], 1),
+        name: jnp.concatenate([pos, ids.astype(pos.dtype)], -1),
+    })  # fmt: skip
 
 
 def one_image_grid(view: VLMView) -> VLMView:

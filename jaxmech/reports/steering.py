@@ -34,8 +34,9 @@ greedy reply of `--max_new_tokens` tokens (default theirs, 250) where the view o
 `generate` (`Replies`: the ID steering's flip is a change of their verdict, correct /
 wrong / nonsense, `compute_coco_stats.py`; the noise / orthogonal controls stay sign
 changes of the margin), else on the top next token (`vocabulary_directions`); the
-summary's `answer_read` says which. The norm over the word's every occurrence in prompt
-and reply is not reproduced (the prompt's).
+summary's `answer_read` says which. With generated replies each word's steering norm is
+theirs (`reply_norms`: its control states over every occurrence of its token in the
+prompt and the reply); with the top next token, the prompt state's.
 
 Writes into `RUN/steering/` (every row also names its `examples` and `model_group`):
   flips.csv     model, site, relation, kind, alpha, flip_rate, n_right, rel_norm
@@ -64,6 +65,7 @@ from jaxmech.analysis.steering import (
 )
 from jaxmech.data.spec import RELATIONS
 from jaxmech.families.registry import FAMILIES
+from jaxmech.families.vlm_view import with_reply
 from jaxmech.models.generate import reply_text, sequences, text_verdict
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
@@ -251,9 +253,10 @@ class Replies:
     `compute_coco_stats.py`) on one checkpoint: the control reply of each question
     (greedy, `max_new_tokens`), the direction their response test reads in it
     (`corners`: `analysis.steering.direction_corners`), and `steered`: the replies
-    with the ID steering at each site, a flip where the verdict (`judge_reply`: correct
-    / wrong / nonsense) differs from the control's. Generated `probe_rows` questions
-    at a time."""
+    with the ID steering at each site, each word moved by `st.AUTHORS_SCALE` x its norm
+    over prompt and control reply (`reply_norms`), a flip where the verdict
+    (`judge_reply`: correct / wrong / nonsense) differs from the control's. Generated
+    `probe_rows` questions at a time."""
 
     def __init__(self, run: LoadedRun, view, ex, max_new_tokens: int):
         import jax
@@ -267,10 +270,11 @@ class Replies:
         rel = np.asarray(ex.spec.relation_B)
         pairs = [st.REPLY_WORDS[2 * int(r) : 2 * int(r) + 2] for r in rel]
         self.words = [p if f else p[::-1] for p, f in zip(pairs, first)]  # (correct, wrong)
-        texts = []
+        texts, self.generations = [], []
         for c in self.chunks:
             g = view.generate(self.params, c.inputs, max_new_tokens=self.n)
             texts += [reply_text(self.tok, q) for q in self.sequences(c, g)]
+            self.generations.append(g)
         self.texts, self.control = texts, self.verdicts(texts)
         self.corners = st.direction_corners(st.token_directions(texts), *view.grid)
 
@@ -290,11 +294,14 @@ class Replies:
         src, dst, _ = (np.asarray(x) for x in self.corners)
         rows = np.cumsum([0] + [len(c.answer_B) for c in self.chunks])
         texts = {y: [] for y in sites}
-        for c, lo, hi in zip(self.chunks, rows[:-1], rows[1:]):
-            clean = st.unsteered(self.view, self.params, c)  # the norms of every site
+        states = reply_states(self.view, sites)
+        for c, control, lo, hi in zip(self.chunks, self.generations, rows[:-1], rows[1:]):
+            clean = st.unsteered(self.view, self.params, c)  # the prompt at every site
+            norms = reply_norms(states, self.params, c, control)
             for y in sites:
                 g = st.steered_replies(self.view, self.params, c, y, delta_YxLxD[y],
-                                       src[lo:hi], dst[lo:hi], self.n, clean)  # fmt: skip
+                                       src[lo:hi], dst[lo:hi], self.n, clean,
+                                       norms=norms[y])  # fmt: skip
                 texts[y] += [reply_text(self.tok, q) for q in self.sequences(c, g)]
         verdicts = [self.control] + [self.verdicts(texts[y]) for y in sites]
         for y, v in zip(sites, verdicts[1:]):
@@ -302,6 +309,51 @@ class Replies:
                 "changed verdict")  # fmt: skip
         v = np.stack(verdicts)
         return {"reply_flip": (v[1:] != v[:1])[None], "verdict": v[None]}
+
+
+def reply_states(view, sites):
+    """A compiled (params, inputs, fed_BxN) -> {y: [B, S + N, D] `lm/resid_pre.{y}`} for
+    each site y: the residual of the prompts `inputs` with the tokens `fed_BxN`
+    appended (`vlm_view.with_reply`), rows causal, as a cached generation of them
+    computed it. One program per shape: the report's chunks share it."""
+    import jax
+
+    # these sites only: every block's states over a 250-token reply are GBs at 7B
+    names = tuple(f"lm/resid_pre.{y}" for y in sites)
+
+    def states(params, inputs, fed_BxN):
+        aux = view.forward(params, with_reply(inputs, fed_BxN), capture=names)[1]
+        return {y: aux[name] for y, name in zip(sites, names)}
+
+    return jax.jit(states)
+
+
+def reply_norms(states, params, ex, control) -> dict:
+    """{y: ([B] X's, [B] Y's norm)} the authors' steering norms at each site y of
+    `states` (`reply_states`), `adversarial_steering.py` 126-133 over `extract_embeds`'
+    states: the Frobenius norm of the control run's `lm/resid_pre.{y}` over every
+    occurrence of the word's token (its last sub-token, `spans.x_B` / `y_B`) in the
+    prompt and the reply `control` (a `Generation`) up to its end, each reply token but
+    the last (their generation's states stop there: it is never fed back)."""
+    tokens_BxN, n_B = np.asarray(control.tokens_BxN), np.asarray(control.n_B)
+    fed = tokens_BxN[:, :-1]  # the tokens whose states their generation has
+    read = np.concatenate([np.asarray(ex.inputs.valid_BxS, bool),
+                           np.arange(fed.shape[1])[None] < n_B[:, None] - 1], 1)  # fmt: skip
+    tokens = np.concatenate([np.asarray(ex.inputs.tokens_BxS), fed], 1)
+    resid = states(params, ex.inputs, fed)
+    return {y: tuple(occurrence_norms(r, tokens, read, w) for w in (ex.spans.x_B, ex.spans.y_B))
+            for y, r in resid.items()}  # fmt: skip
+
+
+def occurrence_norms(resid_BxTxD, tokens_BxT, read_BxT, word_B) -> np.ndarray:
+    """[B] float32 sqrt(sum of |resid[b, t]|^2 over the rows t read (`read_BxT`) whose
+    token is the token at word_B[b]): the norm of a word's states stacked over its every
+    occurrence, as the authors' `.norm(p=2)` of an [occurrences, D] stack."""
+    tokens = np.asarray(tokens_BxT)
+    word = tokens[np.arange(len(tokens)), np.asarray(word_B)]
+    hit = np.asarray(read_BxT, bool) & (tokens == word[:, None])
+    sq = np.sum(np.square(np.asarray(resid_BxTxD, np.float32)), -1)
+    return np.sqrt(np.sum(np.where(hit, sq, 0.0), 1)).astype(np.float32)
 
 
 def vocabulary_directions(run: LoadedRun) -> np.ndarray:
@@ -449,9 +501,10 @@ def summarise_authors(ar: dict, log, sites, against: str = "truth") -> dict:
     """The authors' steering: per site the flip rates with their intervals (over
     questions for a checkpoint) and the top-site mean per relation, 95% CI over
     models."""
-    how = ("against the model's own answer (its top token read by their reply test: right "
-           "/ left / above / below, whatever the relation), corner IDs, decisive ones counted"
-           if against == "answer" else "X towards the far edge beyond Y, every example")  # fmt: skip
+    how = ("against the model's own answer (read by their reply test: right / left / above "
+           "/ below, whatever the relation; the line after says what it read), corner IDs, "
+           "decisive ones counted" if against == "answer" else
+           "X towards the far edge beyond Y, every example")  # fmt: skip
     log(f"\nthe authors' steering: {st.AUTHORS_SCALE:g} x |h| at both object words, each "
         f"site alone, {how}; a flip: the answer changed")  # fmt: skip
     out = {}

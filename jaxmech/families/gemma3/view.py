@@ -34,7 +34,7 @@ from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.gemma3 import model, positions, processor
 from jaxmech.families.gemma3.config import Gemma3Config
-from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
+from jaxmech.families.vlm_view import VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models.decoder import RESUME_SITES, answer_forward
 from jaxmech.models.positions import view_ids
 
@@ -78,14 +78,19 @@ def render_text(proc: processor.Processor, grid: Grid, questions, words):
     return _placed(enc, [tuple(w) for w in words], grid)
 
 
+def decode(config: Gemma3Config, table, inputs):
+    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
+    (`data.pixels.decoded`), as `forward` reads them."""
+    return decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+
+
 def forward(config: Gemma3Config, table, params, inputs, edits=None, capture=False,
             resume=None):  # fmt: skip
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
     row (`models.decoder.answer_forward`), rendered uint8 levels normalised by `table`
-    first (`data.pixels.decoded`)."""
-    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+    first (`decode`)."""
     return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, inputs, edits, capture, resume)  # fmt: skip
+                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: Gemma3Config, table, params, inputs, layer, start, x_BxTxD, aux):
@@ -114,6 +119,7 @@ def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: 
     check_size(config, grid, size)
     proc = processor.load_processor(folder, config)
     table = processor.pixel_table(proc.images)
+    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
     g = config.grid
     view = VLMView(
         name="gemma3",
@@ -131,6 +137,7 @@ def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: 
         vit_blocks=lambda params: 0,
         position_basis=lambda params: positions.position_basis(params, config),
         forward_from=functools.partial(forward_from, config, table),
+        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
         resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, proc, grid),

@@ -28,6 +28,9 @@ token's blocks as packed, where the picture's mirror (image_w) also swaps them.
 block order: the pixel shuffle of the table. `lm_position_ids` are the 1-D rotary ids
 (each row's real tokens counted from 0) as [B, 3, S], three equal rows.
 
+`generate`: greedy replies to a rendered batch (`vlm_view.generate_rendered`, the
+folder's end-of-sequence ids), what the authors' steering judges.
+
 Answer words as the Qwen view's: the first token of "Left" / "Right", "Above" /
 "Below", "Yes" / "No" (jaxmech's wording), or of "left" / "right" ... (`wording=
 "authors"`, their prompt 'Answer "left" or "right" only.').
@@ -47,7 +50,7 @@ from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.internvl import encode, model, positions, processor
 from jaxmech.families.internvl.config import InternVLConfig
-from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
+from jaxmech.families.vlm_view import VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models.decoder import RESUME_SITES, answer_forward
 from jaxmech.models.positions import view_ids
 
@@ -91,14 +94,19 @@ def render_text(proc, grid: Grid, questions, words):
     return _placed(enc, [tuple(w) for w in words], grid)
 
 
+def decode(config: InternVLConfig, table, inputs):
+    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
+    (`data.pixels.decoded`), as `forward` reads them."""
+    return decoded(inputs, "pixels_BxTxPxF", table, config.patch_size**2)
+
+
 def forward(config: InternVLConfig, table, params, inputs, edits=None, capture=False,
             resume=None):  # fmt: skip
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
     row (`models.decoder.answer_forward`), uint8 pixel levels normalised by `table`
-    first (`data.pixels.decoded`)."""
-    inputs = decoded(inputs, "pixels_BxTxPxF", table, config.patch_size**2)
+    first (`decode`)."""
     return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, inputs, edits, capture, resume)  # fmt: skip
+                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: InternVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
@@ -128,6 +136,7 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
     words = prompts.answer_ids(proc.tokenizer, answers)
     side = size // config.patch_size
     table = processor.pixel_table(proc.images)
+    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
     one_tile = proc._replace(images=proc.images._replace(tiles=False))
     rows, cols = positions.patch_grid(side)
     view = VLMView(
@@ -148,6 +157,7 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
         forward_from=functools.partial(forward_from, config, table),
         resume_any_layer=True,
         cache_sites=RESUME_SITES,
+        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
         render_images=functools.partial(render_images, one_tile, grid),
         render_text=functools.partial(render_text, proc, grid),
         image_grid=lambda height, width: (1, side, side),

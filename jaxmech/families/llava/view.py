@@ -29,7 +29,6 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
 from __future__ import annotations
 
 import functools
-import types
 
 import numpy as np
 
@@ -38,8 +37,7 @@ from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.llava import model, positions, processor
 from jaxmech.families.llava.config import LlavaConfig
-from jaxmech.families.vlm_view import VLMView, one_image_grid, placed
-from jaxmech.models import generate as gen
+from jaxmech.families.vlm_view import VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models.decoder import RESUME_SITES, answer_forward
 from jaxmech.models.positions import view_ids
 
@@ -88,30 +86,24 @@ def render_text(proc: processor.Processor, grid: Grid, questions, words):
     return _placed(enc, [tuple(w) for w in words], grid)
 
 
+def decode(config: LlavaConfig, table, inputs):
+    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
+    (`data.pixels.decoded`), as `forward` reads them."""
+    return decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+
+
 def forward(config: LlavaConfig, table, params, inputs, edits=None, capture=False, resume=None):
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
     row (`models.decoder.answer_forward`), rendered uint8 levels normalised by `table`
-    first (`data.pixels.decoded`)."""
-    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
+    first (`decode`)."""
     return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, inputs, edits, capture, resume)  # fmt: skip
+                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: LlavaConfig, table, params, inputs, layer, start, x_BxTxD, aux):
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
     resume = model.Resume(layer, start, x_BxTxD, aux)
     return forward(config, table, params, inputs, resume=resume)[0]
-
-
-def generate(config: LlavaConfig, table, folder: str, params, inputs, *, max_new_tokens: int,
-             edits=None) -> gen.Generation:  # fmt: skip
-    """Greedy replies (`models.generate`, the folder's end-of-sequence and pad ids) to a
-    rendered batch, its uint8 levels decoded first as `forward` does; `edits` act on
-    the prompt's forward only (the authors' steering hooks)."""
-    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
-    encoded = types.SimpleNamespace(inputs=inputs)  # what `generate` reads of an encoding
-    return gen.generate(model.decoding, config, params, encoded, max_new_tokens=max_new_tokens,
-                        edits=edits, folder=folder)  # fmt: skip
 
 
 def vit_positions(config: LlavaConfig):
@@ -158,6 +150,7 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
     proc = processor.load_processor(folder, config, **AUTHORS_PROCESSOR.get(wording, {}))
     check_size(config, proc, grid, size)
     table = processor.pixel_table(proc.images)
+    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
     words = (bare_answer_ids if mirror else prompts.answer_ids)(proc.tokenizer, answers)
     g = config.grid
     view = VLMView(
@@ -176,7 +169,7 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
         vit_blocks=lambda params: 0,
         position_basis=lambda params: params["vit"]["pos"][1:],
         forward_from=functools.partial(forward_from, config, table),
-        generate=functools.partial(generate, config, table, folder),
+        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
         resume_any_layer=True,
         cache_sites=RESUME_SITES,
         render_images=functools.partial(render_images, proc, grid),

@@ -24,6 +24,9 @@ The LM's position ids (`lm_position_ids`) are the M-RoPE ids the processor made:
 ids count from each row's first real token, the image tokens' (row, col) ids are offset
 by the image's start (`positions.mrope_ids`).
 
+`generate`: greedy replies to a rendered batch (`vlm_view.generate_rendered`, the
+folder's end-of-sequence ids), what the authors' steering judges.
+
 A video view (`checkpoint_view(..., video=True)`) draws each scene as a video whose
 frame f is the scene's grid row f (`pictures.draw_video`, as the toy's video task reads
 its grid), each frame one temporal patch, and asks relation 1 as time ("Does the red
@@ -45,7 +48,7 @@ from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.qwen2_vl import model, positions, processor
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.families.vlm_view import VLMView, placed
+from jaxmech.families.vlm_view import VLMView, generate_rendered, placed
 from jaxmech.models.decoder import RESUME_SITES, answer_forward
 
 VIDEO_FPS = 2.0  # a rendered video's frame rate: each scene frame shown for one second
@@ -120,15 +123,20 @@ def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
     return (1, h // s.patch_size, w // s.patch_size)
 
 
+def decode(config: QwenVLConfig, table, inputs):
+    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
+    (`data.pixels.decoded`), as `forward` reads them."""
+    return decoded(inputs, "pixels_BxPxF", table, config.patch_features // 3)
+
+
 def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=False, resume=None):
     """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
     row (`models.decoder.answer_forward`: the last block runs that row only, as the
     toy's does, unless the capture needs every row), the rendered pixels' uint8 levels
     normalised by `table` first (`data.pixels.decoded`: a quarter of the bytes held
     until a chunk runs)."""
-    inputs = decoded(inputs, "pixels_BxPxF", table, config.patch_features // 3)
     return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, inputs, edits, capture, resume)  # fmt: skip
+                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
 
 
 def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
@@ -235,16 +243,20 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
     table = processor.pixel_table(proc.videos if video else proc.images)
-    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval, table=table)
+    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval, table=table,
+                 folder=folder)  # fmt: skip
     drawn = functools.partial(render, proc, grid, size, video=video, templates=templates)
     return _view(grid_thw, drawn, video=video, **parts)._replace(size=size)
 
 
-def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video) -> VLMView:
+def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, folder,
+          video) -> VLMView:  # fmt: skip
     """The view whose ViT positions are those of patch grid `grid_thw` (its drawn
-    scenes' size, or a photograph bucket's: `at_image_grid`)."""
+    scenes' size, or a photograph bucket's: `at_image_grid`); `generate`: greedy replies
+    with the checkpoint `folder`'s end-of-sequence ids."""
     parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval,
-                 table=table, video=video)  # fmt: skip
+                 table=table, folder=folder, video=video)  # fmt: skip
+    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
     return VLMView(
         name=config.variant,
         grid=grid,
@@ -263,6 +275,7 @@ def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, video)
         forward_from=functools.partial(forward_from, config, table),
         resume_any_layer=not config.vit_deepstack,  # a DeepStack layer reruns its rows
         cache_sites=RESUME_SITES,
+        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
         render_images=None if video else functools.partial(render_images, proc, grid),
         render_text=functools.partial(render_text, proc, grid),
         image_grid=functools.partial(image_grid, proc),
