@@ -16,7 +16,7 @@ Twins and groups (`--protocol`):
   authors   their rainbow recolour of every picture, drawn ones too (hue mixed at 0.75
             with a random rainbow gradient, seeded by the question seed), their prompt
             where the family has one (`questions.report_view`, as the patching report),
-            their "text" group (`patching.authors_groups`).
+            their "text" group (`questions.authors_groups`).
 
 Read per question, layer and group, under either protocol (both come from one table):
 
@@ -60,6 +60,7 @@ from jaxmech.reports.common import (
     Report,
     cell_interval,
     chunk_progress,
+    declared,
     fmt_interval,
     joined,
     log_estimate,
@@ -68,14 +69,13 @@ from jaxmech.reports.common import (
     rows_per_call,
     table_store,
 )
-from jaxmech.reports.patching import (
+from jaxmech.reports.questions import (
     GROUP_WORDS,
     PAPER_GROUPS,
     authors_groups,
     patched_relation,
-    patching_refusal,
+    report_view,
 )
-from jaxmech.reports.questions import report_view
 
 TWIN = "recolour"
 
@@ -141,7 +141,7 @@ def batch_logp(run: LoadedRun, batch, log) -> dict:
 
 def compute(run: LoadedRun, log=print) -> dict:
     """The recolour twin's patch table over the subject's batches of the patched
-    relation (`patching.patched_relation`), joined: {"logp": {orig, twin, patched, and
+    relation (`questions.patched_relation`), joined: {"logp": {orig, twin, patched, and
     each's _other}, "answer": [B], "words", "layers", "protocol"}."""
     view = report_view(run, "patching")  # the patching scripts' prompt (attribute_swapping.py's)
     rel, words = patched_relation(run, view)
@@ -263,7 +263,7 @@ def check(run: LoadedRun, log=print) -> None:
 
 REPORT = Report(
     folder="attribute_swapping",
-    refusal=patching_refusal,
+    refusal=declared("patching"),  # where the patching report applies
     compute=lambda run: with_readouts(compute(run)),
     tables=lambda res, run: {"results": result_rows(res, run)},
     summarise=summarise,

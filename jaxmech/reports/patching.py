@@ -33,7 +33,6 @@ from jaxmech.analysis.patching import (
     table_compile_at,
     token_groups,
 )
-from jaxmech.data.tasks import get_task
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -50,21 +49,15 @@ from jaxmech.reports.common import (
     rows_per_call,
     table_store,
 )
-from jaxmech.reports.questions import report_view
+from jaxmech.reports.questions import (
+    GROUP_WORDS,
+    PAPER_GROUPS,
+    authors_groups,
+    patched_relation,
+    report_view,
+)
 
 TWINS = ("mirror", "recolour")
-
-
-def patched_relation(run: LoadedRun, view) -> tuple[int, dict]:
-    """(relation id, {word name: answer token, "both": None}) of the questions patched:
-    the task's first relation (`Task.answer_relations`); a checkpoint's: left / right."""
-    if run.task is None:
-        first, second = (int(w) for w in np.asarray(view.answer_words)[0])
-        return 0, {"left": first, "right": second, "both": None}
-    rel = get_task(run.config.task.task_kind).answer_relations[0][1]
-    first, second = (int(w) for w in np.asarray(view.answer_words)[rel])
-    names = get_task(run.config.task.task_kind).words
-    return rel, {names[first]: first, names[second]: second, "both": None}
 
 
 patching_refusal = declared("patching")  # why the report does not apply to a run (None: it does)
@@ -87,17 +80,6 @@ def compute(run: LoadedRun, log=print) -> dict:
     batches = question_batches(run, (patched_relation(run, view)[0],), TWINS, view)
     out = [_batch_logp(run, b, log) for b in batches]
     return joined(out, ("logp", "answer"))
-
-
-def authors_groups(groups_GxBxS, spans) -> np.ndarray:
-    """`token_groups` as the authors' patching scripts draw them: their "text" group
-    (`mirror_swapping.py` 267-271, `range(575, len(tokens) + 575)`: the prompt's
-    tokens shifted by the image's 576 - 1) also holds the image's last two tokens."""
-    out = np.array(groups_GxBxS)
-    last = np.asarray(spans.image_BxI).max(1)  # [B] the image's last token
-    pos = np.arange(out.shape[-1])[None]
-    out[GROUPS.index("text")] |= pos >= last[:, None] - 1
-    return out
 
 
 def _batch_logp(run: LoadedRun, batch, log) -> dict:
@@ -285,13 +267,8 @@ def plot_shifts(sh: dict, path: str, k: int, layers) -> str:
     return plots.save(fig, path)
 
 
-# Fig. 4's panels: the twin ((A) the mirror, (B) its control) and the token groups
-# it draws (the authors' three; jaxmech's every group), in the paper's words
+# Fig. 4's panels: the twin ((A) the mirror, (B) its control), in the paper's words
 PAPER_TWINS = {"mirror": "(A) Mirror Swapping", "recolour": "(B) Attribute Swapping (recolour)"}
-PAPER_GROUPS = ("image", "text", "objects")
-GROUP_WORDS = {"image": "Swapped All Image", "text": "Swapped All Text",
-               "objects": "Swapped Obj Tokens", "question": "Swapped Question",
-               "last": "Swapped Last Token", "all": "Swapped All Tokens"}  # fmt: skip
 
 
 def plot_paper(sh: dict, path: str, k: int, layers, protocol: str = "jaxmech") -> str:

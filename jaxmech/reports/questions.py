@@ -7,8 +7,10 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from jaxmech.analysis.patching import GROUPS
 from jaxmech.analysis.steering import adversarial_targets
 from jaxmech.data.spec import PRESENCE, take
+from jaxmech.data.tasks import get_task
 from jaxmech.families.vlm_view import Examples, VLMView, examples, model_outline
 
 # PHOTO_RELATIONS re-exported: a report may import this module, not `batches`
@@ -185,3 +187,36 @@ def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: s
 
 def _duration(secs: float) -> str:
     return f"{secs:.0f} s" if secs < 120 else f"{secs / 60:.1f} min"
+
+
+# The mirror-swap tables' questions and token groups (patching, attribute swapping)
+
+
+def patched_relation(run: LoadedRun, view) -> tuple[int, dict]:
+    """(relation id, {word name: answer token, "both": None}) of the questions patched:
+    the task's first relation (`Task.answer_relations`); a checkpoint's: left / right."""
+    if run.task is None:
+        first, second = (int(w) for w in np.asarray(view.answer_words)[0])
+        return 0, {"left": first, "right": second, "both": None}
+    rel = get_task(run.config.task.task_kind).answer_relations[0][1]
+    first, second = (int(w) for w in np.asarray(view.answer_words)[rel])
+    names = get_task(run.config.task.task_kind).words
+    return rel, {names[first]: first, names[second]: second, "both": None}
+
+
+def authors_groups(groups_GxBxS, spans) -> np.ndarray:
+    """`token_groups` as the authors' patching scripts draw them: their "text" group
+    (`mirror_swapping.py` 267-271, `range(575, len(tokens) + 575)`: the prompt's
+    tokens shifted by the image's 576 - 1) also holds the image's last two tokens."""
+    out = np.array(groups_GxBxS)
+    last = np.asarray(spans.image_BxI).max(1)  # [B] the image's last token
+    pos = np.arange(out.shape[-1])[None]
+    out[GROUPS.index("text")] |= pos >= last[:, None] - 1
+    return out
+
+
+# Fig. 4's token groups: the authors' three and every group, in the paper's words
+PAPER_GROUPS = ("image", "text", "objects")
+GROUP_WORDS = {"image": "Swapped All Image", "text": "Swapped All Text",
+               "objects": "Swapped Obj Tokens", "question": "Swapped Question",
+               "last": "Swapped Last Token", "all": "Swapped All Tokens"}  # fmt: skip
