@@ -5,6 +5,8 @@
     python -m experiments.patching --run=runs/video      # mirror = time reversal
     python -m experiments.temporal_ids --checkpoint=Qwen2-VL-2B-Instruct --layers=6:16 \
         --dtype=bfloat16 --out=runs/qwen2vl_2b
+    python -m experiments.temporal_ids --checkpoint=Qwen2.5-VL-7B-Instruct --protocol=authors \
+        --grid=8x4 --dtype=bfloat16 --out=runs/qwen25vl_7b     # Fig. 10 as the authors do it
 
 Per LM site, the object word's ID from probe videos, its frame part (the temporal ID:
 share of the ID, linearity in the frame index) and steering with it against
@@ -12,7 +14,9 @@ norm-matched controls. Writes RUN/temporal_ids/{ids,flips,curves}.csv, summary.j
 temporal_ids.png (`jaxmech.reports.temporal_ids`); a checkpoint's into
 OUT/temporal_ids/, on videos of two objects in different frames (each scene grid row a
 frame: `data.pictures.draw_video`), asked "Does the red circle appear before or after
-the blue square?".
+the blue square?". Under `--protocol=authors`, Fig. 10A-C as the authors' scripts do
+them (`jaxmech.reports.temporal_authors`): mirror_swap.csv, steering.csv, pca.csv,
+temporal_ids.png and temporal_ids_paper.png.
 """
 
 from absl import flags

@@ -486,3 +486,75 @@ def layer_logp_figure(curves: dict, layers, suptitle: str = ""):
     fig.suptitle(suptitle, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def _band(ax, x, cells, label, colour):
+    """One curve of (mean, lo, hi, n) cells with its 95% interval as a band."""
+    v = np.asarray(cells, float).reshape(len(x), 4)
+    ax.plot(x, np.where(v[:, 3] > 0, v[:, 0], np.nan), "o-", ms=3, color=colour, label=label)
+    ax.fill_between(x, v[:, 1], v[:, 2], color=colour, alpha=0.3, lw=0)
+
+
+def temporal_fig10(swap: dict, layers, groups, pca: dict, steer_rows, layer: int, n_frames: int):
+    """Fig. 10 as `fig10.ipynb` draws it. A: belief shift against layer per token group
+    (`swap`: {(layer, group, word): cell row}), a panel per read word, y in [-1, 2];
+    B: the frames' IDs on the first principal component (rainbow) with "before" (B)
+    and "after" (A) (`pca`: `analysis.temporal_ids.pca_line`); C: change of log p of
+    'after' / 'before' against the ID steered onto the subject, a panel per original
+    answer (`steer_rows`: the steering table at block `layer`). Bands: 95% intervals
+    over the questions (the notebook's: +- 1 sd)."""
+    fig = plt.figure(figsize=(10.5, 9.5))
+    gs = fig.add_gridspec(3, 2, height_ratios=[4, 1.5, 3])
+    x = np.asarray(layers)
+    for c, word in enumerate(("before", "after")):
+        ax = fig.add_subplot(gs[0, c])
+        for j, g in enumerate(groups):
+            row = lambda L: swap[(L, g, word)]  # noqa: E731
+            _band(ax, x, [[row(L)[k] for k in ("mean", "lo", "hi", "n")] for L in x], g, f"C{j}")
+        ax.set_ylim(-1, 2)
+        ax.axhline(0, color="gray", ls="--", alpha=0.5)
+        ax.set(xlabel="Layer", ylabel="Belief Shift", title=f"A: time-reversed twin, read '{word}'")
+        ax.legend(fontsize=7)
+    ax = fig.add_subplot(gs[1, :])
+    colours = plt.get_cmap("rainbow")(np.linspace(0, 1, len(pca["frames"])))
+    for f, (v, colour) in enumerate(zip(pca["frames"], colours)):
+        ax.scatter(v, 0, color=colour, s=80, label=f"Frame {f + 1}")
+    for mark, v, size in zip(("$B$", "$A$"), pca["marks"], (120, 150)):
+        ax.scatter(v, 0, color="black", marker=mark, s=size)
+    ax.set_yticks([])
+    ax.set_xlabel("First Principal Component")
+    ax.grid(True, axis="x", linestyle="--", alpha=0.5)
+    title = f"B: 1D PCA of Average Embeddings\nVar explained: {pca['explained']:.2f}"
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=6, ncol=len(colours), loc="upper center", bbox_to_anchor=(0.5, -0.45))
+    ids = np.arange(n_frames)
+    for c, side in enumerate(("before", "after")):
+        ax = fig.add_subplot(gs[2, c])
+        for j, word in enumerate(("after", "before")):
+            cells = {r["frame"]: r for r in steer_rows
+                     if r["layer"] == layer and r["original"] == side and r["word"] == word}  # fmt: skip
+            _band(ax, ids, [[cells[f][k] for k in ("mean", "lo", "hi", "n")] for f in ids],
+                  f"ΔP('{word}')", f"C{j}")  # fmt: skip
+        ax.set_xticks(ids, [str(f + 1) for f in ids])
+        ax.set(xlabel="Intervention ID on subject", ylabel="Change in Log Prob",
+               title=f"C: Layer {layer} — Original: {side}")  # fmt: skip
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def temporal_swap_table(swap: dict, layers, groups, words):
+    """The mirror swap's table as heatmaps: mean belief shift per token group x layer,
+    a panel per read word, each cell's value written in it."""
+    fig, axes = plt.subplots(1, len(words), figsize=(1.2 + 0.55 * len(layers) * len(words), 2.6),
+                             squeeze=False)  # fmt: skip
+    for ax, word in zip(axes[0], words):
+        m = np.array([[swap[(L, g, word)]["mean"] for L in layers] for g in groups], float)
+        ax.imshow(m, cmap="coolwarm", vmin=-1, vmax=1, aspect="auto")
+        for (i, j), v in np.ndenumerate(m):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=6)
+        ax.set_xticks(range(len(layers)), [str(L) for L in layers], fontsize=7)
+        ax.set_yticks(range(len(groups)), list(groups), fontsize=7)
+        ax.set(xlabel="Layer", title=f"mirror swap, read '{word}'")
+    fig.tight_layout()
+    return fig

@@ -20,6 +20,11 @@ Writes into `RUN/temporal_ids/`: ids.csv (model, site, time_share, linear_r2,
 frame_means projected on the time axis), flips.csv (model, site, kind, alpha,
 flip_rate, n_right, rel_norm), curves.csv (model, site, frame, belief), summary.json,
 temporal_ids.png.
+
+`--protocol=authors` on a checkpoint opened as videos: Fig. 10A-C as the authors'
+`temporal_models/` scripts do them (`reports.temporal_authors`, whose docstring lists
+what differs from their scripts and why); writes mirror_swap.csv, steering.csv,
+pca.csv, summary.json, temporal_ids.png and temporal_ids_paper.png.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from jaxmech.analysis import steering as st
 from jaxmech.analysis import temporal_ids as tid
 from jaxmech.data.spec import RELATIONS
 from jaxmech.data.video import TIME
+from jaxmech.reports import temporal_authors as ta
 from jaxmech.reports.common import (
     LoadedRun,
     Report,
@@ -38,6 +44,7 @@ from jaxmech.reports.common import (
     fmt_ci,
     needs_depth,
     probe_rows,
+    protocol_of,
     steered_sites,
     steering_examples,
     view_of,
@@ -160,16 +167,22 @@ def plot(res: dict, fr: dict, beliefs: np.ndarray, path: str) -> str:
 
 
 def _compute(run: LoadedRun) -> dict:
+    if protocol_of(run) == "authors":
+        return ta.compute(run)
     res = compute(run)
     return res | {"flip_rates": flips(res), "beliefs": frame_beliefs(res, view_of(run).grid.h)}
 
 
 def _tables(res: dict, run: LoadedRun) -> dict:
+    if res.get("protocol") == "authors":
+        return ta.tables(res)
     id_rows, flip_rows, curve_rows = rows(res, res["flip_rates"], res["beliefs"], run.models)
     return {"ids": id_rows, "flips": flip_rows, "curves": curve_rows}
 
 
 def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
+    if res.get("protocol") == "authors":
+        return ta.summarise(res, tables, log)
     which = run.subject.questions_word
     log(f"{run.k} models; {which} before/after questions")
     summary = summarise(res, res["flip_rates"], res["beliefs"], log)
@@ -178,9 +191,12 @@ def _summary(res: dict, tables: dict, run: LoadedRun, log) -> dict:
 
 def check_video(run: LoadedRun, log=print) -> None:
     """Refuses a subject whose questions are not videos (a checkpoint must be opened
-    with `video=True`) before any compute."""
+    with `video=True`) and, under the authors' protocol, a view or layers their
+    experiments cannot run on (`temporal_authors.setup`), before any compute."""
     if not run.subject.video(run):
         raise ValueError("temporal IDs: expected a checkpoint opened as videos (video=True)")
+    if protocol_of(run) == "authors":
+        ta.setup(run)
 
 
 REPORT = Report(
@@ -189,7 +205,11 @@ REPORT = Report(
     compute=_compute,
     tables=_tables,
     summarise=_summary,
-    plot=lambda res, tables, run, path: plot(res, res["flip_rates"], res["beliefs"], path),
+    plot=lambda res, tables, run, path: (
+        ta.plot(res, tables, path)
+        if res.get("protocol") == "authors"
+        else plot(res, res["flip_rates"], res["beliefs"], path)
+    ),
     figure="temporal_ids.png",
     check=check_video,
     video=True,
