@@ -15,8 +15,8 @@ import pytest
 from jaxmech.data.questions import load_questions
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.reports import batches
+from jaxmech.reports.checkpoints import open_checkpoint
 from jaxmech.reports.questions import photo_relations
-from jaxmech.reports.subjects import open_checkpoint
 
 HERE = os.path.dirname(__file__)
 QWEN = os.path.join(HERE, "fixtures", "qwen2_vl", "qwen2_vl")
@@ -100,7 +100,9 @@ def test_each_report_runs_on_a_dataset_and_records_it(tmp_path, report, source):
     assert module.REPORT.photos
     source, _, protocol = source.partition(":")
     run = opened(source, protocol=protocol or "jaxmech")
-    res = analyse_subject(module.REPORT, run, str(tmp_path), log=quiet)
+    # the authors' steering generates replies on this family: 4 tokens, not their 250
+    chosen = module.report(4) if (report, protocol) == ("steering", "authors") else module.REPORT
+    res = analyse_subject(chosen, run, str(tmp_path), log=quiet)
     summary = json.load(open(tmp_path / report / "summary.json"))
     record = summary["questions"]
     assert record["source"] == source and record["n"] == len(run.subject.photos.questions)
