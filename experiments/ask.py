@@ -46,16 +46,13 @@ def main(argv):
 
     import jaxmech
     from jaxmech.hub_names import checkpoint_folder
-    from jaxmech.memory import check_weights_fit, memory_budget
-    from jaxmech.models.hub import stored_elements
+    from jaxmech.memory import memory_budget
     from jaxmech.models.precision import describe
 
     budget = memory_budget(FLAGS.memory)
     folder = checkpoint_folder(FLAGS.checkpoint)  # a Hub name: its cached snapshot
-    weights = stored_elements(folder) * jnp.dtype(FLAGS.dtype).itemsize
-    devices = 1 if FLAGS.place == "one" else jax.device_count()
-    check_weights_fit(weights, budget, FLAGS.dtype, f"checkpoint {folder}", devices)
-    model = jaxmech.load(folder, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place)
+    model = jaxmech.load(folder, dtype=getattr(jnp, FLAGS.dtype), place=FLAGS.place,
+                         budget=budget)  # fmt: skip
     encoded = model.encode([FLAGS.image], [FLAGS.question])
     logprobs = model.next_token_logprobs(encoded)[0]
     leaves = jax.tree_util.tree_leaves(model.params)

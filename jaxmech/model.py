@@ -9,7 +9,10 @@ A `Model` holds its family (`families.contract`), config and params (one model, 
 stacked) and, for a checkpoint, its folder and processor. `forward(inputs, *, edits,
 capture)` is the family's one forward: `capture` a collection of site names (`sites()`;
 True: every site), `edits` a `models.edits.Edits`. The handle holds no state beyond
-that: analyses stay pure functions of `(model.params, inputs)`.
+that: analyses stay pure functions of `(model.params, inputs)`. It is the one way a
+checkpoint is opened: `experiments.ask` and the reports (`reports.checkpoints.
+open_checkpoint`, whose subject holds the `Model`) both load through `load`, its weights
+checked against a memory budget first (`check_fits`).
 """
 
 from __future__ import annotations
@@ -116,25 +119,48 @@ class Model:
         return describe(self.config) if describe else self.name
 
 
-def load(name: str, *, revision: str | None = None, dtype=None, place: str = "auto") -> Model:
+def load(name: str, *, revision: str | None = None, dtype=None, place: str = "auto",
+         budget=None) -> Model:  # fmt: skip
     """The checkpoint `name` as a `Model`, its family found from config.json's
     `model_type`: a Hugging Face folder (config.json, safetensors, tokenizer.json,
     preprocessor_config.json), or, where no such folder exists, a Hub repo id
     `ORG/NAME` (`revision` or `ORG/NAME@REVISION`: a branch, tag or commit; None: main)
     resolved through huggingface_hub's cache, fetching only the files jaxmech reads
     (`hub_names.checkpoint_folder`: HF_HUB_CACHE / HF_HOME, HF_HUB_OFFLINE, the login's
-    token). `dtype` None: float32. Raises ValueError naming the folder or file for a
-    folder no family reads, or the repo, revision and missing files for a name that
-    cannot be resolved."""
+    token). `dtype` None: float32. `place`: the weights on one device ("one"), each
+    matrix split over every device ("shard"), or "auto" (sharded where they do not fit
+    one device). `budget` (a `memory.Budget`; None: no check): weights that alone exceed
+    it are refused (`memory.MemoryBudgetError`) before any is read. Raises ValueError
+    naming the folder or file for a folder no family reads, or the repo, revision and
+    missing files for a name that cannot be resolved."""
     import jax.numpy as jnp
 
     from jaxmech.hub_names import checkpoint_folder
 
     folder = checkpoint_folder(name, revision)
     family = checkpoint_family(folder)
-    config, params = family.load(folder, dtype=jnp.float32 if dtype is None else dtype,
-                                 place=place)  # fmt: skip
+    dtype = jnp.float32 if dtype is None else dtype
+    if budget is not None:
+        check_fits(folder, dtype, place, budget)
+    config, params = family.load(folder, dtype=dtype, place=place)
     return Model(family, config, params, folder, family.processor(folder, config))
+
+
+def check_fits(folder: str, dtype, place: str, budget) -> None:
+    """Refuses (`memory.MemoryBudgetError`, naming what to change) the checkpoint in
+    `folder` where its weights in `dtype` alone exceed `budget`, counted from the stored
+    tensors' shapes (no weight read) and, placed by `place` over several devices, by
+    one device's share."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxmech.memory import check_weights_fit
+    from jaxmech.models.hub import stored_elements
+
+    dtype = jnp.dtype(dtype)
+    devices = 1 if place == "one" else len(jax.devices())
+    check_weights_fit(stored_elements(folder) * dtype.itemsize, budget, dtype.name,
+                      f"checkpoint {folder}", devices)  # fmt: skip
 
 
 def init(kind: str, config, key) -> Model:

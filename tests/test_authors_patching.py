@@ -202,8 +202,8 @@ def test_the_patching_report_under_the_authors_protocol_equals_theirs(tmp_path):
     (`patching.authors_groups`); without any one of them it fails. Slow: the report on
     the 32-block model (~1 min on 2 busy cores)."""
     from jaxmech.reports import patching
+    from jaxmech.reports.checkpoints import open_checkpoint
     from jaxmech.reports.driver import analyse_subject
-    from jaxmech.reports.subjects import open_checkpoint
 
     ref = reference()
     run = open_checkpoint(LLAVA, questions=3, batch=4, layers=(2,), protocol="authors",

@@ -91,6 +91,9 @@ def test_every_import_obeys_the_layer_rules():
         ("jaxmech.families.registry", "jaxmech.families.llava.family", False),
         ("jaxmech.sweep.spec", "jaxmech.sweep.runs", False),
         ("jaxmech.reports.subjects", "jaxmech.cli", False),
+        ("jaxmech.reports.subjects", "jaxmech.model", False),
+        ("jaxmech.reports.runs", "jaxmech.cli", False),
+        ("jaxmech.reports.checkpoints", "jaxmech.model", True),
         ("jaxmech.sweep.runs", "jaxmech.sweep.spec", True),
     ],
 )

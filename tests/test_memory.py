@@ -75,9 +75,38 @@ def test_weights_over_the_budget_are_refused_before_any_is_read(monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the weights were read before the check")
 
-    monkeypatch.setattr("jaxmech.families.load_checkpoint", no_load)
+    monkeypatch.setattr("jaxmech.model.load", no_load)  # the one loading path
     with pytest.raises(memory.MemoryBudgetError, match="weights alone take"):
         open_checkpoint(FIXTURE, size=112, memory="0.00000001")
+
+
+def test_reports_and_ask_load_through_the_one_handle(monkeypatch):
+    """`jaxmech.load(budget=)` refuses weights over the budget before its family reads
+    any; a report's checkpoint subject holds the `Model` that loaded it (params moved
+    into the run, stacked [1, ...], equal to a plain `jaxmech.load`'s)."""
+    import jax
+    import numpy as np
+
+    import jaxmech
+    from jaxmech import memory
+    from jaxmech.reports.checkpoints import open_checkpoint
+
+    run = open_checkpoint(FIXTURE, grid=(2, 2), size=112, questions=2, log=lambda *a: None)
+    model, plain = run.subject.model, jaxmech.load(FIXTURE)
+    assert isinstance(model, jaxmech.Model) and model.params is None
+    assert model.family is run.family and model.folder == run.path == plain.folder
+    assert model.describe() == plain.describe() and model.tokenizer is not None
+    same = jax.tree_util.tree_map(lambda a, b: np.array_equal(a[0], b), run.params, plain.params)
+    assert all(jax.tree_util.tree_leaves(same))
+
+    real = jaxmech.model.checkpoint_family
+
+    def no_load(*a, **k):
+        raise AssertionError("the weights were read before the check")
+
+    monkeypatch.setattr("jaxmech.model.checkpoint_family", lambda f: real(f)._replace(load=no_load))
+    with pytest.raises(memory.MemoryBudgetError, match="weights alone take"):
+        jaxmech.load(FIXTURE, budget=memory.Budget(1.0, "a test's"))
 
 
 def _stored_arrays(folder):

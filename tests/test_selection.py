@@ -1,5 +1,5 @@
 """Seeds until enough models pass a rule fixed before training (`sweep.Until`,
-`--seeds_until`), and reports over the passing models (`subjects.Selection`).
+`--seeds_until`), and reports over the passing models (`runs.Selection`).
 
 Training is stubbed (`_FakeTraining`: each seed's final unseen_min_acc from a table,
 no compute), so these tests check the chunk loop, the selection file, resume and the
@@ -17,6 +17,8 @@ from conftest import Interrupted, quiet, stop_after, tiny_vlm_config
 from jaxmech import sweep
 from jaxmech.config import ConfigError
 from jaxmech.reports import common
+from jaxmech.reports.tables import Measure
+from jaxmech.stats import diff_ci
 from jaxmech.sweep import SweepMismatchError, expand, run_grid, seeds_until
 from jaxmech.train import TrainState, curve_fields, init_program
 
@@ -105,7 +107,7 @@ def _fake_report(per_model, computed):
         return {"per": np.asarray(run.models)}
 
     def tables(res, run):
-        return {"t": [{"model": int(m), "v": 1.0} for m in res["per"]]}
+        return {"t": [{"model": int(m), "v": float(m) ** 2} for m in res["per"]]}
 
     return common.Report("fake", None, compute, tables, lambda res, t, run, log: {"k": run.k},
                          lambda res, t, run, path: path, "fake.png",
@@ -130,6 +132,31 @@ def test_reports_take_the_passing_models_and_state_n_of_trained(monkeypatch, tmp
     assert groups == {(0, "passing"), (3, "passing"), (1, "failing"), (2, "failing")}
     assert "selection: n = 2 of 4 trained (rule: unseen_min_acc >= 0.9; cap 8 seeds)" in lines
     assert any("main: passing models, n = 2 of 4 trained" in x for x in lines)
+
+
+@pytest.mark.parametrize("per_model", [True, False])
+def test_reports_compare_their_passing_and_failing_models(monkeypatch, tmp_path, per_model):
+    out = str(tmp_path / "run")
+    _train(monkeypatch, out, 2, 8)  # passing 0, 3; failing 1, 2
+    run = common.open_run(out, with_data=False, log=quiet)
+    report = _fake_report(per_model, [])._replace(compare=(Measure("v", "t", "v"),))
+    lines = []
+    summary = common.analyse_loaded(report, run, str(tmp_path), lines.append)["summary"]
+    with open(tmp_path / "summary.json") as f:
+        written = json.load(f)["passing_vs_failing"]
+    rec = summary["passing_vs_failing"]["all"]["v"]
+    assert written["all"]["v"] == rec and "Welch" in written["method"]
+    # v = model number squared: passing [0, 9], failing [1, 4]
+    expected = diff_ci([1.0, 4.0], [0.0, 9.0])
+    assert (rec["difference"], rec["ci_low"], rec["ci_high"]) == pytest.approx(expected)
+    assert (rec["n_passing"], rec["n_failing"]) == (2, 2) and rec["difference"] == 2.0
+    block = lines.index(next(x for x in lines if "passing - failing" in x))
+    assert lines[block + 2].split()[0] == "v" and "+2.000 [" in lines[block + 2]
+    # a run without its selection: no comparison
+    os.remove(os.path.join(out, "selection.json"))
+    plain = common.open_run(out, with_data=False, log=quiet)
+    summary = common.analyse_loaded(report, plain, str(tmp_path), quiet)["summary"]
+    assert "passing_vs_failing" not in summary
 
 
 def test_a_run_without_selection_is_reported_as_before(monkeypatch, tmp_path):

@@ -192,7 +192,7 @@ def test_the_authors_steering_window_is_found_by_model_type_and_lm_size(tmp_path
     assert tiny == ("qwen2_vl", 2, 32)
     assert report.authors_sites([1], tiny, lines.append) == [1]
     assert "none for model_type 'qwen2_vl' with 2 LM blocks of width 32" in lines[2]
-    from jaxmech.reports.subjects import open_checkpoint  # the report's own lookup
+    from jaxmech.reports.checkpoints import open_checkpoint  # the report's own lookup
 
     for protocol, layers, said in (
         ("authors", None, 1),
@@ -212,7 +212,7 @@ def test_the_authors_steering_asks_questions_without_boxes():
     ones only."""
     import os
 
-    from jaxmech.reports.subjects import open_checkpoint
+    from jaxmech.reports.checkpoints import open_checkpoint
 
     here = os.path.join(os.path.dirname(__file__), "fixtures")
     for protocol, kept in (("authors", 5), ("jaxmech", 3)):
@@ -244,7 +244,7 @@ def test_the_authors_protocol_generates_replies_on_qwen_and_internvl():
     """The authors' steering reads generated replies (`report.generates`) on a
     Qwen2-VL and an InternVL checkpoint as on LLaVA: their views offer `generate`;
     jaxmech's protocol keeps the top next token."""
-    from jaxmech.reports.subjects import open_checkpoint
+    from jaxmech.reports.checkpoints import open_checkpoint
 
     here = os.path.join(os.path.dirname(__file__), "fixtures")
     for folder, size in (("qwen2_vl/qwen2_vl", 112), ("internvl/internvl", None)):
@@ -263,8 +263,8 @@ def test_the_authors_steering_report_judges_qwen_replies(tmp_path):
     a flip is a verdict change. Slow: the whole report (~2 min on 2 busy cores)."""
     from jaxmech.data.spec import first_word
     from jaxmech.models.generate import judge_reply, sequences
+    from jaxmech.reports.checkpoints import open_checkpoint
     from jaxmech.reports.driver import analyse_subject
-    from jaxmech.reports.subjects import open_checkpoint
 
     folder = os.path.join(os.path.dirname(__file__), "fixtures", "qwen2_vl", "qwen2_vl")
     run = open_checkpoint(folder, grid=(2, 2), size=112, questions=4, batch=4, layers=(1,),

@@ -17,7 +17,7 @@ from conftest import Interrupted, quiet, stop_after, tiny_vlm_config
 from test_selection import _selection, _train
 
 from jaxmech import results
-from jaxmech.reports.subjects import run_selection
+from jaxmech.reports.runs import run_selection
 from jaxmech.sweep import SweepMismatchError, expand, run_grid, seeds_until
 
 

@@ -1,8 +1,9 @@
 """What every report shares, by idea, gathered under one name for the report modules:
 
 * `subjects`: what a report studies (`LoadedRun`) and what it asks of it (a trained
-  run's or a checkpoint's subject), opening and checking results folders and
-  checkpoints (`open_run`, `check_run`, `open_checkpoint`), model groups;
+  run's or a checkpoint's subject);
+* `runs`: checking and opening results folders (`check_run`, `open_run`), model groups;
+* `checkpoints`: opening a checkpoint (`open_checkpoint`) through `jaxmech.load`;
 * `questions`: the paper 003 / 004 reports' questions, sites and chunking, asked of
   the subject (`view_of`, `question_specs`, `relation_questions`, `steered_sites`, ...);
 * `driver`: the one report driver (`Report`, `analyse`, `analyse_subject`,
@@ -11,6 +12,7 @@
 """
 
 from jaxmech.reports.batches import QuestionBatch, joined  # noqa: F401
+from jaxmech.reports.checkpoints import open_checkpoint  # noqa: F401
 from jaxmech.reports.driver import (  # noqa: F401
     Report,
     across_checkpoints,
@@ -43,24 +45,25 @@ from jaxmech.reports.questions import (  # noqa: F401
     take_examples,
     view_of,
 )
-from jaxmech.reports.subjects import (  # noqa: F401
-    EXAMPLE_SETS,
-    EXAMPLE_WORDS,
-    EXAMPLES,
+from jaxmech.reports.runs import (  # noqa: F401
     GENERALISING,
-    CheckpointSubject,
-    LoadedRun,
-    TrainedSubject,
     check_run,
     check_runs,
-    eval_specs,
     excluded_lines,
     is_diverged,
     load_config,
     model_groups,
-    open_checkpoint,
     open_run,
     setting_text,
+)
+from jaxmech.reports.subjects import (  # noqa: F401
+    EXAMPLE_SETS,
+    EXAMPLE_WORDS,
+    EXAMPLES,
+    CheckpointSubject,
+    LoadedRun,
+    TrainedSubject,
+    eval_specs,
     subset,
 )
 from jaxmech.reports.tables import (  # noqa: F401

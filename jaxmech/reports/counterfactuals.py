@@ -89,6 +89,7 @@ from jaxmech.reports.common import (
     view_of,
 )
 from jaxmech.reports.questions import PHOTO_RELATIONS, photo_relations
+from jaxmech.reports.tables import Measure
 from jaxmech.stats import mean_ci
 
 counterfactuals_refusal = declared(
@@ -562,4 +563,13 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("margins", "swapped", "words"),
     photos=True,
+    compare=(
+        Measure(
+            "changed share",
+            "table",
+            "changed",
+            (("counterfactual", ("vit_w", "vit_h", "order_w", "order_h")),),
+            ("counterfactual", "relation"),
+        ),
+    ),
 )

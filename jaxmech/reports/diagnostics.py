@@ -56,6 +56,7 @@ from jaxmech.reports.common import (
     take_examples,
     view_of,
 )
+from jaxmech.reports.tables import Measure
 from jaxmech.stats import BOOTSTRAP_DRAWS, correlation_ci, mann_whitney_u, mean_ci
 
 MIN_WRONG = 5  # fewer wrong answers than this: no per-model test
@@ -475,6 +476,17 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("margin", "deviation", "believed", "true", "occluded"),
     photos=True,
+    compare=(
+        Measure("deviation AUC (wrong vs right)", "deviation", "auc", (), ("site",)),
+        Measure("readout correlation", "deviation", "readout_corr", (), ("site",)),
+        Measure(
+            "occlusion flip rate, right answers",
+            "occlusion",
+            "flip_rate",
+            (("answers", "right"),),
+            ("occlusion",),
+        ),
+    ),
 )
 
 

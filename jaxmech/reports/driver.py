@@ -9,7 +9,9 @@ folders, every one checked before any compute.
 * `report_parts`: a report split into (question set, model group) parts, main first
   (`subjects.model_groups`: the generalising models, then the others; a run trained
   with `--seeds_until`: the models passing its selection rule, then the failing ones,
-  every report saying "n = k of m trained (rule: ...)");
+  every report saying "n = k of m trained (rule: ...)"), and `Report.compare`'s
+  headline numbers compared between the two (passing - failing, Welch 95% interval
+  over models: `tables.compare_groups`, summary.json's "passing_vs_failing");
 * `compiled_call`: one compiled call with its compile and compute times logged.
 """
 
@@ -24,18 +26,16 @@ import numpy as np
 from jaxmech.data.tasks import get_task
 from jaxmech.families import get_family
 from jaxmech.memory import peak_bytes, release_freed
-from jaxmech.reports.subjects import (
-    EXAMPLE_WORDS,
-    GENERALISING,
-    LoadedRun,
-    check_run,
-    check_runs,
-    model_groups,
-    open_checkpoint,
-    open_run,
-    subset,
+from jaxmech.reports.checkpoints import open_checkpoint
+from jaxmech.reports.runs import GENERALISING, check_run, check_runs, model_groups, open_run
+from jaxmech.reports.subjects import EXAMPLE_WORDS, LoadedRun, subset
+from jaxmech.reports.tables import (
+    COMPARED,
+    compare_groups,
+    print_comparison,
+    write_csv,
+    write_json,
 )
-from jaxmech.reports.tables import write_csv, write_json
 
 
 def open_report(
@@ -247,6 +247,9 @@ class Report(NamedTuple):
     # across(summaries, out) -> dict: its record over several checkpoints (their
     # summaries by name), added to `across_checkpoints.json`, its figures in `out`
     across: Callable | None = None
+    # the headline numbers (`tables.Measure`, each read from the per-model rows of one
+    # of its tables) compared between a selection's passing and failing models
+    compare: tuple = ()
 
 
 class _Part(NamedTuple):
@@ -377,6 +380,8 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
         for i, p in enumerate(parts):
             log(f"\n--- {'main: ' if i == 0 and main else 'beside: '}{p.words}")
             summary[p.key] = report.summarise(p.res, p.tables, p.run, log)
+        if run.selection is not None and report.compare:
+            summary["passing_vs_failing"] = compared(report, tables, log)
     if run.subject.source != "drawn":  # what was asked: the dataset, its files' sha256
         summary = {"questions": run.subject.source} | summary
     write_json(os.path.join(out, "summary.json"), summary)
@@ -391,6 +396,15 @@ def analyse_loaded(report: Report, run: LoadedRun, out: str, log=print) -> dict:
         "by_examples": full,
         "parts": {p.key: p.res for p in parts},
     }
+
+
+def compared(report: Report, tables: dict, log=print) -> dict:
+    """summary.json's "passing_vs_failing": {"method": how, question set: {measure:
+    `tables.group_difference`}} of `report.compare` over the labelled `tables` of a run
+    with a selection, printed as one block."""
+    comparison = compare_groups(tables, report.compare)
+    print_comparison(comparison, log, report.example_words)
+    return {"method": COMPARED} | comparison
 
 
 def analyse_subject(report: Report, run: LoadedRun, out: str, log=print) -> dict:

@@ -56,6 +56,7 @@ from jaxmech.reports.questions import (
     patched_relation,
     report_view,
 )
+from jaxmech.reports.tables import Measure
 
 TWINS = ("mirror", "recolour")
 
@@ -345,4 +346,17 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=("logp", "shifts"),
     photos=True,
+    compare=(
+        Measure(
+            "mirror patch: belief shift (log-prob)",
+            "shifts",
+            "shift_logp",
+            (
+                ("twin", "mirror"),
+                ("word", "both"),
+                ("group", ("image", "question", "objects", "last")),
+            ),
+            ("layer", "group"),
+        ),
+    ),
 )

@@ -48,6 +48,7 @@ from jaxmech.reports.common import (
     question_ci,
     view_of,
 )
+from jaxmech.reports.tables import Measure
 from jaxmech.stats import mean_ci
 
 LABEL_WORDS = {
@@ -350,4 +351,11 @@ REPORT = Report(
     examples=EXAMPLES,
     per_model=tuple("delta r2 baseline ceiling h v cos_train_val analytic peak_probes".split()),
     example_words=LABEL_WORDS,
+    compare=(
+        Measure("R^2 rank 2", "r2", "r2", (("rank", 2),), ("site",)),
+        Measure("split-half ceiling", "r2", "ceiling", (("rank", 2),), ("site",)),
+        Measure(
+            "cos(training labels' ID, validation labels')", "axes", "cos_train_val", (), ("site",)
+        ),
+    ),
 )

@@ -89,6 +89,7 @@ from jaxmech.reports.common import (
     view_of,
 )
 from jaxmech.reports.questions import first_answer, take_examples
+from jaxmech.reports.tables import Measure
 from jaxmech.stats import correlation_ci, mean_ci
 
 
@@ -755,6 +756,30 @@ REPORT = Report(
     per_model=("flip_rates", "authors_rates", "beliefs", "beliefs_paper", "accuracy"),
     photos=True,
     across=across_steerability,
+    compare=(
+        Measure(
+            "authors' steering: flip rate",
+            "authors",
+            "flip_rate",
+            (("kind", ("id", "noise")),),
+            ("site", "relation", "kind"),
+        ),
+        Measure(
+            "jaxmech's alpha 5: flip rate",
+            "flips",
+            "flip_rate",
+            (("alpha", 5.0), ("kind", ("id", "noise"))),
+            ("site", "relation", "kind"),
+        ),
+        Measure(
+            "authors' steering: ID less noise flip rate",
+            "authors",
+            "flip_rate",
+            (("kind", "id"),),
+            ("site", "relation"),
+            (("kind", "noise"),),
+        ),
+    ),
 )
 
 
