@@ -18,26 +18,39 @@ positions, its image geometry and its chat template.
 * `with_resize`, `padded_rows`, `image_rows`, `grid_spans`: a processor's resize
   backend, its prompts' token rows, where their image tokens are, and the `Spans` of a
   square grid of image tokens.
+* `Rendering`, `decoder_view`: a family's `VLMView` from what differs (how it encodes
+  and places a batch, its pixels' decoding, forward, positions, image geometry); the
+  rest (drawn scenes, photographs and text asked, the answer-row forward, resumed runs,
+  greedy replies, the text's rotary ids) is filled here alike.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import prompts
+from jaxmech.data import pictures, prompts
+from jaxmech.data.pixels import decoded
 from jaxmech.data.resize import BACKENDS
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_forward
-from jaxmech.families.vlm_view import Spans
+from jaxmech.families.vlm_view import Spans, VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models import checks, hub, layout
 from jaxmech.models.checks import shape
-from jaxmech.models.decoder import POINTS, UNROTATED_POINTS, block_sites, next_token_logprobs
+from jaxmech.models.decoder import (
+    POINTS,
+    RESUME_SITES,
+    UNROTATED_POINTS,
+    answer_forward,
+    block_sites,
+    next_token_logprobs,
+)
 from jaxmech.models.generate import Decoding, continued_ids, generate
 from jaxmech.models.hf_config import get
 from jaxmech.models.hub import T, heads_bias, heads_in, heads_out, same
 from jaxmech.models.layout import authors_vit_mlp
-from jaxmech.models.positions import rotary_angles
+from jaxmech.models.positions import rotary_angles, view_ids
 
 # the reports of a family whose view has no video (`temporal_ids` needs one)
 IMAGE_REPORTS = tuple(r for r in VLM_REPORTS if r != "temporal_ids")
@@ -327,3 +340,140 @@ def grid_spans(enc, words, cells=(1, 1)) -> Spans:
     return Spans(enc.inputs.image_BxI, np.stack([0 * r, r, c], 1).astype(np.int32),
                  ((r * cells[0] // max(g, 1)) * cells[1] + c * cells[1] // max(g, 1)).astype(np.int32),
                  xy[:, 0], xy[:, 1], question, np.full(len(xy), S - 1, np.int32))  # fmt: skip
+
+
+# ---- the VLM view ------------------------------------------------------------------------
+
+
+class Rendering(NamedTuple):
+    """How a family makes a placed batch (inputs on the device, `Spans`): `encode(proc,
+    images, questions)` and `encode_text(proc, questions)` -> its `Encoded`,
+    `place(enc, words, grid)` -> (inputs, Spans); `encode_photos` photographs' encode
+    where it is not `encode`'s (e.g. each squashed to one tile)."""
+
+    encode: Callable
+    encode_text: Callable
+    place: Callable
+    encode_photos: Callable | None = None
+
+
+def spans_placed(spans, enc, words, grid):
+    """`Rendering.place` of a family whose `spans(enc, words, cells=(rows, cols))` gives
+    an encoded batch's `Spans`: (inputs on the device, Spans with `first_B`)."""
+    return placed(enc.inputs, spans(enc, words, cells=(grid.h, grid.w)))
+
+
+def rendering(module, encode_photos=None) -> Rendering:
+    """The `Rendering` of a family's processor `module` with `encode(proc, images,
+    questions, codes=True)` (uint8 pixel codes, decoded in the forward), `encode_text`
+    and `spans(enc, words, cells)`."""
+    return Rendering(functools.partial(module.encode, codes=True), module.encode_text,
+                     functools.partial(spans_placed, module.spans), encode_photos)  # fmt: skip
+
+
+def render_scenes(proc, rendering: Rendering, grid, size: int, specs, ask=None,
+                  templates=pictures.TEMPLATES):  # fmt: skip
+    """(Inputs, Spans) of `specs` drawn `size` px square and asked (`pictures.asked`);
+    `ask`: the specs whose questions are asked (default `specs`'), so a twin keeps its
+    example's question; `templates` their wording."""
+    images, questions, words = pictures.asked(grid, specs, size, ask, templates)
+    enc = rendering.encode(proc, list(images), list(questions))
+    return rendering.place(enc, [tuple(w) for w in words], grid)
+
+
+def render_photos(proc, rendering: Rendering, grid, images, questions, words):
+    """(Inputs, Spans) of photographs (uint8 [H, W, 3]) asked `questions` (the final
+    text), their object words `words` [(X, Y)], through the processor's own resize."""
+    encode = rendering.encode_photos or rendering.encode
+    enc = encode(proc, list(images), list(questions))
+    return rendering.place(enc, [tuple(w) for w in words], grid)
+
+
+def render_text(proc, rendering: Rendering, grid, questions, words):
+    """(Inputs, Spans) of `questions` asked without an image (no image tokens)."""
+    enc = rendering.encode_text(proc, list(questions))
+    return rendering.place(enc, [tuple(w) for w in words], grid)
+
+
+def pixel_decoder(field: str, table, features_per_channel: int):
+    """`decode(inputs)`: a rendered batch's uint8 pixel levels in `field` normalised by
+    `table` (`data.pixels.decoded`), as the model reads them."""
+    return functools.partial(_decode, field, table, features_per_channel)
+
+
+def _decode(field, table, features_per_channel, inputs):
+    return decoded(inputs, field, table, features_per_channel)
+
+
+def answer_row_forward(model_forward, config, decode, params, inputs, edits=None,
+                       capture=False, resume=None):  # fmt: skip
+    """(logits [B, V] at the last token, intermediates): `model_forward` at the answer
+    row (`models.decoder.answer_forward`: the last block runs that row only unless the
+    capture needs every row), the rendered pixels decoded first (`decode`)."""
+    return answer_forward(functools.partial(model_forward, config=config), config.lm_layers,
+                          params, decode(inputs), edits, capture, resume)  # fmt: skip
+
+
+def resumed(forward, Resume, params, inputs, layer, start, x_BxTxD, aux):  # noqa: N803
+    """The answer's logits [B, V] of a view `forward` resumed at LM block `layer` from
+    rows start.. (`x_BxTxD`), the rows before from `aux`'s cache (the family's `Resume`)."""
+    return forward(params, inputs, resume=Resume(layer, start, x_BxTxD, aux))[0]
+
+
+def text_position_ids(params, spans: Spans):
+    """[B, 3, S] 1-D rotary ids (each row's real tokens counted from 0), three equal rows
+    as `Edits.lm_pos_ids` takes them."""
+    return view_ids(spans.first_B, *np.shape(spans.question_BxS))
+
+
+def refuse_video(video: bool, name: str, why: str = "") -> None:
+    """A ValueError naming `video` where a family (`name`) without a video view is asked
+    for one; `why` appended to the message."""
+    if video:
+        raise ValueError(f"video = True: the {name} family has no video view{why}")
+
+
+def _const(value):
+    return lambda *args: value
+
+
+def decoder_view(name: str, *, config, folder: str, proc, model, rendering: Rendering,
+                 grid, size: int, templates, answer_words, position_basis, vit_positions,
+                 image_grid, decode=None, forward=None, forward_from=True, generates=True,
+                 vit_blocks: int = 0, render=None, lm_position_ids=text_position_ids,
+                 **own) -> VLMView:  # fmt: skip
+    """A checkpoint family's `VLMView` (`families.vlm_view`) from what differs per family:
+    `rendering` (drawn scenes, photographs and text through `proc`; `render` its own drawn
+    scenes' instead), `decode` (None: inputs as they are) and `model` (`model.forward` at
+    the answer row, or `forward`; `model.Resume`: `forward_from` True resumes any LM block
+    from its key / value cache, False none, or the family's; `model.decoding`: `generate`
+    with `folder`'s end-of-sequence ids, unless not `generates`), `answer_words` [R, 2],
+    `position_basis(params)`, `vit_positions` (rows, cols, extent), `vit_blocks`,
+    `lm_position_ids` (default the text's 1-D ids), `image_grid` (a tuple: every
+    photograph's, `at_image_grid` this view; or `image_grid(h, w)`, the family giving
+    `at_image_grid`); `own`: the other `VLMView` fields (`image_frame`, `vit_table`,
+    `resume_any_layer`, ...)."""
+    if forward is None:
+        forward = functools.partial(answer_row_forward, model.forward, config, decode)
+    if forward_from is True:
+        forward_from = functools.partial(resumed, forward, model.Resume)
+    one_grid = isinstance(image_grid, tuple)
+    view = VLMView(
+        name=name, grid=grid, n_labels=len(pictures.SHAPES), n_colours=len(pictures.COLOURS),
+        render=render or functools.partial(render_scenes, proc, rendering, grid, size,
+                                           templates=templates),
+        forward=forward, answer_words=answer_words,
+        n_lm_blocks=_const(config.lm_layers), lm_position_ids=lm_position_ids,
+        vit_positions=_const(vit_positions), vit_blocks=_const(vit_blocks),
+        position_basis=position_basis,
+        forward_from=forward_from or None,
+        cache_sites=RESUME_SITES if forward_from else (),
+        resume_any_layer=bool(forward_from),
+        generate=functools.partial(generate_rendered, model.decoding, config, folder,
+                                   decode) if generates else None,
+        render_images=functools.partial(render_photos, proc, rendering, grid),
+        render_text=functools.partial(render_text, proc, rendering, grid),
+        image_grid=_const(image_grid) if one_grid else image_grid,
+        size=size,
+    )._replace(**own)  # fmt: skip
+    return one_image_grid(view) if one_grid else view

@@ -25,20 +25,15 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
-
 from jaxmech.data import pictures, prompts
-from jaxmech.data.pixels import decoded
-from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.data.spec import Grid
+from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3 import model, positions, processor
 from jaxmech.families.gemma3.config import Gemma3Config
-from jaxmech.families.vlm_view import VLMView, generate_rendered, one_image_grid, placed
-from jaxmech.models.decoder import RESUME_SITES, answer_forward
-from jaxmech.models.positions import view_ids
+from jaxmech.families.vlm_view import VLMView
 
 GRID = Grid(4, 4)  # gemma-3's 16 x 16 image tokens: 4 x 4 per cell
+RENDERING = hf_vlm.rendering(processor)
 
 
 def check_size(config: Gemma3Config, grid: Grid, size: int) -> None:
@@ -54,96 +49,26 @@ def check_size(config: Gemma3Config, grid: Grid, size: int) -> None:
                          "(each cell whole pooled tokens)")  # fmt: skip
 
 
-def _placed(enc, words, grid: Grid):
-    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    return placed(enc.inputs, processor.spans(enc, words, cells=(grid.h, grid.w)))
-
-
-def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
-           templates=pictures.TEMPLATES):  # fmt: skip
-    """(Inputs, Spans) of `specs` drawn and asked (`pictures.asked`); `ask`: the specs
-    whose questions are asked (default `specs`')."""
-    return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
-
-
-def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
-    """(Inputs, Spans) of photographs asked `questions`, their object words `words`."""
-    enc = processor.encode(proc, list(images), list(questions), codes=True)
-    return _placed(enc, [tuple(w) for w in words], grid)
-
-
-def render_text(proc: processor.Processor, grid: Grid, questions, words):
-    """(Inputs, Spans) of `questions` asked without an image (`processor.encode_text`)."""
-    enc = processor.encode_text(proc, list(questions))
-    return _placed(enc, [tuple(w) for w in words], grid)
-
-
-def decode(config: Gemma3Config, table, inputs):
-    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
-    (`data.pixels.decoded`), as `forward` reads them."""
-    return decoded(inputs, "pixels_BxPxF", table, config.patch_size**2)
-
-
-def forward(config: Gemma3Config, table, params, inputs, edits=None, capture=False,
-            resume=None):  # fmt: skip
-    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row (`models.decoder.answer_forward`), rendered uint8 levels normalised by `table`
-    first (`decode`)."""
-    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
-
-
-def forward_from(config: Gemma3Config, table, params, inputs, layer, start, x_BxTxD, aux):
-    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
-    resume = model.Resume(layer, start, x_BxTxD, aux)
-    return forward(config, table, params, inputs, resume=resume)[0]
-
-
-def vit_positions(config: Gemma3Config):
-    """(rows [P], cols [P], (g, g)): each patch's (row, col) in the position table."""
-    rows, cols = positions.patch_grid(config.grid)
-    return rows, cols, (config.grid, config.grid)
-
-
 def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: int | None = None,
                     video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder` (its tokenizer and image settings), with
     scenes on `grid` drawn `size` pixels square (None: the ViT's image size, the only
     one allowed). Raises ValueError naming `size`, `grid`, `video`, `wording` or the
     tokenizer before any compute."""
-    if video:
-        raise ValueError("video = True: the gemma3 family has no video view (one image per "
-                         "question)")  # fmt: skip
+    hf_vlm.refuse_video(video, "gemma3", " (one image per question)")
     templates, answers = pictures.wording(wording)
     size = config.image_size if size is None else size
     check_size(config, grid, size)
     proc = processor.load_processor(folder, config)
-    table = processor.pixel_table(proc.images)
-    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
     g = config.grid
-    view = VLMView(
-        name="gemma3",
-        grid=grid,
-        n_labels=len(pictures.SHAPES),
-        n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, proc, grid, size, templates=templates),
-        forward=functools.partial(forward, config, table),
+    return hf_vlm.decoder_view(
+        "gemma3", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
+        grid=grid, size=size, templates=templates,
+        decode=hf_vlm.pixel_decoder("pixels_BxPxF", processor.pixel_table(proc.images),
+                                    config.patch_size**2),
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
-        n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: view_ids(
-            spans.first_B, *np.shape(spans.question_BxS)
-        ),
-        vit_positions=lambda params: vit_positions(config),
-        vit_blocks=lambda params: 0,
         position_basis=lambda params: positions.position_basis(params, config),
-        forward_from=functools.partial(forward_from, config, table),
-        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
-        resume_any_layer=True,
-        cache_sites=RESUME_SITES,
-        render_images=functools.partial(render_images, proc, grid),
-        render_text=functools.partial(render_text, proc, grid),
-        image_grid=lambda height, width: (1, g, g),
+        vit_positions=(*positions.patch_grid(g), (g, g)),
+        image_grid=(1, g, g),
         image_frame=lambda height, width: (0.0, 0.0, float(height), float(width)),
-        size=size,
-    )
-    return one_image_grid(view)
+    )  # fmt: skip

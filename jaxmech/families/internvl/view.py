@@ -40,19 +40,14 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I LM image toke
 
 from __future__ import annotations
 
-import functools
-
 import jax.numpy as jnp
-import numpy as np
 
 from jaxmech.data import pictures, prompts
-from jaxmech.data.pixels import decoded
-from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.data.spec import Grid
+from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import encode, model, positions, processor
 from jaxmech.families.internvl.config import InternVLConfig
-from jaxmech.families.vlm_view import VLMView, generate_rendered, one_image_grid, placed
-from jaxmech.models.decoder import RESUME_SITES, answer_forward
-from jaxmech.models.positions import view_ids
+from jaxmech.families.vlm_view import VLMView
 
 GRID = Grid(4, 4)
 
@@ -70,49 +65,13 @@ def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
                          f"into the grid's {grid.h} x {grid.w} cells")  # fmt: skip
 
 
-def _placed(enc, words, grid: Grid):
-    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    return placed(enc.inputs, encode.spans(enc, words, cells=(grid.h, grid.w)))
+def encode_one_tile(proc, images, questions):
+    """`encode.encode` of photographs each squashed to one tile (module docstring)."""
+    one_tile = proc._replace(images=proc.images._replace(tiles=False))
+    return encode.encode(one_tile, images, questions, codes=True)
 
 
-def render(proc, grid: Grid, size: int, specs: SceneSpec, ask=None, templates=pictures.TEMPLATES):
-    """(Inputs, Spans) of `specs` drawn and asked (`pictures.asked`); `ask`: the specs
-    whose questions are asked (default `specs`'), so a twin keeps its example's question."""
-    return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
-
-
-def render_images(proc, grid: Grid, images, questions, words):
-    """(Inputs, Spans) of photographs asked `questions`, their object words `words`
-    [(X, Y)]; `proc` squashes each to one tile."""
-    enc = encode.encode(proc, list(images), list(questions), codes=True)
-    return _placed(enc, [tuple(w) for w in words], grid)
-
-
-def render_text(proc, grid: Grid, questions, words):
-    """(Inputs, Spans) of `questions` asked without an image (`encode.encode_text`)."""
-    enc = encode.encode_text(proc, list(questions))
-    return _placed(enc, [tuple(w) for w in words], grid)
-
-
-def decode(config: InternVLConfig, table, inputs):
-    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
-    (`data.pixels.decoded`), as `forward` reads them."""
-    return decoded(inputs, "pixels_BxTxPxF", table, config.patch_size**2)
-
-
-def forward(config: InternVLConfig, table, params, inputs, edits=None, capture=False,
-            resume=None):  # fmt: skip
-    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row (`models.decoder.answer_forward`), uint8 pixel levels normalised by `table`
-    first (`decode`)."""
-    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
-
-
-def forward_from(config: InternVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
-    """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`)."""
-    resume = model.Resume(layer, start, x_BxTxD, aux)
-    return forward(config, table, params, inputs, resume=resume)[0]
+RENDERING = hf_vlm.rendering(encode, encode_photos=encode_one_tile)
 
 
 def position_basis(params, side: int) -> jnp.ndarray:
@@ -127,40 +86,19 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
     """The view of the checkpoint in `folder` (module docstring), scenes drawn `size`
     pixels square (None: the processor's tile, the only size allowed). Raises ValueError
     naming `video`, `size`, `wording` or the tokenizer before any compute."""
-    if video:
-        raise ValueError("video = True: the internvl family has no video view")
+    hf_vlm.refuse_video(video, "internvl")
     templates, answers = pictures.wording(wording)
     proc = processor.load_processor(folder, config)
     size = proc.images.size if size is None else size
     check_size(proc, grid, size)
-    words = prompts.answer_ids(proc.tokenizer, answers)
     side = size // config.patch_size
-    table = processor.pixel_table(proc.images)
-    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
-    one_tile = proc._replace(images=proc.images._replace(tiles=False))
-    rows, cols = positions.patch_grid(side)
-    view = VLMView(
-        name="internvl",
-        grid=grid,
-        n_labels=len(pictures.SHAPES),
-        n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, proc, grid, size, templates=templates),
-        forward=functools.partial(forward, config, table),
-        answer_words=words,
-        n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lambda params, spans: view_ids(
-            spans.first_B, *np.shape(spans.question_BxS)
-        ),
-        vit_positions=lambda params: (rows, cols, (side, side)),
-        vit_blocks=lambda params: 0,
+    return hf_vlm.decoder_view(
+        "internvl", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
+        grid=grid, size=size, templates=templates,
+        decode=hf_vlm.pixel_decoder("pixels_BxTxPxF", processor.pixel_table(proc.images),
+                                    config.patch_size**2),
+        answer_words=prompts.answer_ids(proc.tokenizer, answers),
         position_basis=lambda params: position_basis(params, side),
-        forward_from=functools.partial(forward_from, config, table),
-        resume_any_layer=True,
-        cache_sites=RESUME_SITES,
-        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
-        render_images=functools.partial(render_images, one_tile, grid),
-        render_text=functools.partial(render_text, proc, grid),
-        image_grid=lambda height, width: (1, side, side),
-        size=size,
-    )
-    return one_image_grid(view)  # one tile: every photograph's grid the same
+        vit_positions=(*positions.patch_grid(side), (side, side)),
+        image_grid=(1, side, side),  # one tile: every photograph's grid the same
+    )  # fmt: skip

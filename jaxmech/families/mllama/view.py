@@ -55,13 +55,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data import pictures, prompts
-from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.data.spec import Grid
+from jaxmech.families import hf_vlm
 from jaxmech.families.mllama import model, positions, processor
 from jaxmech.families.mllama.config import MllamaConfig
-from jaxmech.families.vlm_view import Spans, VLMView, one_image_grid, placed
+from jaxmech.families.vlm_view import Spans, VLMView, placed
 from jaxmech.models.decoder import answer_forward
 from jaxmech.models.edits import Edits
-from jaxmech.models.positions import view_ids
 
 GRID = Grid(4, 4)
 RESIDUALS = ("resid_pre", "resid_mid", "resid_post")
@@ -109,27 +109,18 @@ def spans(c: MllamaConfig, enc: processor.Encoded, words, cells) -> Spans:
 
 
 def _placed(c, enc, words, grid: Grid):
-    sp = spans(c, enc, [tuple(w) for w in words], (grid.h, grid.w))
-    inputs, sp = placed(enc.inputs, sp)
+    """`hf_vlm.Rendering.place`: (inputs on the device, view-sequence Spans), each
+    row's first real token counted after the vision slots."""
+    inputs, sp = placed(enc.inputs, spans(c, enc, words, (grid.h, grid.w)))
     return inputs, sp._replace(first_B=sp.first_B + n_slots(c, enc.inputs))
 
 
-def render(c, proc, grid: Grid, size: int, specs: SceneSpec, ask=None,
-           templates=pictures.TEMPLATES):  # fmt: skip
-    """(Inputs, Spans) of `specs` drawn and asked (`pictures.asked`)."""
-    images, questions, words = pictures.asked(grid, specs, size, ask, templates)
-    return _placed(c, processor.encode(proc, list(images), list(questions)), words, grid)
-
-
-def render_images(c, proc, grid: Grid, images, questions, words):
-    """(Inputs, Spans) of photographs (each squashed to one tile) asked `questions`."""
-    enc = processor.encode(proc, list(images), list(questions), one_tile=True)
-    return _placed(c, enc, words, grid)
-
-
-def render_text(c, proc, grid: Grid, questions, words):
-    """(Inputs, Spans) of `questions` asked without an image (no vision slots)."""
-    return _placed(c, processor.encode_text(proc, list(questions)), words, grid)
+def rendering(c: MllamaConfig) -> hf_vlm.Rendering:
+    """Drawn scenes encoded as the reference tiles them (one tile at their size),
+    photographs each squashed to one tile."""
+    return hf_vlm.Rendering(processor.encode, processor.encode_text,
+                            functools.partial(_placed, c),
+                            functools.partial(processor.encode, one_tile=True))  # fmt: skip
 
 
 def _cross_after(c: MllamaConfig, y: int):
@@ -226,12 +217,6 @@ def forward(c: MllamaConfig, params, inputs, edits=None, capture=False, resume=N
     return logits, out
 
 
-def vit_positions(config: MllamaConfig):
-    """(rows [P], cols [P], (g, g)): each patch's (row, col) in a tile's tables."""
-    rows, cols = positions.patch_grid(config.grid)
-    return rows, cols, (config.grid, config.grid)
-
-
 def position_basis(params):
     """[P, E] the position embedding a one-tile image's patches get: (1 - tanh(g)) x
     the learned table + tanh(g) x aspect-ratio id 1's tile-0 table (patch rows)."""
@@ -240,39 +225,23 @@ def position_basis(params):
     return ((1 - g) * vit["pos"][1:] + g * vit["tile_pos"][1, 0, 1:]).astype(vit["pos"].dtype)
 
 
-def lm_position_ids(params, spans: Spans):
-    """[B, 3, S_view] the view sequence's ids (the vision slots' are never read)."""
-    return view_ids(spans.first_B, *np.shape(spans.question_BxS))
-
-
 def checkpoint_view(folder: str, config: MllamaConfig, grid: Grid = GRID, size: int | None = None,
                     video: bool = False, wording: str = "jaxmech") -> VLMView:  # fmt: skip
     """The view of the checkpoint in `folder`, scenes on `grid` drawn one tile square
     (`size` None: config.json's image_size, the only one allowed). Raises ValueError
     naming `size`, `grid`, `video`, `wording` or the tokenizer before any compute."""
-    if video:
-        raise ValueError("video = True: the mllama family has no video view")
+    hf_vlm.refuse_video(video, "mllama")
     templates, answers = pictures.wording(wording)
     size = config.image_size if size is None else size
     check_size(config, grid, size)
     proc = processor.load_processor(folder, config)
     g = config.grid
-    view = VLMView(
-        name="mllama",
-        grid=grid,
-        n_labels=len(pictures.SHAPES),
-        n_colours=len(pictures.COLOURS),
-        render=functools.partial(render, config, proc, grid, size, templates=templates),
-        forward=functools.partial(forward, config),
+    return hf_vlm.decoder_view(
+        "mllama", config=config, folder=folder, proc=proc, model=model,
+        rendering=rendering(config), grid=grid, size=size, templates=templates,
+        forward=functools.partial(forward, config), forward_from=False, generates=False,
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
-        n_lm_blocks=lambda params: config.lm_layers,
-        lm_position_ids=lm_position_ids,
-        vit_positions=lambda params: vit_positions(config),
-        vit_blocks=lambda params: 0,
         position_basis=position_basis,
-        render_images=functools.partial(render_images, config, proc, grid),
-        render_text=functools.partial(render_text, config, proc, grid),
-        image_grid=lambda height, width: (1, g, g),
-        size=size,
-    )
-    return one_image_grid(view)
+        vit_positions=(*positions.patch_grid(g), (g, g)),
+        image_grid=(1, g, g),
+    )  # fmt: skip

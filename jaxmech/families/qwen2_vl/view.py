@@ -44,15 +44,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data import pictures, prompts
-from jaxmech.data.pixels import decoded
 from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl import model, positions, processor
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.families.vlm_view import VLMView, generate_rendered, placed
-from jaxmech.models.decoder import RESUME_SITES, answer_forward
+from jaxmech.families.vlm_view import VLMView
 
 VIDEO_FPS = 2.0  # a rendered video's frame rate: each scene frame shown for one second
 GRID = Grid(4, 4)  # the default scene grid: 448 px = 4 cells of 4 x 4 merged tokens
+RENDERING = hf_vlm.rendering(processor)
 
 
 def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = False) -> None:
@@ -80,39 +80,17 @@ def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = F
 
 def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
            video: bool = False, templates=pictures.TEMPLATES):  # fmt: skip
-    """(Inputs, Spans) of `specs` drawn and asked; `ask`: the specs whose questions are
-    asked (default `specs`'): a twin (e.g. recoloured) keeps its example's question, so
-    both runs have the same tokens. `video`: drawn as videos (`pictures.draw_video`),
-    each frame repeated over the temporal patch so that each scene frame is one
-    temporal patch, at `VIDEO_FPS`. `templates`: the pictures' questions' wording
-    (`pictures.TEMPLATES` or `AUTHORS_TEMPLATES`)."""
+    """(Inputs, Spans) of `specs` drawn and asked (`hf_vlm.render_scenes`); `video`: drawn
+    as videos (`pictures.draw_video`), each frame repeated over the temporal patch so
+    that each scene frame is one temporal patch, at `VIDEO_FPS`, asked about time."""
     if not video:
-        return render_images(proc, grid, *pictures.asked(grid, specs, size, ask, templates))
+        return hf_vlm.render_scenes(proc, RENDERING, grid, size, specs, ask, templates)
     ask = specs if ask is None else ask
     frames = np.repeat(pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1)
     asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
     enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
     words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
-    return _placed(enc, words, grid)
-
-
-def _placed(enc, words, grid: Grid):
-    """(Inputs on the device, Spans) of an encoded batch whose object words are `words`."""
-    return placed(enc.inputs, processor.spans(enc, words, cells=(grid.h, grid.w)))
-
-
-def render_images(proc: processor.Processor, grid: Grid, images, questions, words):
-    """(Inputs, Spans) of photographs (one processed grid: `image_grid`) asked
-    `questions` (the final text), their object words `words` [(X, Y)]; each image goes
-    through the processor's own resize (`processor.patches`)."""
-    enc = processor.encode(proc, list(images), list(questions), codes=True)
-    return _placed(enc, [tuple(w) for w in words], grid)
-
-
-def render_text(proc: processor.Processor, grid: Grid, questions, words):
-    """(Inputs, Spans) of `questions` asked without an image (`processor.encode_text`)."""
-    enc = processor.encode_text(proc, list(questions))
-    return _placed(enc, [tuple(w) for w in words], grid)
+    return RENDERING.place(enc, words, grid)
 
 
 def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
@@ -123,23 +101,7 @@ def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
     return (1, h // s.patch_size, w // s.patch_size)
 
 
-def decode(config: QwenVLConfig, table, inputs):
-    """Rendered `inputs` with their uint8 pixel levels normalised by `table`
-    (`data.pixels.decoded`), as `forward` reads them."""
-    return decoded(inputs, "pixels_BxPxF", table, config.patch_features // 3)
-
-
-def forward(config: QwenVLConfig, table, params, inputs, edits=None, capture=False, resume=None):
-    """(logits [B, V] at the last token, intermediates): `model.forward` at the answer
-    row (`models.decoder.answer_forward`: the last block runs that row only, as the
-    toy's does, unless the capture needs every row), the rendered pixels' uint8 levels
-    normalised by `table` first (`data.pixels.decoded`: a quarter of the bytes held
-    until a chunk runs)."""
-    return answer_forward(functools.partial(model.forward, config=config), config.lm_layers,
-                          params, decode(config, table, inputs), edits, capture, resume)  # fmt: skip
-
-
-def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_BxTxD, aux):
+def forward_from(config: QwenVLConfig, forward, params, inputs, layer, start, x_BxTxD, aux):
     """The answer's logits [B, V] of a run resumed at LM block `layer` (`model.Resume`).
     Before a DeepStack injection (Qwen3-VL, layer < len(vit_deepstack)) the rows before
     `start` are not taken from `aux`'s cache: the later blocks add these inputs'
@@ -152,8 +114,7 @@ def forward_from(config: QwenVLConfig, table, params, inputs, layer, start, x_Bx
                              "injection reads (capture it)")  # fmt: skip
         x_BxTxD = jnp.concatenate([aux[name][:, :start].astype(x_BxTxD.dtype), x_BxTxD], 1)
         start = 0
-    resume = model.Resume(layer, start, x_BxTxD, aux)
-    return forward(config, table, params, inputs, resume=resume)[0]
+    return hf_vlm.resumed(forward, model.Resume, params, inputs, layer, start, x_BxTxD, aux)
 
 
 def lm_position_ids(config: QwenVLConfig, spans, interval: float = 1.0,
@@ -238,47 +199,35 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     proc = processor.load_processor(folder, config)
     size = default_size(proc, grid, video) if size is None else size
     check_size(proc, grid, size, video)
-    words = prompts.answer_ids(proc.tokenizer, answers)
     p = size // config.patch_size
-    grid_thw = (grid.h if video else 1, p, p)
     interval = processor.time_interval(proc, VIDEO_FPS) if video else 1.0
     table = processor.pixel_table(proc.videos if video else proc.images)
-    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval, table=table,
-                 folder=folder)  # fmt: skip
-    drawn = functools.partial(render, proc, grid, size, video=video, templates=templates)
-    return _view(grid_thw, drawn, video=video, **parts)._replace(size=size)
+    parts = dict(proc=proc, config=config, grid=grid, folder=folder, video=video,
+                 words=prompts.answer_ids(proc.tokenizer, answers), interval=interval,
+                 render=functools.partial(render, proc, grid, size, video=video,
+                                          templates=templates),
+                 decode=hf_vlm.pixel_decoder("pixels_BxPxF", table, config.patch_features // 3))  # fmt: skip
+    return _view((grid.h if video else 1, p, p), parts)._replace(size=size)
 
 
-def _view(grid_thw, drawn, *, proc, config, grid, words, interval, table, folder,
-          video) -> VLMView:  # fmt: skip
+def _view(grid_thw, parts) -> VLMView:
     """The view whose ViT positions are those of patch grid `grid_thw` (its drawn
-    scenes' size, or a photograph bucket's: `at_image_grid`); `generate`: greedy replies
-    with the checkpoint `folder`'s end-of-sequence ids."""
-    parts = dict(proc=proc, config=config, grid=grid, words=words, interval=interval,
-                 table=table, folder=folder, video=video)  # fmt: skip
-    decoder = functools.partial(decode, config, table)  # a rendered batch as the model reads it
-    return VLMView(
-        name=config.variant,
-        grid=grid,
-        n_labels=len(pictures.SHAPES),
-        n_colours=len(pictures.COLOURS),
-        render=drawn,
-        forward=functools.partial(forward, config, table),
-        answer_words=words,
-        n_lm_blocks=lambda params: config.lm_layers,
+    scenes', or a photograph bucket's: `at_image_grid`; `size` only on the first)."""
+    config, proc, video = parts["config"], parts["proc"], parts["video"]
+    forward = functools.partial(hf_vlm.answer_row_forward, model.forward, config, parts["decode"])
+    view = hf_vlm.decoder_view(
+        config.variant, config=config, folder=parts["folder"], proc=proc, model=model,
+        rendering=RENDERING, grid=parts["grid"], size=None, templates=None,
+        render=parts["render"], decode=parts["decode"], forward=forward,
+        forward_from=functools.partial(forward_from, config, forward), answer_words=parts["words"],
         lm_position_ids=lambda params, spans: lm_position_ids(
-            config, spans, interval, video and config.video_timestamps
-        ),
-        vit_positions=lambda params: vit_positions(grid_thw, config.merge_size),
-        vit_blocks=lambda params: config.vit_depth,
+            config, spans, parts["interval"], video and config.video_timestamps),
+        vit_positions=vit_positions(grid_thw, config.merge_size),
+        vit_blocks=config.vit_depth,
         position_basis=lambda params: position_basis(config, grid_thw),
-        forward_from=functools.partial(forward_from, config, table),
-        resume_any_layer=not config.vit_deepstack,  # a DeepStack layer reruns its rows
-        cache_sites=RESUME_SITES,
-        generate=functools.partial(generate_rendered, model.decoding, config, folder, decoder),
-        render_images=None if video else functools.partial(render_images, proc, grid),
-        render_text=functools.partial(render_text, proc, grid),
         image_grid=functools.partial(image_grid, proc),
-        at_image_grid=lambda thw: _view(tuple(thw), drawn, **parts),
+        at_image_grid=lambda thw: _view(tuple(thw), parts),
         vit_table=bool(config.vit_pos_table),
-    )
+        resume_any_layer=not config.vit_deepstack,  # a DeepStack layer reruns its rows
+    )  # fmt: skip
+    return view._replace(render_images=None) if video else view
