@@ -4,7 +4,10 @@
 COCO-Spatial sample by `tests/fixtures/authors/make_authors_reference.py`; their outputs
 in `steering.npz` (per question and run: the generated reply, their verdict, the log p of
 the answer and the other word's "▁Left" / "▁Right" piece at the first generated token,
-their control states' norms), the universal IDs in `spatial_ids.npz`.
+their control states' norms), the universal IDs in `spatial_ids.npz`. The same on
+Qwen2-VL (`qwen2vl_28`, their `qwen2-2b`, layers 8 and 14 of their window 6:16, the bare
+"left" / "right" pieces their stats read for it): `steering_qwen2.npz` and
+`spatial_ids_qwen2.npz`, by `make_authors_qwen2_vl.py`.
 
 Their steering: the direction from the control reply (lower-cased text: "right" and not
 "left" -> X from cell (3, 0) to (0, 0); "left" and not "right" -> (0, 0) to (3, 0);
@@ -26,15 +29,18 @@ import pytest
 HERE = os.path.dirname(__file__)
 AUTHORS = os.path.join(HERE, "fixtures", "authors")
 LLAVA = os.path.join(AUTHORS, "llava_336")
+QWEN2 = os.path.join(AUTHORS, "qwen2vl_28")  # their `qwen2-2b` (make_authors_qwen2_vl.py)
 SAMPLE = os.path.join(HERE, "fixtures", "datasets", "whatsup")
 COMMIT = "1c034d6ecbe1494c450d412f52fdf98e4a4c51c2"
 # their corner IDs as jaxmech's row-major cells of the 4 x 4 grid: (x, y) -> 4 y + x
 CORNER = {"left": (0, 3), "right": (3, 0), "above": (0, 12), "below": (12, 0)}
 
 
-def reference() -> tuple[dict, dict]:
+def reference(suffix: str = "") -> tuple[dict, dict]:
+    """(their steering outputs, their spatial IDs): LLaVA's, or with `suffix` "_qwen2"
+    Qwen2-VL's (`make_authors_qwen2_vl.py`)."""
     out = []
-    for name in ("steering.npz", "spatial_ids.npz"):
+    for name in (f"steering{suffix}.npz", f"spatial_ids{suffix}.npz"):
         ref = np.load(os.path.join(AUTHORS, name))
         assert str(ref["commit"]) == COMMIT
         out.append({k: ref[k] for k in ref.files})
@@ -60,11 +66,12 @@ def their_direction(reply: str):
     return None
 
 
-def test_their_steering_ran_on_every_worded_question():
+@pytest.mark.parametrize("suffix", ["", "_qwen2"])
+def test_their_steering_ran_on_every_worded_question(suffix):
     """Every sample row their `utils/coco.py` can word (left / right, above / below; not
     "a dog and a cat") has a control and a steered run at each layer, with a verdict and
     finite log-probs; their verdicts follow their rule on their replies."""
-    ref, _ = reference()
+    ref, _ = reference(suffix)
     assert len(ref["case"]) == 5
     assert np.isfinite(ref["logp_CxRx2"]).all()
     for case, replies, verdicts in zip(ref["case"], ref["reply"], ref["verdict"]):
@@ -105,23 +112,23 @@ def test_reply_direction_is_their_response_test():
     assert np.asarray(counted).tolist() == [True] * 4 + [False, False]
 
 
-def test_steered_first_token_equals_theirs_per_question():
+def assert_first_token_logp(folder, P, ref, ids, piece, read, **load) -> None:
     """jaxmech's forward with `Edits.add` at `lm/resid_pre.L` and jaxmech's
-    `analysis.steering.authors_vectors` over their universal IDs and norms gives their
-    log p of the answer and the other word at the first generated token, per question,
-    unsteered and steered at both layers (their direction from their reply: judging a
-    reply is theirs; jaxmech's report reads the top token, below)."""
+    `analysis.steering.authors_vectors` over their universal IDs `ids` and their norms
+    gives their log p of the answer and the other word (`read(word)`: the piece their
+    `compute_coco_stats.py` reads) at the first generated token, per question of `ref`,
+    unsteered and steered at both layers (their direction from their reply). `P`: the
+    family's processor module (`load`: `load_processor`'s options); `piece(word)`: the
+    object word's piece in the prompt."""
     import jax
     import jax.numpy as jnp
 
     import jaxmech
     from jaxmech.analysis.steering import authors_vectors
-    from jaxmech.families.llava import processor as P
     from jaxmech.models.edits import Edits
 
-    ref, ids = reference()
-    model = jaxmech.load(LLAVA, dtype=jnp.float32)
-    proc = P.load_processor(LLAVA, model.config, resize="pil")
+    model = jaxmech.load(folder, dtype=jnp.float32)
+    proc = P.load_processor(folder, model.config, **load)
     tok = proc.tokenizer
     layers = [int(y) for y in ref["steer_layers"]]
     sites = [f"lm/resid_pre.{y}" for y in layers]
@@ -136,11 +143,11 @@ def test_steered_first_token_equals_theirs_per_question():
         photo, q, x, y, pos, neg = their_question(case)
         enc = P.encode(proc, [photo], [q])
         tokens = np.asarray(enc.inputs.tokens_BxS[0])
-        rows = [int(np.flatnonzero(tokens == tok.token_to_id("▁" + w))[0]) for w in (x, y)]
-        read = [tok.token_to_id("▁" + w.capitalize()) for w in (pos, neg)]
+        rows = [int(np.flatnonzero(tokens == tok.token_to_id(piece(w)))[0]) for w in (x, y)]
+        words = [tok.token_to_id(read(w)) for w in (pos, neg)]
         S, D = tokens.shape[0], model.config.lm_width
         zero = np.zeros((len(layers), S, D), np.float32)
-        np.testing.assert_allclose(np.asarray(logp(enc.inputs, zero))[read], ref["logp_CxRx2"][c, 0], atol=1e-4)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(logp(enc.inputs, zero))[words], ref["logp_CxRx2"][c, 0], atol=1e-4)  # fmt: skip
         direction = their_direction(str(ref["reply"][c, 0]))
         assert direction is not None  # the fixture's control replies are decisive
         src, dst = CORNER[direction]
@@ -150,8 +157,35 @@ def test_steered_first_token_equals_theirs_per_question():
             for sign, row, norm in zip((1.0, -1.0), rows, ref["word_norm_CxYx2"][c, r]):
                 v = authors_vectors(delta, np.array([src]), np.array([dst]), np.array([norm]), 5.0)
                 add[r, row] += sign * np.asarray(v[0])
-            got = np.asarray(logp(enc.inputs, add))[read]
+            got = np.asarray(logp(enc.inputs, add))[words]
             np.testing.assert_allclose(got, ref["logp_CxRx2"][c, 1 + r], atol=1e-4)
+
+
+def test_steered_first_token_equals_theirs_per_question():
+    """LLaVA (`llava_336`, their `llava-7b`): `assert_first_token_logp` with their
+    "▁Left" / "▁Right" pieces (`tokenize(": " + word.capitalize())[-1]`), photographs
+    resized by Pillow as their 4.53's slow processor (judging a reply is theirs;
+    jaxmech's report reads the top token, below)."""
+    from jaxmech.families.llava import processor as P
+
+    ref, ids = reference()
+    assert_first_token_logp(LLAVA, P, ref, ids, lambda w: "▁" + w,
+                            lambda w: "▁" + w.capitalize(), resize="pil")  # fmt: skip
+
+
+def test_qwen2_vl_steered_first_token_equals_theirs():
+    """Qwen2-VL (`qwen2vl_28`, their `qwen2-2b`, 28 LM blocks; their window 6:16, layers
+    8 and 14): `assert_first_token_logp` with the object words' "Ġ" pieces and the bare
+    answer pieces their `compute_coco_stats.py` reads for it (`tokenize(word)[-1]`:
+    "left", the reply's first token follows "assistant\\n"), their photographs resized
+    by Pillow (their 4.53's slow `Qwen2VLImageProcessor`) to multiples of 28; their
+    prompt the processor's chat template, jaxmech's `chat_prompt`. In the suite (~9 s
+    alone, as LLaVA's above): the one fast check of a second family against their code."""
+    from jaxmech.families.qwen2_vl import processor as P
+
+    ref, ids = reference("_qwen2")
+    assert int(ids["layers"][-1]) == 28 and len(ref["case"]) == 5
+    assert_first_token_logp(QWEN2, P, ref, ids, lambda w: "Ġ" + w, lambda w: w, resize="pil")
 
 
 # their replies are 250 tokens; the fixture's are ": left left ...", so the first
@@ -160,21 +194,29 @@ def test_steered_first_token_equals_theirs_per_question():
 N_NEW = 4
 
 
-def their_batch():
+def their_batch(family: str = "llava"):
     """(reference, the model, its authors' view, (inputs, spans) of the 5 stored cases
-    rendered by the view, [(correct, wrong)] words)."""
+    rendered by the view, [(correct, wrong)] words); `family` "qwen2_vl": Qwen2-VL's,
+    each case its own batch of one (the photographs resize to different patch grids):
+    (inputs, spans) a list of them."""
+    import importlib
+
     import jax.numpy as jnp
     from PIL import Image
 
     import jaxmech
-    from jaxmech.families.llava.view import checkpoint_view
 
-    ref, ids = reference()
-    model = jaxmech.load(LLAVA, dtype=jnp.float32)
-    view = checkpoint_view(LLAVA, model.config, wording="authors")
+    checkpoint_view = importlib.import_module(f"jaxmech.families.{family}.view").checkpoint_view
+    folder, suffix = (LLAVA, "") if family == "llava" else (QWEN2, "_qwen2")
+    ref, ids = reference(suffix)
+    model = jaxmech.load(folder, dtype=jnp.float32)
+    view = checkpoint_view(folder, model.config, wording="authors")
     qs = [their_question(c) for c in ref["case"]]
     images = [np.asarray(Image.open(q[0]).convert("RGB")) for q in qs]
-    rendered = view.render_images(images, [q[1] for q in qs], [q[2:4] for q in qs])
+    if family == "llava":
+        rendered = view.render_images(images, [q[1] for q in qs], [q[2:4] for q in qs])
+    else:
+        rendered = [view.render_images([im], [q[1]], [q[2:4]]) for im, q in zip(images, qs)]
     return ref, ids, model, view, rendered, [q[4:6] for q in qs]
 
 
@@ -206,6 +248,35 @@ def test_the_views_control_replies_are_theirs():
     g = view.generate(model.params, inputs, max_new_tokens=N_NEW)
     assert g.tokens_BxN.shape == (len(ref["case"]), N_NEW)
     assert_their_replies(*judged(model, inputs, g, words), ref, 0)
+
+
+@pytest.mark.slow
+def test_qwen2_vl_views_control_replies_are_theirs():
+    """Qwen2-VL's view-level `generate` on the five cases rendered by its authors' view
+    (one per batch): each greedy reply of N_NEW tokens, read as their
+    `compute_coco_stats.py` reads it (the text after the last "assistant": "\\nleft..."),
+    is the start of their stored control reply, with their verdict. Slow: five
+    batches of one (different patch grids), each compiled (~2 min on 2 busy cores)."""
+    ref, _, model, view, rendered, words = their_batch("qwen2_vl")
+    for c, (inputs, _) in enumerate(rendered):
+        g = view.generate(model.params, inputs, max_new_tokens=N_NEW)
+        texts, verdicts = judged(model, inputs, g, words[c : c + 1])
+        sub = {k: ref[k][c : c + 1] for k in ("reply", "verdict")}
+        assert_their_replies(texts, verdicts, sub, 0)
+
+
+def test_qwen2_vl_views_photographs_are_their_processors():
+    """The pixel codes Qwen2-VL's authors' view renders each photograph to equal their
+    processor's (Pillow's resize, as `processor.load_processor(resize="pil")`), as
+    LLaVA's view does (`llava.view.AUTHORS_PROCESSOR`)."""
+    from jaxmech.families.qwen2_vl import processor as P
+
+    ref, _, model, _, rendered, _ = their_batch("qwen2_vl")
+    proc = P.load_processor(QWEN2, model.config, resize="pil")
+    for case, (inputs, _) in zip(ref["case"], rendered):
+        photo, q = their_question(case)[:2]
+        theirs = P.encode(proc, [photo], [q], codes=True).inputs.pixels_BxPxF
+        np.testing.assert_array_equal(np.asarray(inputs.pixels_BxPxF), np.asarray(theirs))
 
 
 @pytest.mark.slow
@@ -263,8 +334,8 @@ def test_the_steering_report_under_the_authors_protocol_equals_theirs(tmp_path):
     replies) and their IDs their canvases' (no verdict changes here). Slow: the report's
     ID probes and factorial steering on the 32-block model (~9 min on 2 busy cores)."""
     from jaxmech.reports import steering
+    from jaxmech.reports.checkpoints import open_checkpoint
     from jaxmech.reports.driver import analyse_subject
-    from jaxmech.reports.subjects import open_checkpoint
 
     ref, _ = reference()
     run = open_checkpoint(LLAVA, grid=(4, 4), layers=(8, 14), protocol="authors", batch=8,

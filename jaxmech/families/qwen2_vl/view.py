@@ -196,7 +196,9 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
     templates, answers = pictures.wording(wording)
     if video:
         templates, answers = pictures.TEMPLATES, pictures.VIDEO_ANSWERS
-    proc = processor.load_processor(folder, config)
+    # their transformers (4.53) loads the slow Qwen2VLImageProcessor: Pillow's resize
+    pil = wording == "authors" and not video
+    proc = processor.load_processor(folder, config, **({"resize": "pil"} if pil else {}))
     size = default_size(proc, grid, video) if size is None else size
     check_size(proc, grid, size, video)
     p = size // config.patch_size
