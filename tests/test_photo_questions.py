@@ -86,7 +86,8 @@ def test_relations_a_flip_does_not_swap_are_left_out_and_said():
         # slow: patching on photographs stays in the suite through test_authors_patching
         pytest.param("patching", "coco_spatial", marks=pytest.mark.slow),
         ("counterfactuals", "cvbench"),  # What'sUp A's: `test_the_counterfactual_table_has_...`
-        ("steering", "manifest"),
+        # slow: the jaxmech protocol on photographs stays through diagnostics and the authors' steering
+        pytest.param("steering", "manifest", marks=pytest.mark.slow),
         ("steering", "manifest:authors"),
         ("diagnostics", "coco_spatial"),
     ],  # fmt: skip

@@ -179,16 +179,18 @@ def test_the_authors_steer_against_the_models_own_answer():
     assert np.isnan(st.authors_flip_rates(res)[("id", "horizontal")][0, 0])
 
 
+@pytest.mark.slow  # ~22 s (generation's compiles); test_photo_questions' steering-manifest:authors keeps the authors' steering end to end in the suite
 def test_steering_under_the_authors_protocol_end_to_end(tmp_path):
     """The steering report on the fixture under --protocol=authors: the authors'
     table per layer with n, intervals over questions where n >= 2. ~10 s: the probes,
-    the plain run and every steered one compile in one program."""
+    the plain run and every steered one compile in one program; the replies this
+    family generates are 2 tokens (their 250 would triple the test)."""
     from jaxmech.reports import steering as rs
     from jaxmech.reports.common import analyse_subject, open_checkpoint
 
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, layers=(1,),
                           protocol="authors", log=lambda *_: None)  # fmt: skip
-    out = analyse_subject(rs.REPORT, run, str(tmp_path), log=lambda *_: None)
+    out = analyse_subject(rs.report(2), run, str(tmp_path), log=lambda *_: None)
     rows = out["tables"]["authors"]
     # 4 questions per relation, each steered along the axis its reply names; "both" pools
     assert {r["site"] for r in rows} == {1}

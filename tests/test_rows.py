@@ -218,6 +218,7 @@ def _scratch(depth: int, folder: str, table: bool) -> tuple[float, float]:
     return float(compiled.memory_analysis().temp_size_in_bytes), float(block)
 
 
+@pytest.mark.slow  # ~3.5 s; test_no_mlp_weight_is_copied_with_bf16_products keeps the no-copy property
 def test_the_rows_forward_holds_no_block_copy(tmp_path, monkeypatch):
     """With bf16 products the plain forward over rows copies no block's weights: its
     scratch is under one block's bytes and flat with depth (the stacked path's was a
@@ -228,6 +229,7 @@ def test_the_rows_forward_holds_no_block_copy(tmp_path, monkeypatch):
     assert large - small < 0.1 * block and large < 0.5 * block, (small, large, block)
 
 
+@pytest.mark.slow  # ~5.5 s; test_a_traced_resume_scans_the_rows_and_equals_the_static_one keeps the scan
 @pytest.mark.parametrize("products", ["off", "on"])
 def test_scanned_rows_hold_one_block_at_a_time(tmp_path, monkeypatch, products):
     """The switch that picks a block's rows inside the scan copies that block only: the

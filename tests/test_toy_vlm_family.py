@@ -90,6 +90,7 @@ def vlm_run(tmp_path_factory):
     return full
 
 
+@pytest.mark.slow  # ~9 s beyond the shared run; test_sweep's kill / resume tests keep resume == uninterrupted
 def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_run, tmp_path):
     """The CLI sweep killed (SIGKILL) after its first checkpoint, then resumed in-process
     on the same folder, gives the uninterrupted in-process run's params bit for bit and

@@ -10,6 +10,7 @@ import os
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from conftest import quiet, tiny_vlm_config
 
 from jaxmech.analysis import counterfactuals as cfa
@@ -163,6 +164,7 @@ def _check_spans(config):
     np.testing.assert_allclose(rows_at(aux["lm/resid_pre.0"], ex.spans.x_B), words + pos)
 
 
+@pytest.mark.slow  # ~19 s; test_trained_family keeps a new family through sweeps, test_toy_vlm_family the VLM reports
 def test_paper_003_004_reports_run_on_a_stand_in_family(tmp_path):
     """~30 s: two stand-in models train through the sweep (one program) and three
     reports compile their one call each (one test, so that one worker trains)."""
