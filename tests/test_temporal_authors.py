@@ -99,7 +99,7 @@ def test_refusals_are_named_before_compute():
     with pytest.raises(ValueError, match="opened as videos"):
         temporal_ids.REPORT.check(pictures, quiet)
     with pytest.raises(ValueError, match="not a Qwen2 / Qwen2.5-VL video view"):
-        ta.video_parts(view_of(pictures))
+        ta.video_clock(view_of(pictures))
     one = np.array([[0, 1, -1]])  # X and Y both in frame 0 of 3
     spec = SceneSpec(one, one + 1, one, one * 0, np.ones(1, np.int32))
     with pytest.raises(ValueError, match=r"--questions: .* frame\(s\) \[1, 2\]"):

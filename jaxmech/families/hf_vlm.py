@@ -1,5 +1,5 @@
-"""What every Hugging Face VLM checkpoint family (`families/{qwen2_vl, llava, internvl,
-gemma3, mllama}`) has in the same shape, so that a new family writes only what differs:
+"""What every Hugging Face VLM checkpoint family (each registered in `families.registry`)
+has in the same shape, so that a new family writes only what differs:
 its config.json parsing and refusals, its key map, its vision tower and projector, its
 positions, its image geometry and its chat template.
 

@@ -152,6 +152,10 @@ class VLMView(NamedTuple):
     vit_table: bool = False
     size: int | None = None
     resume_any_layer: bool = False  # forward_from takes a traced layer (models.decoder.Resume)
+    # a video view: seconds per drawn frame, and its scenes rendered asked given questions
+    # ((specs, ask=None, *, questions) -> (Inputs, Spans)); None: pictures, or fixed wording
+    video_clock: float | None = None
+    render_asked: Callable | None = None
     generate: Callable | None = None
 
 

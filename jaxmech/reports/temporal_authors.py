@@ -63,7 +63,6 @@ from jaxmech.analysis import temporal_ids as tid
 from jaxmech.analysis.steering import add_forward, at_word
 from jaxmech.data import pictures
 from jaxmech.data.spec import mirror_height
-from jaxmech.families.vlm_view import placed
 from jaxmech.reports.common import cell_interval, fmt_interval, probe_rows, view_of
 from jaxmech.reports.questions import (
     chunk_progress,
@@ -90,24 +89,20 @@ def scaled(layer: int, n_blocks: int, top: int) -> int:
     return int(min(max(round(layer * n_blocks / THEIR_DEPTH), 0), top))
 
 
-def video_parts(view):
-    """(processor, grid, size, fps) of a Qwen video view; ValueError naming the view
-    where it is not one (the authors' questions are encoded with its processor)."""
-    from jaxmech.families.qwen2_vl import view as qview
-
-    r = view.render
-    if not (
-        isinstance(r, functools.partial) and r.func is qview.render and r.keywords.get("video")
-    ):
+def video_clock(view) -> float:
+    """Seconds per drawn frame of a video view that words its own questions
+    (`VLMView.render_asked`); ValueError naming the view where it is not one (the
+    authors' questions are encoded with its processor)."""
+    if view.render_asked is None or view.video_clock is None:
         raise ValueError(f"--protocol=authors: {view.name}'s view is not a Qwen2 / Qwen2.5-VL "
-                         "video view (the checkpoint opened as videos)")  # fmt: skip
-    proc, grid, size = r.args
-    return proc, grid, size, qview.VIDEO_FPS
+                         "video view (one that takes its questions: the checkpoint opened as "
+                         "videos)")  # fmt: skip
+    return view.video_clock
 
 
-def authors_questions(spec, n_frames: int, tp: int, fps: float) -> list[str]:
-    """[B] their time instruction and extraction question for each scene of `spec`."""
-    step = tp / fps  # seconds per scene frame (each one temporal patch)
+def authors_questions(spec, n_frames: int, step: float) -> list[str]:
+    """[B] their time instruction (frames `step` seconds apart) and extraction question
+    for each scene of `spec`."""
     head = TIME_INSTRUCTION.format(secs=n_frames * step, n=n_frames,
                                    times=",".join(f"{f * step:.2f}s" for f in range(n_frames)))  # fmt: skip
     return [head + AUTHORS_QUESTION.format(x=x, y=y) for x, y in pictures.object_names(spec)]
@@ -116,22 +111,16 @@ def authors_questions(spec, n_frames: int, tp: int, fps: float) -> list[str]:
 def render(view, spec, ask=None):
     """(inputs, spans) of `spec` as videos asked the authors' question of `ask`'s
     scenes (default `spec`'s: a time-reversed twin keeps its example's question)."""
-    from jaxmech.families.qwen2_vl import processor
-
-    proc, grid, size, fps = video_parts(view)
     ask = spec if ask is None else ask
-    tp = proc.videos.temporal_patch_size
-    frames = np.repeat(pictures.draw_video(grid, spec, size), tp, 1)
-    enc = processor.encode_video(proc, list(frames), authors_questions(ask, grid.h, tp, fps),
-                                 fps, codes=True)  # fmt: skip
-    words = pictures.object_names(ask)
-    return placed(enc.inputs, processor.spans(enc, words, cells=(grid.h, grid.w)))
+    asked = authors_questions(ask, view.grid.h, video_clock(view))
+    return view.render_asked(spec, ask, questions=asked)
 
 
 def setup(run) -> dict:
     """The layers and words, checked before any compute (ValueError naming the part)."""
     view = view_of(run)
-    proc, grid, _, _ = video_parts(view)
+    video_clock(view)
+    grid = view.grid
     first = jax.tree_util.tree_map(lambda x: x[0], run.params)
     n = view.n_lm_blocks(first)
     if grid.h < 2:
@@ -163,8 +152,7 @@ def extract(view, params, ex, inputs, spans, rows) -> np.ndarray:
 def word_marks(view, params, ex, site: int) -> np.ndarray:
     """[2, D] the words "before" and "after" of the first question asked without the
     video (their `get_text_embeddings_from_query`), at LM site `site`."""
-    proc, grid, _, fps = video_parts(view)
-    q = authors_questions(ex.spec, grid.h, proc.videos.temporal_patch_size, fps)[:1]
+    q = authors_questions(ex.spec, view.grid.h, video_clock(view))[:1]
     q = [q[0].split("\n", 1)[1]]  # the question alone: no video, no time instruction
     inputs, spans = view.render_text(q, [WORDS])
     st = [

@@ -393,7 +393,14 @@ def run_grid(
     outdir.check_usable(out)
     log = log if is_writer() else _quiet  # one process speaks for a multi-process sweep
     start = None if plan.start is None else plan.start.record
-    ident = identity(grid, plan.chunk, start, until)
+    return _open_and_train(plan, out, identity(grid, plan.chunk, start, until), overwrite,
+                           until, log)  # fmt: skip
+
+
+def _open_and_train(plan: _Plan, out: str, ident: dict, overwrite: bool, until, log) -> dict:
+    """`run_grid`'s folder step and training: process 0 takes the lock and opens `out`
+    (or its staging sibling), every process learns whether it is finished, raised or
+    fresh, and the chunks not yet trained train."""
     with contextlib.ExitStack() as held:
         folder = {"work": out}  # where process 0 trains; the others never touch it
 

@@ -79,15 +79,16 @@ def check_size(proc: processor.Processor, grid: Grid, size: int, video: bool = F
 
 
 def render(proc: processor.Processor, grid: Grid, size: int, specs: SceneSpec, ask=None,
-           video: bool = False, templates=pictures.TEMPLATES):  # fmt: skip
+           video: bool = False, templates=pictures.TEMPLATES, questions=None):  # fmt: skip
     """(Inputs, Spans) of `specs` drawn and asked (`hf_vlm.render_scenes`); `video`: drawn
     as videos (`pictures.draw_video`), each frame repeated over the temporal patch so
-    that each scene frame is one temporal patch, at `VIDEO_FPS`, asked about time."""
+    that each scene frame is one temporal patch, at `VIDEO_FPS`, asked about time (or
+    `questions`, one per scene: `VLMView.render_asked`)."""
     if not video:
         return hf_vlm.render_scenes(proc, RENDERING, grid, size, specs, ask, templates)
     ask = specs if ask is None else ask
     frames = np.repeat(pictures.draw_video(grid, specs, size), proc.videos.temporal_patch_size, 1)
-    asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES)
+    asked = pictures.questions(ask, pictures.VIDEO_TEMPLATES) if questions is None else questions
     enc = processor.encode_video(proc, list(frames), asked, VIDEO_FPS, codes=True)
     words = [(x, y or x) for x, y in pictures.object_names(ask)]  # presence names X only
     return RENDERING.place(enc, words, grid)
@@ -209,7 +210,11 @@ def checkpoint_view(folder: str, config: QwenVLConfig, grid: Grid = GRID, size: 
                  render=functools.partial(render, proc, grid, size, video=video,
                                           templates=templates),
                  decode=hf_vlm.pixel_decoder("pixels_BxPxF", table, config.patch_features // 3))  # fmt: skip
-    return _view((grid.h if video else 1, p, p), parts)._replace(size=size)
+    view = _view((grid.h if video else 1, p, p), parts)._replace(size=size)
+    if not video:
+        return view
+    return view._replace(video_clock=proc.videos.temporal_patch_size / VIDEO_FPS,
+                         render_asked=functools.partial(render, proc, grid, size, video=True))  # fmt: skip
 
 
 def _view(grid_thw, parts) -> VLMView:
