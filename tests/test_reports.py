@@ -62,6 +62,8 @@ def test_fmt_ci_is_mean_std_and_a_clipped_t_interval():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert common.fmt_ci([np.nan, np.nan]) == common.fmt_ci([]) == "empty (n = 0)"
+    # one model: its value, said to have no interval (not "+-0.000 [+nan,+nan]")
+    assert common.fmt_ci([np.nan, 0.25]) == "+0.250 (n = 1: no interval)"
 
 
 def _imports(path: pathlib.Path, module: str) -> set[str]:

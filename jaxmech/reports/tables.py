@@ -41,10 +41,13 @@ def fmt_spread(values, cell: str = "{mean:6.3f} +-{std:5.3f} [{min:.2f},{max:.2f
 
 def fmt_ci(values, lo: float | None = -1.0, hi: float | None = 1.0) -> str:
     """mean +-std [95% CI] over models (interval clipped to [lo, hi]), one table cell;
-    "empty (n = 0)" where no value is finite (never a measured-looking zero or NaN)."""
+    "empty (n = 0)" where no value is finite (never a measured-looking zero or NaN), and
+    one model's value without an interval (never "+-0.000 [nan, nan]")."""
     m, a, b, n = mean_ci(values, lo, hi)
     if n == 0:
         return "empty (n = 0)"
+    if n == 1:
+        return f"{m:+.3f} (n = 1: no interval)"
     v = np.asarray(values, float)
     return f"{m:+.3f} +-{float(v[np.isfinite(v)].std()):.3f} [{a:+.3f},{b:+.3f}]"
 
