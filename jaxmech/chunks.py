@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from jaxmech import memory
+from jaxmech.heartbeat import heartbeat
 
 
 def chunk_rows(n: int, batch: int) -> list[np.ndarray]:
@@ -130,7 +131,9 @@ def run_chunks(fn: Callable[[np.ndarray], dict], n: int, batch: int, progress=No
             rows = np.concatenate([np.arange(start, stop), np.zeros(batch - (stop - start), int)])
             if plan is not None:
                 memory.reset_peak()
-            out = cut_rows(fn(rows), stop - start)
+            # the first chunk also compiles the program: often the longest silence
+            with heartbeat(f"rows {start + 1}-{stop} of {n}", log):
+                out = cut_rows(fn(rows), stop - start)
             if store is not None:
                 store.put(start, out)
             if progress is not None:

@@ -26,6 +26,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from jaxmech.heartbeat import heartbeat
+
 
 def compiled_bytes(compiled) -> int:
     """Peak bytes of a compiled program by XLA's memory analysis: arguments + outputs +
@@ -339,7 +341,8 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
     row costs `devices` times its per-device bytes."""
     log("  memory: sizing the call (compiling it for one question)")
     share = devices if jax.default_backend() == "cpu" else 1
-    per_row = share * max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
+    with heartbeat("memory: sizing the call", log):
+        per_row = share * max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
     release_freed()  # the compile's scratch
     held = held_bytes()
     most = min(n, CPU_MAX_ROWS) if jax.default_backend() == "cpu" else n

@@ -25,6 +25,7 @@ import numpy as np
 
 from jaxmech.data.tasks import get_task
 from jaxmech.families import get_family
+from jaxmech.heartbeat import heartbeat
 from jaxmech.memory import peak_bytes, release_freed
 from jaxmech.reports.checkpoints import open_checkpoint
 from jaxmech.reports.runs import GENERALISING, check_run, check_runs, model_groups, open_run
@@ -433,13 +434,15 @@ def compiled_call(fn, args: tuple, what: str, log=print, estimate: bool = False)
     if estimate:
         log(estimate_line(traced.jaxpr, what))
     log(f"  {what}: compiling")
-    call = traced.lower().compile()
+    with heartbeat(f"{what}: compiling", log):
+        call = traced.lower().compile()
     release_freed()  # the compile's scratch
     t1 = time.perf_counter()
     m = call.memory_analysis()
     scratch = f", XLA's scratch {m.temp_size_in_bytes / 2**30:.2f} GB" if m is not None else ""
     log(f"  {what}: compiled in {t1 - t0:.0f} s{scratch}; computing")
-    out = jax.device_get(call(*args))
+    with heartbeat(f"{what}: computing", log):
+        out = jax.device_get(call(*args))
     log(f"  {what}: computed in {time.perf_counter() - t1:.0f} s")
     return out
 
