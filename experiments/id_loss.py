@@ -31,6 +31,16 @@ pictures (`jaxmech.reports.id_finetune`):
 
 (--id_site, --lr and --train_only override the authors' layer, rate 5e-5 and leaves; an
 LM of other than 28 blocks gets their layer at the same depth, round(11 n / 28).)
+
+Their fine-tune itself, on their data (`jaxmech.reports.authors_finetune`: their
+training folder "obj1_x1-y1_obj2_x2-y2.png", their selection, batches, loss, AdamW and
+schedule; weight 0 their run_vision_baseline.sh, w > 0 run_vision_spatial_loss.sh with
+--spatial_id_weight=w; the ID loss at their layer 11 unless --id_site; universal IDs
+from an npz of the derivation's arrays):
+
+    python -m experiments.id_loss --checkpoint=Qwen2-VL-2B-Instruct --protocol=authors \
+        --train_dir=data/train --universal_ids=qwen2-2b_ids.npz --weights=0,1 \
+        --epochs=1 --out=runs/qwen_authors_ft
 """
 
 from absl import app, flags
@@ -55,6 +65,12 @@ flags.DEFINE_string(
     "all (--base), the authors' MLP weights of the ViT's last 6 blocks (--checkpoint)"
 )  # fmt: skip
 flags.DEFINE_bool("overwrite", False, "replace an existing --out")
+flags.DEFINE_string("train_dir", None, "--protocol=authors: their training folder "
+                    "(obj1_x1-y1_obj2_x2-y2.png pictures)")  # fmt: skip
+flags.DEFINE_string("universal_ids", None, "--protocol=authors: npz of universal IDs "
+                    "(layers, cells_Cx2, universal_LxCxD) for weights above 0")  # fmt: skip
+flags.DEFINE_integer("epochs", 1, "--protocol=authors: epochs over their training folder")
+flags.DEFINE_integer("batch_size", 15, "--protocol=authors: their --batch_size")
 define_checkpoint_flags(own_out=False)
 FLAGS = flags.FLAGS
 
@@ -77,6 +93,8 @@ def on_checkpoint():
         raise app.UsageError("--checkpoint needs --out (the results folder)")
     weights = _weights(FLAGS.weights)
     setup_runtime()
+    if FLAGS.protocol == "authors":
+        return on_checkpoint_authors(weights)
     try:
         run = open_checkpoint(FLAGS.checkpoint, **checkpoint_options(FLAGS))
     except ValueError as e:
@@ -84,6 +102,24 @@ def on_checkpoint():
     lr = FLAGS.lr if FLAGS["lr"].present else 5e-5  # the authors' rate for a checkpoint
     site = FLAGS.id_site if FLAGS["id_site"].present else None  # None: the authors' layer
     run_id_loss(run, FLAGS.out, weights, site, FLAGS.steps, lr, FLAGS.train_only or None)
+
+
+def on_checkpoint_authors(weights):
+    """Their fine-tune of --checkpoint on --train_dir (`reports.authors_finetune`)."""
+    import jaxmech
+    from jaxmech.reports.authors_finetune import Recipe, run_authors_finetune
+
+    if not FLAGS.train_dir:
+        raise app.UsageError("--protocol=authors needs --train_dir (their training folder)")
+    try:
+        recipe = Recipe(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
+                        lr=FLAGS.lr if FLAGS["lr"].present else 5e-5,
+                        layer=FLAGS.id_site if FLAGS["id_site"].present else 11)  # fmt: skip
+        model = jaxmech.load(FLAGS.checkpoint, dtype=FLAGS.dtype)
+        run_authors_finetune(model, FLAGS.out, FLAGS.train_dir, weights, recipe,
+                             FLAGS.universal_ids)  # fmt: skip
+    except ValueError as e:
+        raise app.UsageError(str(e)) from None
 
 
 def main(argv):
