@@ -3,7 +3,10 @@
 then their `compute_spatial_distance` (`compute_coco_stats.py`, the arithmetic of
 `fig_8a.ipynb`) and true IDs (`utils/coco.py`'s `get_subject_spatial_id`) at layer 12,
 over their universal IDs and axes (`spatial_ids.npz`); run unmodified by
-`tests/fixtures/authors/make_authors_reference.py` into `deviation.npz`.
+`tests/fixtures/authors/make_authors_reference.py` into `deviation.npz`. The same on
+Qwen2-VL (`qwen2vl_28`, their `qwen2-2b`, layer 14: `fig_8b.ipynb` reads every model but
+LLaVA's at 14) over its universal IDs (`spatial_ids_qwen2.npz`): `deviation_qwen2.npz`,
+by `make_authors_occlusion.py`.
 
 No model runs here (their stored word states are the inputs): each test < 1 s.
 Tolerance: 1e-5 absolute (float32 arithmetic on the same numbers).
@@ -15,6 +18,7 @@ import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 HERE = os.path.dirname(__file__)
 AUTHORS = os.path.join(HERE, "fixtures", "authors")
@@ -23,9 +27,11 @@ COMMIT = "1c034d6ecbe1494c450d412f52fdf98e4a4c51c2"
 GRID = SimpleNamespace(grid=SimpleNamespace(h=4, w=4))  # what `box_weights` reads of a view
 
 
-def reference() -> tuple[dict, dict]:
+def reference(suffix: str = "") -> tuple[dict, dict]:
+    """(their deviation outputs, their spatial IDs): LLaVA's, or with `suffix` "_qwen2"
+    Qwen2-VL's."""
     out = []
-    for name in ("deviation.npz", "spatial_ids.npz"):
+    for name in (f"deviation{suffix}.npz", f"spatial_ids{suffix}.npz"):
         ref = np.load(os.path.join(AUTHORS, name))
         assert str(ref["commit"]) == COMMIT
         out.append({k: ref[k] for k in ref.files})
@@ -50,8 +56,8 @@ def jaxmech_true_ids() -> dict:
     return out
 
 
-def _compare_true_ids(edge: bool) -> int:
-    ref, ids = reference()
+def _compare_true_ids(edge: bool, suffix: str = "") -> int:
+    ref, ids = reference(suffix)
     u = ids["universal_LxCxD"][list(ids["layers"]).index(int(ref["layer"]))]
     weights = jaxmech_true_ids()
     n = 0
@@ -64,23 +70,26 @@ def _compare_true_ids(edge: bool) -> int:
     return n
 
 
-def test_true_ids_equal_theirs_inside_the_grid():
+@pytest.mark.parametrize("suffix", ["", "_qwen2"])
+def test_true_ids_equal_theirs_inside_the_grid(suffix):
     """X's and Y's true ID (the universal IDs weighted bilinearly at the box centre) as
     jaxmech's authors' protocol computes it equals theirs for every box whose centre is
-    not in the last column or row (3 of the 6 boxes of the 3 questions with both)."""
-    assert _compare_true_ids(edge=False) == 3
+    not in the last column or row (3 of the 6 boxes of the 3 questions with both), on
+    LLaVA and Qwen2-VL."""
+    assert _compare_true_ids(edge=False, suffix=suffix) == 3
 
 
-def test_true_ids_equal_theirs_at_the_last_column_and_row():
+@pytest.mark.parametrize("suffix", ["", "_qwen2"])
+def test_true_ids_equal_theirs_at_the_last_column_and_row(suffix):
     """The same for the boxes whose centre is in the last column or row (the sample's
     139 person, 285 cup, 885 bench): their `utils/coco.py` builds the four weights in a
     dict literal, where the last column's x0 == x1 repeats a key and only its last
     weight, wx (1 - wy), is kept (`spatial_ids.authors_cell_weights`; summing them, as
     jaxmech's protocol would, gives 1 - wy and fails here)."""
-    assert _compare_true_ids(edge=True) == 3
+    assert _compare_true_ids(edge=True, suffix=suffix) == 3
 
 
-def _deviation(protocol: str) -> np.ndarray:
+def _deviation(protocol: str, suffix: str = "") -> np.ndarray:
     """[C] the signed deviation of their stored states, true IDs and axes (layer 12) as
     jaxmech's `protocol` computes it (`analysis.diagnostics.COORDS`, centred on the
     text-only state as theirs; the authors' sign from the caption's answer word, as
@@ -89,7 +98,7 @@ def _deviation(protocol: str) -> np.ndarray:
 
     from jaxmech.analysis.diagnostics import COORDS, signed_deviation
 
-    ref, ids = reference()
+    ref, ids = reference(suffix)
     y = list(ids["layers"]).index(int(ref["layer"]))
     h, v = jnp.asarray(ids["x_axis_LxD"][y]), jnp.asarray(ids["y_axis_LxD"][y])
     state, text, true = ref["state_Cx2xD"], ref["text_Cx2xD"], ref["true_id_Cx2xD"]
@@ -109,15 +118,16 @@ def _deviation(protocol: str) -> np.ndarray:
     )
 
 
-def test_signed_deviation_equals_theirs_per_question():
+@pytest.mark.parametrize("suffix", ["", "_qwen2"])
+def test_signed_deviation_equals_theirs_per_question(suffix):
     """The authors' protocol's deviation (`plane_coords`: dot products with the
     Gram-Schmidt-orthonormalised axes; signed by the caption's answer word) on their
     stored states, true IDs and axes equals their deviation per question; jaxmech's own
     (least squares in cells, signed by the true displacement) does not (a check that
     the comparison can fail)."""
-    ref, _ = reference()
-    np.testing.assert_allclose(_deviation("authors"), ref["distance"], atol=1e-5)
-    assert np.abs(_deviation("jaxmech") - ref["distance"]).max() > 1e-3
+    ref, _ = reference(suffix)
+    np.testing.assert_allclose(_deviation("authors", suffix), ref["distance"], atol=1e-5)
+    assert np.abs(_deviation("jaxmech", suffix) - ref["distance"]).max() > 1e-3
 
 
 def test_answer_signs_read_the_answer_word():
@@ -131,22 +141,24 @@ def test_answer_signs_read_the_answer_word():
     np.testing.assert_array_equal(np.asarray(answer_signs(view, ex)), [-1, 1, -1, 1])
 
 
-def test_the_photo_batches_true_ids_are_theirs_on_llava():
+@pytest.mark.parametrize("folder, suffix", [("llava_336", ""), ("qwen2vl_28", "_qwen2")])
+def test_the_photo_batches_true_ids_are_theirs(folder, suffix):
     """The true IDs the diagnostics report reads under `--protocol=authors`
     (`batches.photo_batches`' cell weights, on `llava_336`'s authors view) equal theirs
     for both boxes of every question: their box centres are placed on the whole
     photograph (`utils/coco.py` reads COCO's width and height), not on the centre crop
     LLaVA's processor shows (jaxmech's protocol, `batches.framed`), which moves every
-    box of these 640 px wide photographs. No weights are read (the view only)."""
+    box of these 640 px wide photographs. The same on Qwen2-VL's authors view (layer
+    14). No weights are read (the view only)."""
     from jaxmech.data.questions import load_questions
     from jaxmech.data.spec import Grid
     from jaxmech.families.registry import read_checkpoint_config
     from jaxmech.reports.batches import photo_batches
 
-    ref, ids = reference()
+    ref, ids = reference(suffix)
     u = ids["universal_LxCxD"][list(ids["layers"]).index(int(ref["layer"]))]
-    family, config = read_checkpoint_config(os.path.join(AUTHORS, "llava_336"))
-    view = family.view(os.path.join(AUTHORS, "llava_336"), config, Grid(4, 4), None,
+    family, config = read_checkpoint_config(os.path.join(AUTHORS, folder))
+    view = family.view(os.path.join(AUTHORS, folder), config, Grid(4, 4), None,
                        wording="authors")  # fmt: skip
     qset = load_questions("coco_spatial_all", SAMPLE)
     batch = photo_batches(view, qset, (0, 1), (), "authors")[0]

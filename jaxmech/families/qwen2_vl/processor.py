@@ -198,12 +198,17 @@ def check_frame_size(height: int, width: int, s: ImageSettings, frames: int = 2)
         )
 
 
-def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD) -> str:
+def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD,
+                text_first: bool = False) -> str:  # fmt: skip
     """The Qwen chat template for one image (or, `pad` VIDEO_PAD, one video; None: no
     image, the text-only prompt) then `question`, ready for the answer; `system` "": no
-    system turn (Qwen3-VL's template adds no default one)."""
+    system turn (Qwen3-VL's template adds no default one). `text_first`: the question
+    before the image, as the template renders a message whose text item comes first
+    (paper 003's `coco_blur.py`)."""
     vision = "" if pad is None else f"<|vision_start|>{pad}<|vision_end|>"
     turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    if text_first:
+        return f"{turn}<|im_start|>user\n{question}{vision}{TAIL}"
     return f"{turn}<|im_start|>user\n{vision}{question}{TAIL}"
 
 
@@ -270,13 +275,15 @@ def _pixels(proc: Processor, images, codes: bool = False):
     return np.stack([p for p, _ in out]), out[0][1]
 
 
-def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
+def encode(proc: Processor, images, questions, codes: bool = False,
+           text_first: bool = False) -> Encoded:  # fmt: skip
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
     (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
-    `model.forward`)."""
+    `model.forward`; `text_first`: each question before its image, `chat_prompt`)."""
     prompts.check_batch(images, questions)
     pixels, grid = _pixels(proc, images, codes)
-    return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id)
+    return _encode(proc, pixels, grid, questions, IMAGE_PAD, proc.config.image_token_id,
+                   text_first=text_first)  # fmt: skip
 
 
 def encode_video(proc: Processor, videos, questions, fps: float = 24.0,
@@ -335,16 +342,18 @@ def _vision_text(pad: str, n: int, stamps=None) -> str:
 
 
 def _encode(proc: Processor, patches_BxPxF, grid, questions, pad: str, pad_id: int,
-            interval: float = 1.0, stamps=None) -> Encoded:  # fmt: skip
+            interval: float = 1.0, stamps=None, text_first: bool = False) -> Encoded:  # fmt: skip
     c = proc.config
     n = int(np.prod(grid)) // c.merge_size**2
     block = f"<|vision_start|>{pad}<|vision_end|>"
 
     def template(q):
-        text = chat_prompt(q, c.chat_system, pad=pad)
+        text = chat_prompt(q, c.chat_system, pad=pad, text_first=text_first)
         return text if pad is None else text.replace(block, _vision_text(pad, n, stamps))
 
-    texts, question_Bx2 = prompts.templated(questions, template, TAIL)
+    # what follows the question: the vision block too where it comes after the text
+    tail = _vision_text(pad, n, stamps) + TAIL if text_first and pad is not None else TAIL
+    texts, question_Bx2 = prompts.templated(questions, template, tail)
     rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
     per_frame = stamps is not None
     inputs = _inputs(c, rows.tokens_BxS, rows.valid_BxS, patches_BxPxF, grid, pad_id, interval,
