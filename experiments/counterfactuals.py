@@ -13,7 +13,7 @@ failures among the errors. Writes RUN/counterfactuals/{table,errors,relations}.c
 (relations.csv: each relation's mirror, its questions, why any were left out; on
 photographs also posthoc.csv, paper 004's post-hoc rows over random token orders),
 summary.json, counterfactuals.png (`jaxmech.reports.counterfactuals`); a checkpoint's
-into OUT/counterfactuals/, on pictures of two objects (`data.pictures`), the ViT's
+into OUT/counterfactuals/, on pictures of two objects (`data.inputs.pictures`), the ViT's
 rotary width positions also mirrored in one block at a time.
 
 On a dataset's photographs instead of drawn scenes (README: where each is published;

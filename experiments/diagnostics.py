@@ -11,7 +11,7 @@ ID was already wrong (ViT / binding) or right (a later stage), and the answer's
 sensitivity to occluding X's, Y's or a random free cell. Writes
 RUN/diagnostics/{deviation,occlusion}.csv, summary.json, diagnostics.png, diagnostics_paper.png (Fig. 8A)
 (`jaxmech.reports.diagnostics`); a checkpoint's into OUT/diagnostics/, on pictures of two
-objects (`data.pictures`), with the IDs of the first half of the shapes, its intervals
+objects (`data.inputs.pictures`), with the IDs of the first half of the shapes, its intervals
 bootstrapped over its questions (one model), at the sites of --layers (layer L: the
 residual after L blocks; 0..n, layer 0 left out: it has no diagnostics).
 

@@ -41,8 +41,8 @@ def main(argv):
     import jax.numpy as jnp
 
     import jaxmech
-    from jaxmech.data.coco_spatial import INSTANCES
-    from jaxmech.data.questions import first_file, load_questions
+    from jaxmech.data.datasets.coco_spatial import INSTANCES
+    from jaxmech.data.datasets.questions import first_file, load_questions
     from jaxmech.hub_names import checkpoint_folder
     from jaxmech.reports.occlusion import run
 

@@ -10,7 +10,7 @@ Per LM layer and token group (image, question, object words, all), the belief sh
 the answer word when the residual stream there comes from the mirrored image's run,
 with the recolour twin as the control; writes RUN/patching/shifts.csv, summary.json and
 shifts.png and shifts_paper.png (Fig. 4 as the paper draws it; `jaxmech.reports.patching`); a checkpoint's into OUT/patching/, on
-`--questions` pictures of two objects (`data.pictures`).
+`--questions` pictures of two objects (`data.inputs.pictures`).
 
 On a dataset's photographs instead of drawn scenes (README: where each is published):
 

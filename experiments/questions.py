@@ -5,7 +5,7 @@ the first check that a dataset folder is laid out right (no model is loaded).
     python -m experiments.questions --questions_from=cvbench --data=nyu-visionx/CV-Bench
     python -m experiments.questions --questions_from=manifest --data=MY_PHOTOS
 
-Sources (`jaxmech.data.questions.SOURCES`): coco_spatial, whatsup_a, whatsup_b,
+Sources (`jaxmech.data.datasets.questions.SOURCES`): coco_spatial, whatsup_a, whatsup_b,
 whatsup_coco, whatsup_vg, cvbench, manifest. Prints the sample drawn, each file read
 with its sha256, and the first `--show` questions. A malformed record is an error naming
 the file, the line and the field.
@@ -30,7 +30,7 @@ def main(argv):
     for name in ("questions_from", "data"):
         if not getattr(FLAGS, name):
             raise app.UsageError(f"--{name} is required")
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
     from jaxmech.hub_names import dataset_folder
 
     data = dataset_folder(FLAGS.questions_from, FLAGS.data)

@@ -10,7 +10,7 @@ of every label at every cell; its horizontal / vertical axes; the R^2 of a rank-
 from the ViT position basis beside the same fit from one-hot rows + columns; the IDs of
 training-pair vs validation labels compared. Writes RUN/spatial_ids/{r2,axes,analytic}
 .csv, summary.json, spatial_ids.png, spatial_ids_paper.png (Fig. 5; `jaxmech.reports.spatial_ids`); a checkpoint's
-into OUT/spatial_ids/, from pictures of every shape at every cell (`data.pictures`),
+into OUT/spatial_ids/, from pictures of every shape at every cell (`data.inputs.pictures`),
 the two halves of the shapes compared, at the sites `--layers` names (inclusive, as
 the authors index: layer L the residual after L blocks); `--protocol=authors` puts
 the other object at every other cell once (factorial) instead of random cells.

@@ -11,7 +11,7 @@ spatial-ID difference `alpha * (Delta(target) - Delta(source))`: adversarial ste
 curves (the belief per steered-to cell), and steerability vs accuracy over models.
 Writes RUN/steering/{flips,curves}.csv, summary.json, steering.png, steering_paper.png (Fig. 2)
 (`jaxmech.reports.steering`); a checkpoint's into OUT/steering/, on pictures of two
-objects (`data.pictures`), with the IDs of the first half of the shapes.
+objects (`data.inputs.pictures`), with the IDs of the first half of the shapes.
 
 On a dataset's photographs instead of drawn scenes (README: where each is published):
 

@@ -13,7 +13,7 @@ share of the ID, linearity in the frame index) and steering with it against
 norm-matched controls. Writes RUN/temporal_ids/{ids,flips,curves}.csv, summary.json,
 temporal_ids.png (`jaxmech.reports.temporal_ids`); a checkpoint's into
 OUT/temporal_ids/, on videos of two objects in different frames (each scene grid row a
-frame: `data.pictures.draw_video`), asked "Does the red circle appear before or after
+frame: `data.inputs.pictures.draw_video`), asked "Does the red circle appear before or after
 the blue square?". Under `--protocol=authors`, Fig. 10A-C as the authors' scripts do
 them (`jaxmech.reports.temporal_authors`): mirror_swap.csv, steering.csv, pca.csv,
 temporal_ids.png and temporal_ids_paper.png.

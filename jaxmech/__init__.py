@@ -25,9 +25,9 @@ from jaxmech.config import (
     TaskConfig,
     TrainConfig,
 )
-from jaxmech.data.relations1d import build_eval_sets, build_tables, sample_batch
 from jaxmech.data.spec import Grid, SceneSpec, probe_specs
 from jaxmech.data.tasks import Task, get_task
+from jaxmech.data.tasks.relations1d import build_eval_sets, build_tables, sample_batch
 from jaxmech.families import get_family, load_checkpoint, register, view_for
 from jaxmech.families.vlm_view import Examples, Spans, VLMView, answer_ids, examples
 from jaxmech.model import Model, init, load

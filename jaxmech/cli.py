@@ -14,8 +14,8 @@ from absl import app, flags, logging
 
 from jaxmech import outdir, sizing
 from jaxmech.config import SWEEPABLE, Config, ConfigError, field_default
-from jaxmech.data.questions import PROTOCOLS
-from jaxmech.data.questions import SOURCES as QUESTION_SOURCES
+from jaxmech.data.datasets.questions import PROTOCOLS
+from jaxmech.data.datasets.questions import SOURCES as QUESTION_SOURCES
 from jaxmech.models.hub import PLACES
 from jaxmech.presets import preset_config
 from jaxmech.sweep import ALIASES, expand, run_grid, seeds_until, until_cap

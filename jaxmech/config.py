@@ -61,7 +61,7 @@ SWEEPABLE = (
     "id_weight",
 )
 
-# Largest finite training set (items per part): data.relations1d.finite_order shuffles
+# Largest finite training set (items per part): data.tasks.relations1d.finite_order shuffles
 # with a fixed number of swap-or-not rounds, chosen to mix sets up to this size well.
 MAX_FINITE_ITEMS = 1 << 16
 
@@ -112,7 +112,7 @@ def choice(field: str, value: Any, options: tuple[str, ...]) -> None:
 class TaskConfig:
     """What every task kind has: the labels, their split, the pair layouts and the share
     of single-object samples (SPEC). A task kind's config subclasses it with its own
-    fields (`data.relations1d.LineConfig`, ...); the class variables say what the kind
+    fields (`data.tasks.relations1d.LineConfig`, ...); the class variables say what the kind
     allows.
 
     `image_len` is the number of image positions (a grid kind derives it: grid_h x

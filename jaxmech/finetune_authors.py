@@ -4,7 +4,7 @@ VLM view (`families.vlm_view.VLMView`): the protocol `experiments.id_loss
 --checkpoint=DIR --protocol=authors` runs, and `tests/test_authors_finetune.py` holds
 equal to their script's per-step losses, gradients and trained weights.
 
-* Their data (`data.authors_grid`): pictures named "obj1_x1-y1_obj2_x2-y2.png", their
+* Their data (`data.datasets.authors_grid`): pictures named "obj1_x1-y1_obj2_x2-y2.png", their
   questions and answers, their object-pair split and batches.
 * Their selection (`select`, `vision_mlp_lastk`): among the checkpoint's stored tensors
   (their rules read the names: "vision" / "visual" / "vit" in it, an MLP's name ending
@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxmech.data.pixels import read_image
+from jaxmech.data.inputs.pixels import read_image
 from jaxmech.families.vlm_view import rows_at, with_reply
 from jaxmech.models import hub
 from jaxmech.models.decoder import unembed

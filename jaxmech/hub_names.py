@@ -25,7 +25,7 @@ import os
 import re
 
 # what a checkpoint family reads beside its weights (families/*/processor.py, models/hub.py,
-# data/prompts.py; generation_config.json: `models.generate.generation_ids`, the default
+# data/inputs/prompts.py; generation_config.json: `models.generate.generation_ids`, the default
 # end-of-sequence and pad ids); chat templates and BPE vocab files are not read
 CHECKPOINT_FILES = (
     "config.json",

@@ -4,7 +4,7 @@ rendered, are checked against (`test_scenes.py`, `test_video.py`,
 `test_counterfactuals.py`)."""
 
 from jaxmech.data import spec
-from jaxmech.data.scenes import TOKEN, grid_of
+from jaxmech.data.tasks.scenes import TOKEN, grid_of
 
 
 def mirror_cells(task):

@@ -28,7 +28,7 @@ from jaxmech.analysis.text_heads import (
     text_head_table,
 )
 from jaxmech.config import Config
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.model import forward, init_params
 
 TINY = dict(

@@ -40,9 +40,9 @@ def reference(suffix: str = "") -> tuple[dict, dict]:
 
 def jaxmech_true_ids() -> dict:
     """{image id: ([2, L] weights, [2] in their last column / row)}: jaxmech's boxes
-    (`data.questions`, COCO-Spatial, every row) weighted as `--protocol=authors` does
+    (`data.datasets.questions`, COCO-Spatial, every row) weighted as `--protocol=authors` does
     (`reports.batches.box_weights(authors=True)`)."""
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
     from jaxmech.reports.batches import box_weights, photo_sizes
 
     qs = load_questions("coco_spatial_all", SAMPLE).questions
@@ -150,7 +150,7 @@ def test_the_photo_batches_true_ids_are_theirs(folder, suffix):
     LLaVA's processor shows (jaxmech's protocol, `batches.framed`), which moves every
     box of these 640 px wide photographs. The same on Qwen2-VL's authors view (layer
     14). No weights are read (the view only)."""
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
     from jaxmech.data.spec import Grid
     from jaxmech.families.registry import read_checkpoint_config
     from jaxmech.reports.batches import photo_batches

@@ -31,7 +31,7 @@ def reference(kind: str) -> dict:
 
 
 def their_items(ref):
-    from jaxmech.data import authors_grid
+    from jaxmech.data.datasets import authors_grid
 
     return authors_grid.items(TRAIN, ref["listing"].tolist())  # their listing order
 
@@ -91,7 +91,7 @@ def test_their_folder_split_and_batches():
     """Their file names parse (names with spaces and underscores too); their split holds
     out their pair from their listing; each epoch is their one batch of the training
     pair's 4 questions, grouped or not; a bad name is refused naming the file."""
-    from jaxmech.data import authors_grid as G
+    from jaxmech.data.datasets import authors_grid as G
 
     assert G.parse_name("teddy bear_1-2_hot_dog_3-0.png") == ("teddy bear", 1, 2, "hot_dog", 3, 0)
     with pytest.raises(ValueError, match="camel_frog.png"):
@@ -110,7 +110,7 @@ def test_their_folder_split_and_batches():
 def test_batches_follow_their_sampler_rules():
     """Grouped: chunks of `batch_size` per (obj1, cell, obj2) group, a chunk of one
     dropped; plain: the last short batch kept; a seeded order permutes, same batches."""
-    from jaxmech.data import authors_grid as G
+    from jaxmech.data.datasets import authors_grid as G
 
     names = [f"a_0-0_b_{x}-0.png" for x in (1, 2, 3)] + ["a_1-1_b_2-2.png"]
     its = G.items("d", names)  # 3 left/right + 2 (left/right, above/below)
@@ -168,7 +168,7 @@ def test_batch_tokens_and_labels_equal_theirs(kind):
 
     import jaxmech
     from jaxmech import finetune_authors as fa
-    from jaxmech.data import authors_grid as G
+    from jaxmech.data.datasets import authors_grid as G
 
     ref = reference(kind)
     model = jaxmech.load(os.path.join(AUTHORS, FAMILIES[kind][0]), dtype=jnp.float32)

@@ -60,7 +60,7 @@ def test_their_boxes_are_jaxmechs_choice(family):
     have X's size, lie in the photograph and meet neither box, as `boxes_elsewhere`'s."""
     from PIL import Image
 
-    from jaxmech.data import occlusion_boxes as ob
+    from jaxmech.data.inputs import occlusion_boxes as ob
 
     ref, rows, c = reference(family), their_rows(), coco()
     assert ref["image_id"].tolist() == [139, 285, 885]
@@ -82,8 +82,8 @@ def test_pick_pair_takes_the_best_fitting_instances_by_exact_name(tmp_path):
     relation, X-major, the first best kept) and by exact category name; the
     COCO-Spatial loader's (`box_finder`: the first instance whose category name
     contains the word) takes the hot dog for "dog" and the first dog."""
-    from jaxmech.data import occlusion_boxes as ob
-    from jaxmech.data.coco_spatial import box_finder
+    from jaxmech.data.datasets.coco_spatial import box_finder
+    from jaxmech.data.inputs import occlusion_boxes as ob
 
     c = {"categories": [{"id": 1, "name": "hot dog"}, {"id": 2, "name": "dog"},
                         {"id": 3, "name": "cat"}],
@@ -112,7 +112,7 @@ def test_boxes_elsewhere_follow_their_rules():
     """`boxes_elsewhere`: n boxes of X's rounded size, inside, meeting no forbidden box
     (sharing an edge allowed); where only a few places fit, those repeated; where none
     does, one box at (0, 0); a box larger than the image, none; the draws seeded."""
-    from jaxmech.data import occlusion_boxes as ob
+    from jaxmech.data.inputs import occlusion_boxes as ob
 
     rng = lambda: np.random.default_rng(3)  # noqa: E731
     x, y = [0, 0, 10.4, 19.6], [30, 0, 10, 20]  # rounded: 10 x 20, the image's height
@@ -132,7 +132,7 @@ def test_the_wording_and_answer_ids_are_theirs():
     """Their question per stored row (text "Answer Left or Right." / "Above or
     Below."), and their answer ids: the first token of the bare word, no special tokens
     ("▁Left" in LLaVA's Llama-like pieces)."""
-    from jaxmech.data.prompts import read_tokenizer
+    from jaxmech.data.inputs.prompts import read_tokenizer
     from jaxmech.families.llava.processor import load_tokenizer
     from jaxmech.reports import occlusion as oc
 
@@ -151,7 +151,7 @@ def test_the_wording_and_answer_ids_are_theirs():
 
 def sample_questions():
     """The sample's COCO-Spatial questions of both relations (`coco_spatial_all`)."""
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
 
     return load_questions("coco_spatial_all", SAMPLE).questions
 

@@ -156,7 +156,7 @@ def test_llavas_authors_patching_view_asks_their_prompt():
     from PIL import Image
 
     from jaxmech.analysis.patching import GROUPS, token_groups
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
     from jaxmech.data.spec import Grid
     from jaxmech.families.llava.processor import load_processor, patches
     from jaxmech.families.registry import read_checkpoint_config

@@ -24,7 +24,7 @@ import pytest
 from conftest import quiet
 
 import jaxmech
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.families import FAMILIES, register
 from jaxmech.families.contract import CheckpointFamily
 from jaxmech.families.vlm_view import Spans, VLMView

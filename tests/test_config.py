@@ -79,7 +79,7 @@ def test_flat_field_names_are_unique_and_grouped():
 
 
 def test_the_model_and_task_groups_are_the_chosen_family_and_task_configs():
-    from jaxmech.data.scenes import SceneConfig
+    from jaxmech.data.tasks.scenes import SceneConfig
     from jaxmech.families.dual_encoder.config import DualEncoderConfig
     from jaxmech.families.toy_vlm.config import ToyVLMConfig
 

@@ -13,8 +13,8 @@ import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import counterfactuals as cfa
-from jaxmech.data import scenes as sc
 from jaxmech.data import spec as sp
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.view import toy_view
@@ -551,7 +551,7 @@ def test_the_row_mirror_of_a_video_is_the_identity_the_vit_sees():
 
 
 def _video_spec(config):
-    from jaxmech.data import video
+    from jaxmech.data.tasks import video
 
     task = config.task
     evals = video.build_eval_sets(task, video.build_tables(task))

@@ -1,4 +1,4 @@
-"""The dataset loaders (`data.questions` and one module per source) on small samples
+"""The dataset loaders (`data.datasets.questions` and one module per source) on small samples
 written in each dataset's real layout (`tests/fixtures/datasets/make_samples.py`; no
 real dataset is here): what they read, how they sample, and the errors bad records get."""
 
@@ -9,9 +9,9 @@ import shutil
 import numpy as np
 import pytest
 
-from jaxmech.data import questions as q
-from jaxmech.data.questions import load_questions
-from jaxmech.data.whatsup import parse_caption
+from jaxmech.data.datasets import questions as q
+from jaxmech.data.datasets.questions import load_questions
+from jaxmech.data.datasets.whatsup import parse_caption
 
 DATA = os.path.join(os.path.dirname(__file__), "fixtures", "datasets")
 
@@ -87,7 +87,7 @@ def test_coco_spatial_all_gives_every_row_of_both_relations_as_the_authors_steer
     assert {x.relation for x in _load("coco_spatial", "whatsup").questions} == {"left", "right"}
     drawn = _load("coco_spatial_all", "whatsup", n=2, seed=42)  # a seeded sample when n is given
     assert len(drawn.questions) == 2 and set(drawn.questions) <= set(every.questions)
-    from jaxmech.data import coco_spatial
+    from jaxmech.data.datasets import coco_spatial
 
     with pytest.raises(ValueError, match=r"relations = 'vertical'"):
         coco_spatial.load(os.path.join(DATA, "whatsup"), relations="vertical")
@@ -184,7 +184,7 @@ def test_cvbench_reads_both_relation_wordings(tmp_path):
         assert [(x.objects, x.answers[0]) for x in plain] == [
             (("bottle", "wine glass"), "right"), (("clock", "shelf"), "above")]  # fmt: skip
         assert plain[0].question.startswith("Considering the relative positions of the bottle and")
-    from jaxmech.data.cvbench import _OBJECTS
+    from jaxmech.data.datasets.cvbench import _OBJECTS
 
     boxed = _OBJECTS.search(
         "Considering the relative positions of the book (annotated by the red box) and the "
@@ -292,7 +292,7 @@ def _crop(pixels, box):
 
 
 def test_the_mirror_twin_flips_pixels_boxes_and_answer():
-    from jaxmech.data.image_twins import mirror_twin, open_image
+    from jaxmech.data.inputs.image_twins import mirror_twin, open_image
 
     (question,) = [
         x for x in _load("coco_spatial", "whatsup", n=3).questions if x.objects[0] == "dog"
@@ -322,7 +322,7 @@ def test_the_mirror_twin_flips_pixels_boxes_and_answer():
 
 
 def test_the_recolour_twin_changes_hue_not_layout_and_is_seeded():
-    from jaxmech.data.image_twins import open_image, recolour_twin
+    from jaxmech.data.inputs.image_twins import open_image, recolour_twin
 
     question = _load("manifest", "manifest").questions[0]
     pixels = open_image(question.image)

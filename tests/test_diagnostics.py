@@ -12,8 +12,8 @@ from conftest import tiny_vlm_config
 
 from jaxmech.analysis import diagnostics as dg
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.data import scenes as sc
 from jaxmech.data.spec import probe_specs, take
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import examples

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxmech.config import Config
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.checks import with_static
 from jaxmech.families.dual_encoder.model import (
     encode,

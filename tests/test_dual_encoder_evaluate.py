@@ -7,9 +7,9 @@ import pytest
 from conftest import TINY
 
 from jaxmech.config import Config, Settings
-from jaxmech.data import relations1d as r1
-from jaxmech.data import relations2d as r2
-from jaxmech.data.grouped import GroupedEvalSets, seen_mask
+from jaxmech.data.tasks import relations1d as r1
+from jaxmech.data.tasks import relations2d as r2
+from jaxmech.data.tasks.grouped import GroupedEvalSets, seen_mask
 from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
 from jaxmech.families.dual_encoder.model import encode_images, encode_texts, init_params
 from jaxmech.train import stack_settings
@@ -119,7 +119,7 @@ def test_stacked_settings_without_vmap_name_settings(line):
 def test_evals_must_be_grouped_sets(line):
     params_K, settings, tables, evals = line
     as_tuple = tuple(evals)
-    with pytest.raises(ValueError, match="evals is a tuple: expected a data.grouped"):
+    with pytest.raises(ValueError, match="evals is a tuple: expected a data.tasks.grouped"):
         evaluate(_model(params_K, 0), as_tuple, tables.captions, settings[0])
     assert isinstance(evals, GroupedEvalSets)
 

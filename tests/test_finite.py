@@ -10,7 +10,7 @@ from conftest import TINY as SHARED_TINY
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
-from jaxmech.data.relations1d import finite_order, pair_left, pair_right, sample_batch
+from jaxmech.data.tasks.relations1d import finite_order, pair_left, pair_right, sample_batch
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import build_data, stack_settings, step_budget, train_models
 

@@ -181,7 +181,7 @@ def test_a_gemma_tokenizer_reads_as_the_reference_reads_it():
     """The Hub's Gemma tokenizer.json layout (byte-fallback BPE, " " -> "▁") read as it is
     stored gives the ids transformers 5's GemmaTokenizer (which rebuilds the pipeline)
     gives, for chat prompts with image tokens and for the answer words."""
-    from jaxmech.data import prompts
+    from jaxmech.data.inputs import prompts
 
     folder = os.path.join(HERE, "gemma_tokenizer")
     with open(os.path.join(folder, "reference.json")) as f:

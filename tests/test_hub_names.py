@@ -178,7 +178,7 @@ def test_the_hubs_refusals_are_said_in_jaxmechs_words(cache, monkeypatch):
 
 
 def test_a_hub_dataset_resolves_for_its_source_only(cache):
-    from jaxmech.data.questions import load_questions
+    from jaxmech.data.datasets.questions import load_questions
 
     snapshot = lay_out(cache, "nyu-visionx/CV-Bench", A, os.path.join(CVBENCH, "parquet"),
                        kind="dataset")  # fmt: skip

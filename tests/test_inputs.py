@@ -215,7 +215,7 @@ def test_several_images_for_one_question_are_refused_by_name(family):
         encode.encode(proc, [[img0, img1]], ["Is the cup left or right of the plate?"])
     with pytest.raises(ValueError, match=r"images\[1\]: a tuple of 2"):
         encode.encode(proc, [img0, (img0, img1)], ["a?", "b?"])
-    from jaxmech.data.prompts import check_batch
+    from jaxmech.data.inputs.prompts import check_batch
 
     frames = [np.zeros((28, 28, 3), np.uint8)] * 2
     check_batch([frames], ["q?"], what="videos")  # a video's frames may come as a list

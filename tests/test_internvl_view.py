@@ -13,7 +13,7 @@ from conftest import quiet
 
 import jaxmech
 from jaxmech.analysis import counterfactuals as cfa
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.families.internvl.view import checkpoint_view
 from jaxmech.families.vlm_view import examples

@@ -118,7 +118,7 @@ def test_a_llama_tokenizer_reads_as_the_reference_reads_it():
     put a "▁" after the image tokens."""
     from tokenizers import Tokenizer
 
-    from jaxmech.data.prompts import token_rows
+    from jaxmech.data.inputs.prompts import token_rows
 
     folder = os.path.join(FIXTURES, "llama_tokenizer")
     with open(os.path.join(folder, "reference.json")) as f:
@@ -247,7 +247,7 @@ def test_crop_and_pad_geometry_maps_boxes():
     photograph; a box centred in a cut side has no cell. Padded to a square instead,
     the window is the whole 60 x 60 square around it. The processed pixels are the
     window's: the centre column of the photograph lands at the image's centre."""
-    from jaxmech.data.questions import ImageQuestion
+    from jaxmech.data.datasets.questions import ImageQuestion
     from jaxmech.reports.batches import box_cells, framed
 
     crop = processor.ImageSettings(shortest_edge=28, crop=(28, 28))

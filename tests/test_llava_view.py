@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from conftest import quiet
 
-from jaxmech.data.pictures import object_names
+from jaxmech.data.inputs.pictures import object_names
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.families import load_checkpoint
 from jaxmech.families.llava.view import checkpoint_view

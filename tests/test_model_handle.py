@@ -11,7 +11,7 @@ import pytest
 
 import jaxmech
 from jaxmech.config import Config
-from jaxmech.data.scenes import SceneBatch
+from jaxmech.data.tasks.scenes import SceneBatch
 from jaxmech.families.dual_encoder import model as dual
 from jaxmech.families.toy_vlm import model as toy
 from jaxmech.model import check_capture

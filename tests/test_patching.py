@@ -8,8 +8,8 @@ import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis.patching import GROUPS, belief_shift, patch_logp, token_groups
-from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import spans, toy_view
 from jaxmech.families.vlm_view import examples

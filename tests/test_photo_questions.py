@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxmech.data.questions import load_questions
+from jaxmech.data.datasets.questions import load_questions
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.reports import batches
 from jaxmech.reports.checkpoints import open_checkpoint
@@ -108,7 +108,7 @@ def test_each_report_runs_on_a_dataset_and_records_it(tmp_path, report, source):
     record = summary["questions"]
     assert record["source"] == source and record["n"] == len(run.subject.photos.questions)
     path = next(iter(record["files"]))
-    from jaxmech.data.questions import sha256
+    from jaxmech.data.datasets.questions import sha256
 
     assert record["files"][path] == sha256(path)
     per_question = {"patching": lambda r: r["answer"]}.get(report, lambda r: r["relation"])
@@ -187,7 +187,7 @@ def test_box_centres_weigh_on_the_cells_as_each_protocol_says():
     (centred), or split with the next cell as the authors' `utils/coco.py` does; in
     the last column their dict literal keeps only the last weight of the repeated
     cell (x0 == x1), so their weights there sum to 1 - wx, here 0.5."""
-    from jaxmech.data.questions import ImageQuestion
+    from jaxmech.data.datasets.questions import ImageQuestion
 
     run = opened("coco_spatial")
     view = run.subject.vlm_view
@@ -203,7 +203,7 @@ def test_box_centres_weigh_on_the_cells_as_each_protocol_says():
 
 
 def test_occlusions_hide_the_box_only_and_the_control_box_misses_it():
-    from jaxmech.data import image_twins
+    from jaxmech.data.inputs import image_twins
 
     rng = np.random.default_rng(0)
     x = rng.integers(0, 256, (40, 60, 3)).astype(np.uint8)
@@ -231,7 +231,7 @@ def test_the_blur_is_the_authors_radius_20():
     overridden there): the box's pixels are PIL's Gaussian blur of radius 20."""
     from PIL import Image, ImageFilter
 
-    from jaxmech.data import image_twins
+    from jaxmech.data.inputs import image_twins
 
     x = np.random.default_rng(1).integers(0, 256, (60, 80, 3)).astype(np.uint8)
     box = (10.0, 5.0, 50.0, 40.0)
@@ -338,7 +338,7 @@ def test_the_counterfactual_table_has_on_under_and_front_behind_rows(tmp_path):
     import csv
 
     from jaxmech.analysis import counterfactuals as cfa
-    from jaxmech.data.questions import OPPOSITE, sha256
+    from jaxmech.data.datasets.questions import OPPOSITE, sha256
     from jaxmech.reports import counterfactuals as report
     from jaxmech.reports.driver import analyse_subject
 

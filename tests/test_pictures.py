@@ -1,10 +1,10 @@
-"""The renderer of scene specs as pictures (`data.pictures`)."""
+"""The renderer of scene specs as pictures (`data.inputs.pictures`)."""
 
 import numpy as np
 import pytest
 
-from jaxmech.data import pictures as pc
 from jaxmech.data import spec as sp
+from jaxmech.data.inputs import pictures as pc
 from jaxmech.data.spec import Grid, SceneSpec
 
 GRID = Grid(4, 4)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxmech.cli import parse_layers
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import Grid, pair_questions
 from jaxmech.reports import patching as rp
 from jaxmech.reports.common import cell_interval

@@ -16,7 +16,7 @@ from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import steering as st
 from jaxmech.analysis.patching import GROUPS, patch_logp, resume_plan, token_groups
-from jaxmech.data.pictures import object_names
+from jaxmech.data.inputs.pictures import object_names
 from jaxmech.data.spec import Grid, first_word, pair_questions
 from jaxmech.families import load_checkpoint
 from jaxmech.families.qwen2_vl import model

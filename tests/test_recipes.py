@@ -10,8 +10,8 @@ import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.config import ConfigError, TrainConfig
-from jaxmech.data.scenes import TOKEN, Y_SLOT
 from jaxmech.data.tasks import Data, get_task
+from jaxmech.data.tasks.scenes import TOKEN, Y_SLOT
 from jaxmech.train import curriculum_settings, stack_settings, step_batch
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from jaxmech.config import Config, Settings
-from jaxmech.data.grouped import GroupedEvalSets, metric_names, seen_mask
-from jaxmech.data.relations1d import (
+from jaxmech.data.tasks.grouped import GroupedEvalSets, metric_names, seen_mask
+from jaxmech.data.tasks.relations1d import (
     LineEvalSets,
     build_eval_sets,
     build_tables,
@@ -22,7 +22,7 @@ from jaxmech.data.relations1d import (
     single_label,
     single_side,
 )
-from jaxmech.data.vocab import CAPTION_LEN, Vocab
+from jaxmech.data.tasks.vocab import CAPTION_LEN, Vocab
 
 N_BATCHES, BIG_B = 4, 2048
 

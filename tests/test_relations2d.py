@@ -12,10 +12,10 @@ import pytest
 from jaxmech.analysis.ablate import ablation_table
 from jaxmech.analysis.decompose import decompose, part_terms
 from jaxmech.config import Config, ConfigError, Settings
-from jaxmech.data import relations2d as r2
-from jaxmech.data.grouped import seen_mask
+from jaxmech.data.tasks import relations2d as r2
 from jaxmech.data.tasks import task_vocab
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.grouped import seen_mask
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.evaluate import METRICS, evaluate
 from jaxmech.families.dual_encoder.model import init_params
 from jaxmech.train import build_data, stack_settings, train_models

@@ -10,11 +10,11 @@ import pytest
 
 from jaxmech.analysis.decompose import decompose, part_terms
 from jaxmech.config import Config, ConfigError, Settings
-from jaxmech.data import relations1d as r1
-from jaxmech.data import relations3 as r3
-from jaxmech.data.grouped import seen_mask
+from jaxmech.data.tasks import relations1d as r1
+from jaxmech.data.tasks import relations3 as r3
 from jaxmech.data.tasks import task_vocab
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.grouped import seen_mask
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.families.dual_encoder.model import init_params
 from jaxmech.train import build_data, stack_settings, train_models

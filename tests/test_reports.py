@@ -356,8 +356,8 @@ def test_report_parts_split_question_sets_and_model_groups():
 def test_seen_questions_belong_to_every_models_seen_set():
     from types import SimpleNamespace
 
-    from jaxmech.data import scenes as sc
     from jaxmech.data.tasks import get_task
+    from jaxmech.data.tasks import scenes as sc
 
     run = _hand_run([0.5, 0.5])
     n_pair = np.asarray([15, 9])

@@ -1,4 +1,4 @@
-"""Photographs resized as the reference's processors do (`data.resize`), against the
+"""Photographs resized as the reference's processors do (`data.inputs.resize`), against the
 pixels transformers' default Qwen2-VL image processor (torchvision) and its PIL backend
 stored (`tests/fixtures/resize/make_resize_fixtures.py`)."""
 
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxmech.data.resize import resize_bicubic
+from jaxmech.data.inputs.resize import resize_bicubic
 from jaxmech.families.qwen2_vl import processor
 
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "resize")

@@ -1,4 +1,4 @@
-"""The scenes task (`data.scenes`): config, vocabulary, sampler invariants, evaluation
+"""The scenes task (`data.tasks.scenes`): config, vocabulary, sampler invariants, evaluation
 sets and their counterfactual twins."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from jaxmech.config import Config, ConfigError
-from jaxmech.data import scenes as sc
 from jaxmech.data.tasks import get_task
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.train import build_data, stack_settings
 
 CFG = Config().replace(task_kind="scenes")

@@ -8,7 +8,7 @@ import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.analysis import spatial_ids as si
-from jaxmech.data import scenes as sc
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.view import toy_view
 from jaxmech.families.vlm_view import Spans, cell_tokens

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import tiny_vlm_config
 
-from jaxmech.data import scenes as sc
 from jaxmech.data import spec as sp
 from jaxmech.data.tasks import get_task
+from jaxmech.data.tasks import scenes as sc
 
 KINDS = [
     ("scenes", {}),

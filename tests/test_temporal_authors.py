@@ -9,7 +9,7 @@ import pytest
 from conftest import quiet
 
 from jaxmech.analysis import temporal_ids as tid
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import Grid, SceneSpec, mirror_height
 from jaxmech.reports import temporal_authors as ta
 

@@ -15,7 +15,7 @@ from conftest import TINY_VLM, file_bytes, kill_after_first_checkpoint, quiet, t
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
-from jaxmech.data.scenes import TOKEN
+from jaxmech.data.tasks.scenes import TOKEN
 from jaxmech.families import family_for
 from jaxmech.families.toy_vlm.evaluate import metric_names
 from jaxmech.families.toy_vlm.loss import beliefs, partner

@@ -14,7 +14,7 @@ import pytest
 
 from jaxmech.analysis.vit_terms import vit_logit_terms
 from jaxmech.config import Config
-from jaxmech.data.scenes import SCENE_WORDS, label_token
+from jaxmech.data.tasks.scenes import SCENE_WORDS, label_token
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.families.toy_vlm.checks import edit_names
 from jaxmech.models.edits import VIT_TERMS, Edits, term_mask

@@ -9,7 +9,7 @@ from conftest import Interrupted, stop_after, tiny_config
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
-from jaxmech.data import relations1d
+from jaxmech.data.tasks import relations1d
 from jaxmech.families import FAMILIES, TrainedFamily, get_family, register
 from jaxmech.sweep import expand, run_grid
 from jaxmech.train import train_models

@@ -1,4 +1,4 @@
-"""The video task (`data.video`) and the VLM reading frames (`vit_frames`): the tables
+"""The video task (`data.tasks.video`) and the VLM reading frames (`vit_frames`): the tables
 keep objects in different frames, answers follow time, time-reversed twins flip
 before / after, the ViT sees each frame alone and no time, the LM's ids carry it."""
 
@@ -12,8 +12,8 @@ import pytest
 from conftest import tiny_vlm_config
 
 from jaxmech.config import ConfigError
-from jaxmech.data import scenes as sc
-from jaxmech.data import video
+from jaxmech.data.tasks import scenes as sc
+from jaxmech.data.tasks import video
 from jaxmech.families.toy_vlm import model as toy_vlm
 from jaxmech.results import load_run
 from jaxmech.sweep import expand, run_grid

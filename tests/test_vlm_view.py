@@ -16,8 +16,8 @@ from conftest import quiet, tiny_vlm_config
 from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.analysis.patching import GROUPS
 from jaxmech.config import TransformerConfig
-from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families import FAMILIES, TrainedFamily, register
 from jaxmech.families.vlm_view import Spans, VLMView, examples, margin, rows_at
 from jaxmech.models.attention import block_forward

@@ -78,7 +78,7 @@ def evaluate_edits(params_K, settings_K, data, edits_A: Edits):
     """Accuracies of K models under A stacked edits: dict metric -> [K, A], one compiled call.
 
     The metrics are `evaluate.METRICS` plus any per-group accuracies of the task's
-    validation sets (2D relations, distractor places; `data.grouped`).
+    validation sets (2D relations, distractor places; `data.tasks.grouped`).
 
     Any stacked `Edits` (leading axis A on every leaf) works: term masks, rope keep
     masks (`analysis.rope`), patches. The text tower's mask is each model's

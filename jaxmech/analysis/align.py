@@ -7,7 +7,7 @@ two sides on the held-out labels 16..20: the towers agree up to a rotation.
 Which embeddings (`kind`):
 
 * `"token"` (the paper's claim, the default): the raw token-embedding rows, vision
-  `E[label]` against text `E[label]` (the text id of label k is k, `data.vocab`), both
+  `E[label]` against text `E[label]` (the text id of label k is k, `data.tasks.vocab`), both
   [n_labels, d_model]. The two E matrices never meet in the loss (only through the
   towers' weights), so there is no reason for them to agree coordinate-wise; a rotation
   that transfers to labels it was not fitted on says their *geometry* (how labels sit
@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.analysis.probes import single_object_images
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.model import encode_images, encode_texts
 
 KINDS = ("token", "output")

@@ -1,7 +1,7 @@
 """Temporal IDs (paper 003): the frame part of a video model's
 spatial ID.
 
-A video's grid rows are its frames (`data.video`), so the spatial ID `Delta_y(cell)`
+A video's grid rows are its frames (`data.tasks.video`), so the spatial ID `Delta_y(cell)`
 (`analysis.spatial_ids`) of a video model holds where in time and where in the frame
 an object is; its mean over each frame's cells is the temporal ID (`temporal_ids`).
 

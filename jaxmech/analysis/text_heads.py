@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.analysis.decompose import decompose
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.vocab import Vocab
 from jaxmech.families.dual_encoder.model import encode_texts, eot_index
 from jaxmech.models.attention import n_blocks
 

@@ -70,7 +70,7 @@ def run_reports(folder: str, out: str, dtype: str = "bfloat16", questions: int =
     each (results and logs under `out`); one row per command (module docstring). Each
     compiles cold: a compilation cache of its own (so a rerun times what a first run
     costs), which its run's compiles may reuse from its sizing."""
-    from jaxmech.data import pictures
+    from jaxmech.data.inputs import pictures
     from jaxmech.data.spec import Grid, pair_questions
 
     os.makedirs(out, exist_ok=True)
@@ -165,7 +165,7 @@ def forward_time(folder: str, dtype: str, size: int, repeats: int, inputs_out: s
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxmech.data import pictures
+    from jaxmech.data.inputs import pictures
     from jaxmech.data.spec import Grid, pair_questions
     from jaxmech.model import load
     from jaxmech.models.precision import describe

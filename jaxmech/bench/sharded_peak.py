@@ -82,7 +82,7 @@ def measure(folder: str, dtype: str, place: str, size: int, logits_out: str) -> 
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxmech.data import pictures
+    from jaxmech.data.inputs import pictures
     from jaxmech.data.spec import Grid, pair_questions
     from jaxmech.memory import compiled_bytes, held_bytes, peak_bytes, release_freed
     from jaxmech.model import load

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.config import Config
-from jaxmech.data.vocab import CAPTION_LEN
+from jaxmech.data.tasks.vocab import CAPTION_LEN
 from jaxmech.families import family_for
 from jaxmech.train import (
     build_data,

@@ -31,9 +31,9 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import pictures, prompts
-from jaxmech.data.pixels import decoded
-from jaxmech.data.resize import BACKENDS
+from jaxmech.data.inputs import pictures, prompts
+from jaxmech.data.inputs.pixels import decoded
+from jaxmech.data.inputs.resize import BACKENDS
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_forward
 from jaxmech.families.vlm_view import Spans, VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models import checks, hub, layout
@@ -302,7 +302,7 @@ def check_edits(edits, inputs, c, site_names, family: str, name: str, vit_note: 
 
 def with_resize(images, resize: str | None):
     """Image settings (a NamedTuple with `resize`) resizing by `resize` (None: as they
-    are); a ValueError naming a backend `data.resize` does not have."""
+    are); a ValueError naming a backend `data.inputs.resize` does not have."""
     if resize is None:
         return images
     if resize not in BACKENDS:
@@ -311,7 +311,7 @@ def with_resize(images, resize: str | None):
 
 
 def padded_rows(tokenizer, texts, pad: str, **options) -> prompts.Rows:
-    """`data.prompts.token_rows` of `texts`, left-padded with token `pad`'s id (0 where
+    """`data.inputs.prompts.token_rows` of `texts`, left-padded with token `pad`'s id (0 where
     the tokenizer has none); `options` its own."""
     pad_id = tokenizer.token_to_id(pad)
     return prompts.token_rows(tokenizer, texts, 0 if pad_id is None else pad_id, **options)
@@ -397,7 +397,7 @@ def render_text(proc, rendering: Rendering, grid, questions, words):
 
 def pixel_decoder(field: str, table, features_per_channel: int):
     """`decode(inputs)`: a rendered batch's uint8 pixel levels in `field` normalised by
-    `table` (`data.pixels.decoded`), as the model reads them."""
+    `table` (`data.inputs.pixels.decoded`), as the model reads them."""
     return functools.partial(_decode, field, table, features_per_channel)
 
 

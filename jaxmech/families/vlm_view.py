@@ -254,7 +254,7 @@ def answer_ids(view: VLMView, specs: SceneSpec) -> tuple[jax.Array, jax.Array]:
     """([B] the answer word's id, [B] the other word of its relation) of each scene.
 
     A question naming X where X is not drawn (cell -1: the toy's absent-label rows) is
-    answered "no" whatever its relation, as the toy renders it (`data.scenes.render`),
+    answered "no" whatever its relation, as the toy renders it (`data.tasks.scenes.render`),
     against "yes": its side has no answer, and a left / right margin there would read
     a word the model was never taught for it."""
     words = jnp.asarray(view.answer_words)[jnp.asarray(specs.relation_B)]
@@ -272,7 +272,7 @@ def relation_words(view: VLMView, relation: int):
     answer words stop at presence) or both words begin with the same token (a tokenizer
     without them, e.g. the fixtures' word-level ones reading both as [UNK]: a margin
     between them is 0 whatever the model says). Left / right and above / below are
-    refused when the view is built instead (`data.prompts.answer_ids`): every table
+    refused when the view is built instead (`data.inputs.prompts.answer_ids`): every table
     needs them, where a photograph's relations are asked only of datasets that have
     them."""
     words = np.asarray(view.answer_words)

@@ -11,7 +11,7 @@ all about position.
 Twins and groups (`--protocol`):
 
   jaxmech   drawn: every object recoloured to another colour (`data.spec.recolour`);
-            a photograph: the authors' rainbow recolour (`data.image_twins`); jaxmech's
+            a photograph: the authors' rainbow recolour (`data.inputs.image_twins`); jaxmech's
             token groups (`analysis.patching.GROUPS`).
   authors   their rainbow recolour of every picture, drawn ones too (hue mixed at 0.75
             with a random rainbow gradient, seeded by the question seed), their prompt
@@ -52,7 +52,7 @@ from jaxmech.analysis.patching import (
     table_compile_at,
     token_groups,
 )
-from jaxmech.data import image_twins, pictures
+from jaxmech.data.inputs import image_twins, pictures
 from jaxmech.families.vlm_view import Examples
 from jaxmech.reports.common import (
     EXAMPLES,

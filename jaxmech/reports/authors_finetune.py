@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech import finetune_authors as fa
-from jaxmech.data import authors_grid
+from jaxmech.data.datasets import authors_grid
 from jaxmech.train import param_paths
 
 

@@ -12,7 +12,7 @@ answer words):
 
   mirror      drawn: the spec's mirror twin (width; the height mirror for relation 1);
               a photograph: flipped across its width (left / right) or its height
-              (above / below), the answer swapped (`data.image_twins.mirror_twin`)
+              (above / below), the answer swapped (`data.inputs.image_twins.mirror_twin`)
   recolour    drawn: every object recoloured; a photograph: the authors' rainbow
               recolour (`image_twins.recolour_twin`, seeded per question), answer kept
   swap        the question with X and Y swapped (its answer swapped); a photograph's
@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 from jaxmech.analysis.spatial_ids import authors_cell_weights
-from jaxmech.data import image_twins, pictures
+from jaxmech.data.inputs import image_twins, pictures
 from jaxmech.data.spec import SceneSpec, swap_named, take
 from jaxmech.families.vlm_view import Examples, VLMView, answer_ids, examples, relation_words
 

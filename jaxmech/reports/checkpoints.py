@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data.questions import PROTOCOLS
+from jaxmech.data.datasets.questions import PROTOCOLS
 from jaxmech.families.vlm_view import VLMView
 from jaxmech.memory import (
     device_bytes,
@@ -50,17 +50,17 @@ def open_checkpoint(folder: str, *, grid=(4, 4), size: int | None = None, questi
     index them (layer L the residual after L blocks, `lm/resid_pre.L`; 0..n).
     `protocol`: "authors"
     (their scripts' wording, answer words and table protocols) or "jaxmech"
-    (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.questions.SOURCES`)
+    (`protocol_of`). `questions_from`: "drawn", or a dataset (`data.datasets.questions.SOURCES`)
     read from folder `data`, at most `questions` of them (None: the source's default:
     every one, COCO-Spatial's 100) drawn from `seed` (None: 0, and a dataset's sample
     under the authors' protocol 42, their `random.seed(42)`:
-    `data.questions.sample_seed`). `per_block`: the counterfactual table
+    `data.datasets.questions.sample_seed`). `per_block`: the counterfactual table
     also mirrors the ViT's positions in one block at a time (`analysis.counterfactuals.
     names_for`; 2 rows per ViT block, off by default at a checkpoint's size). Bad
     options and malformed records raise ValueError naming them, before the weights are
     read."""
     from jaxmech.chunks import file_stamps
-    from jaxmech.data.questions import sample_seed
+    from jaxmech.data.datasets.questions import sample_seed
     from jaxmech.data.spec import Grid
     from jaxmech.families.registry import read_checkpoint_config
     from jaxmech.hub_names import checkpoint_folder
@@ -160,7 +160,7 @@ def _pair_specs(view: VLMView, questions: int, seed: int, video: bool) -> dict:
 
 def _photo_questions(source: str, data, n, seed: int, video: bool):
     """The QuestionSet of `--questions_from` (None: drawn scenes), every record checked."""
-    from jaxmech.data.questions import SOURCES, load_questions
+    from jaxmech.data.datasets.questions import SOURCES, load_questions
 
     if source == "drawn":
         if data:

@@ -32,7 +32,7 @@ import functools
 
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.families.vlm_view import Examples, relation_words
 from jaxmech.reports import target_steering as arb
 from jaxmech.reports.batches import PHOTO_TEMPLATES

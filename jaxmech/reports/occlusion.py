@@ -4,7 +4,7 @@ checkpoint and COCO-Spatial's rows of both relations.
 
 Per question (a row whose X and Y each have an instance of their exact COCO category;
 the others left out, counted): X's and Y's boxes chosen among all instances
-(`data.occlusion_boxes.pick_pair`), 10 boxes of X's size elsewhere meeting neither
+(`data.inputs.occlusion_boxes.pick_pair`), 10 boxes of X's size elsewhere meeting neither
 (`boxes_elsewhere`, jaxmech's seeded rng: their hash-seeded draw cannot be repeated;
 `elsewhere=` injects boxes), blurred at radius 20; the model asked their wording, "Is the
 X to the left or right of the Y? Answer Left or Right." ("above or below", "Above or
@@ -35,8 +35,8 @@ import os
 
 import numpy as np
 
-from jaxmech.data import occlusion_boxes as ob
-from jaxmech.data.image_twins import BLUR_RADIUS, open_image
+from jaxmech.data.inputs import occlusion_boxes as ob
+from jaxmech.data.inputs.image_twins import BLUR_RADIUS, open_image
 from jaxmech.stats import mean_ci
 
 WORDS = {"left": ("Left", "Right"), "right": ("Right", "Left"), "above": ("Above", "Below"),
@@ -132,7 +132,7 @@ def question_boxes(coco: dict, image_id: int, x: str, y: str, relation: str, siz
 
 def compute(model, questions, coco: dict, seed: int = 42, elsewhere=None,
             radius: float = BLUR_RADIUS, log=print) -> dict:  # fmt: skip
-    """Per question of `questions` (`data.questions.ImageQuestion`s with `image_id`s in
+    """Per question of `questions` (`data.datasets.questions.ImageQuestion`s with `image_id`s in
     their file names) that `question_boxes` can box: {"image_id" [Q], "relation" [Q],
     "boxes_Qx2x4", "elsewhere" [Q] arrays, "logp_Qx12x2" (NaN past a question's N),
     "skipped"}; `elsewhere`: {image id: boxes} to use instead of drawing."""

@@ -47,8 +47,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Config, Settings
-from jaxmech.data.scenes import eval_masks
 from jaxmech.data.spec import take
+from jaxmech.data.tasks.scenes import eval_masks
 from jaxmech.families import view_for
 from jaxmech.families.vlm_view import VLMView, model_outline
 from jaxmech.memory import device_bytes, memory_budget, plan_rows, tree_devices
@@ -117,7 +117,7 @@ class TrainedSubject(NamedTuple):
     def question_specs(self, run) -> dict:
         """{"examples": spec, twin: spec}: the questions of `run.examples` (`EXAMPLES`)
         as scene specs. "unseen": the whole unseen-pair set; "seen": the seen-pair rows
-        that belong to every model's seen set (`data.scenes.eval_masks`: both labels
+        that belong to every model's seen set (`data.tasks.scenes.eval_masks`: both labels
         trained in pairs, a layout held out), so one batch serves every model."""
         specs = eval_specs(run, EXAMPLE_SETS[run.examples])
         if run.examples == "unseen":
@@ -186,7 +186,7 @@ class CheckpointSubject(NamedTuple):
     over_questions: bool = True  # one model: intervals over its questions
     question_chunk: int = 1  # a per-question table asks one question per call
     questions_word: str = "pair"
-    photos: Any = None  # a dataset's `data.questions.QuestionSet` (None: drawn scenes)
+    photos: Any = None  # a dataset's `data.datasets.questions.QuestionSet` (None: drawn scenes)
     source: Any = "drawn"  # "drawn", or the dataset's record (`batches.source_record`)
     per_block: bool = False  # the counterfactual table's per-block ViT mirrors (opt-in)
     estimates_time: bool = True  # each table logs its estimated time before computing

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families.vlm_view import Examples
 
@@ -127,7 +127,7 @@ def near_far_words(folder: str, wording: str) -> np.ndarray:
     """[2] token ids of near / far in `wording`, from the checkpoint's tokenizer;
     ValueError where both begin with one token (their margin would be 0 whatever the
     model says)."""
-    from jaxmech.data import prompts
+    from jaxmech.data.inputs import prompts
 
     tokenizer, _ = prompts.read_tokenizer(folder)
     pair = ASKED["near_far"][wording][1]

@@ -61,7 +61,7 @@ from jaxmech.analysis import patching as pa
 from jaxmech.analysis import spatial_ids as si
 from jaxmech.analysis import temporal_ids as tid
 from jaxmech.analysis.steering import add_forward, at_word
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import mirror_height
 from jaxmech.reports.common import cell_interval, fmt_interval, probe_rows, view_of
 from jaxmech.reports.questions import (

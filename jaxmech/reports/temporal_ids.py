@@ -1,6 +1,6 @@
 """Paper 003's temporal IDs on toy video VLMs.
 
-The video task (`data.video`) is the scenes grid read as time (row = frame), so the
+The video task (`data.tasks.video`) is the scenes grid read as time (row = frame), so the
 spatial-ID tools run unchanged: the object word's ID `Delta_y(cell)` from probe scenes
 (`analysis.spatial_ids`), and steering with it (`analysis.steering.steer_models`: X's word
 moved by `alpha (Delta(target) - Delta(source))` to the frame at the far end beyond Y,
@@ -35,7 +35,7 @@ from jaxmech import plots
 from jaxmech.analysis import steering as st
 from jaxmech.analysis import temporal_ids as tid
 from jaxmech.data.spec import RELATIONS
-from jaxmech.data.video import TIME
+from jaxmech.data.tasks.video import TIME
 from jaxmech.reports import temporal_authors as ta
 from jaxmech.reports.common import (
     LoadedRun,

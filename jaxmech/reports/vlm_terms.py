@@ -23,7 +23,7 @@ import numpy as np
 
 from jaxmech import plots
 from jaxmech.analysis.vit_terms import term_gradients
-from jaxmech.data.scenes import RELATIONS, eval_masks
+from jaxmech.data.tasks.scenes import RELATIONS, eval_masks
 from jaxmech.families.toy_vlm.evaluate import masked_mean
 from jaxmech.families.toy_vlm.loss import beliefs, logits
 from jaxmech.models.edits import VIT_TERMS, Edits, term_mask

@@ -6,7 +6,7 @@ caption mode `left_right` both forms are scored and averaged. Label-set accuracy
 true caption against the same caption with one label replaced by an absent label, on
 the unseen-pair images. Chance is 0.5 for all four.
 
-Every task kind's sets are `data.grouped.GroupedEvalSets` and take one path. The four
+Every task kind's sets are `data.tasks.grouped.GroupedEvalSets` and take one path. The four
 SPEC metrics are means over all rows of a set (a 2D image counts once per relation it
 is scored under); sets split by group (`GROUPED_SETS`: the 2D and three-object tasks)
 add `<set>_<group>_acc` (`unseen_h_acc`, `unseen_v_acc`, `seen_zm_acc`, ...). The 1D
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Settings
-from jaxmech.data import grouped
-from jaxmech.data.grouped import GroupedEvalSets
+from jaxmech.data.tasks import grouped
+from jaxmech.data.tasks.grouped import GroupedEvalSets
 from jaxmech.families.dual_encoder.model import encode_images, encode_texts
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.shapes import is_concrete
@@ -61,7 +61,7 @@ def check_inputs(evals, captions_CxT, settings) -> None:
     are static under jit / vmap), values only when concrete."""
     if not isinstance(evals, GroupedEvalSets):
         raise ValueError(
-            f"evals is a {type(evals).__name__}: expected a data.grouped.GroupedEvalSets "
+            f"evals is a {type(evals).__name__}: expected a data.tasks.grouped.GroupedEvalSets "
             "(the task's build_eval_sets)"
         )
     if np.ndim(captions_CxT) != 2:
@@ -119,7 +119,7 @@ def evaluate(
     Returns:
       dict of scalars `single_acc, seen_acc, unseen_acc, labelset_acc` (seen_acc is NaN
       when the model has no seen-pair validation row), plus the per-group accuracies of
-      the sets the eval-set type splits (`data.grouped.metric_names`).
+      the sets the eval-set type splits (`data.tasks.grouped.metric_names`).
 
     Raises:
       ValueError naming the argument when `evals`, `captions_CxT` or `settings` is not

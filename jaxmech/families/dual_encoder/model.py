@@ -28,7 +28,7 @@ the tower knows absolute position (left/right of the image).
 
 Vision input: `[CLS, x_0 .. x_{L-1}]`; output = residual stream at CLS (row 0).
 Text input: `BOS w.. EOT PAD..`; output = residual stream at the first EOT, whose id is
-the last text token id (`data.vocab`).
+the last text token id (`data.tasks.vocab`).
 
 Axis names: the glossary of `jaxmech.shapes` (B images, C captions, L image length, T
 caption length, S sequence, D d_model, H heads, Dh d_head, Z embedding width, R rotary
@@ -49,7 +49,7 @@ import jax.numpy as jnp
 
 from jaxmech.config import Config
 from jaxmech.data.tasks import task_vocab
-from jaxmech.data.vocab import CAPTION_LEN
+from jaxmech.data.tasks.vocab import CAPTION_LEN
 from jaxmech.families.dual_encoder.checks import (
     check_captions,
     check_edits,

@@ -4,7 +4,7 @@ Images (`processed`), as the reference's default image processor
 (`Gemma3ImageProcessor`, its torchvision backend in transformers 5; Pillow's where the
 config names the PIL backend's class, `...Pil`): every photograph resized to the ViT's
 square (preprocessor_config.json's `size`, 896 px for gemma-3) with the antialiased
-bilinear filter (`resample` 2; `data.resize.resize_bilinear`, level for level), no crop,
+bilinear filter (`resample` 2; `data.inputs.resize.resize_bilinear`, level for level), no crop,
 no padding; then the fused rescale-and-normalise in float32 with the config's mean and
 std (gemma-3: 0.5, 0.5), as a table per uint8 level (`pixel_table`). Pan-and-scan (the
 reference's option, off by default) is not reproduced: a preprocessor_config.json that
@@ -30,9 +30,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import prompts
-from jaxmech.data.pixels import fused_pixel_table, read_image
-from jaxmech.data.resize import resize_bicubic, resize_bilinear
+from jaxmech.data.inputs import prompts
+from jaxmech.data.inputs.pixels import fused_pixel_table, read_image
+from jaxmech.data.inputs.resize import resize_bicubic, resize_bilinear
 from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.families.gemma3.model import Inputs
@@ -51,7 +51,7 @@ class ImageSettings(NamedTuple):
     mean: tuple = (0.5, 0.5, 0.5)
     std: tuple = (0.5, 0.5, 0.5)
     resample: int = 2
-    resize: str = "torchvision"  # `data.resize.BACKENDS`
+    resize: str = "torchvision"  # `data.inputs.resize.BACKENDS`
 
 
 def image_settings(folder: str) -> ImageSettings:
@@ -85,7 +85,7 @@ def image_settings(folder: str) -> ImageSettings:
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] each channel's normalised value of every uint8 level, as the
     reference's fused rescale-and-normalise computes it in float32
-    (`data.pixels.fused_pixel_table`)."""
+    (`data.inputs.pixels.fused_pixel_table`)."""
     return fused_pixel_table(s.mean, s.std)
 
 
@@ -130,7 +130,7 @@ class Processor(NamedTuple):
 
 def load_processor(folder: str, config: Gemma3Config, resize: str | None = None) -> Processor:
     """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
-    `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the
+    `resize`: how photographs are resized (`data.inputs.resize.BACKENDS`; None: as the
     config's processor class does)."""
     tok, path = prompts.read_tokenizer(folder)
     for token, want, field in ((IMAGE, config.image_token_id, "image_token_index"),
@@ -172,7 +172,7 @@ class Encoded(NamedTuple):
 
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
     `model.forward`)."""
     prompts.check_batch(images, questions)
     c = proc.config

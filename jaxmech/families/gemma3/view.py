@@ -1,5 +1,5 @@
 """A Gemma-3 checkpoint's VLM view (`families.vlm_view`): scene specs drawn as pictures
-(`data.pictures`), asked in the papers' wording through the checkpoint's own processor,
+(`data.inputs.pictures`), asked in the papers' wording through the checkpoint's own processor,
 and its forward, sites and positions.
 
 Pictures are drawn at the ViT's own size (config.json's `image_size`: 896 px for
@@ -25,7 +25,7 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I image tokens.
 
 from __future__ import annotations
 
-from jaxmech.data import pictures, prompts
+from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3 import model, positions, processor

@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from jaxmech.data import prompts
+from jaxmech.data.inputs import prompts
 from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.model import Inputs
@@ -56,7 +56,7 @@ class Encoded(NamedTuple):
 
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
     `model.forward`)."""
     prompts.check_batch(images, questions)
     out = [patches(im, proc.images, proc.config.patch_size, codes) for im in images]

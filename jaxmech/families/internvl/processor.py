@@ -12,7 +12,7 @@ square image up to ~1.41 tiles wide is one tile (a 448 px drawn scene: one tile,
 the views' pictures are the reference's default exactly). `ImageSettings.tiles=False`
 (the processor's `crop_to_patches=False`) squashes every image to one tile instead: the
 views' photographs, so that every photograph is one token grid. Resizing: torchvision's
-antialiased bicubic on uint8 (the reference's default processor; `data.resize`), or
+antialiased bicubic on uint8 (the reference's default processor; `data.inputs.resize`), or
 Pillow's where the config names the PIL backend's class. Normalised with ImageNet's
 mean / std as the torchvision backend does (`pixel_table`: mean and std scaled by 255
 in float32, then (x - mean) / std; the PIL backend's order where it is the PIL one).
@@ -35,9 +35,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import pixels, prompts
-from jaxmech.data.pixels import IMAGENET_MEAN, IMAGENET_STD, read_image
-from jaxmech.data.resize import resize_bicubic
+from jaxmech.data.inputs import pixels, prompts
+from jaxmech.data.inputs.pixels import IMAGENET_MEAN, IMAGENET_STD, read_image
+from jaxmech.data.inputs.resize import resize_bicubic
 from jaxmech.families import hf_vlm
 from jaxmech.families.internvl.config import InternVLConfig
 
@@ -55,7 +55,7 @@ class ImageSettings(NamedTuple):
     tiles: bool = True
     min_tiles: int = 1
     max_tiles: int = 12
-    resize: str = "torchvision"  # `data.resize.BACKENDS`
+    resize: str = "torchvision"  # `data.inputs.resize.BACKENDS`
 
 
 def image_settings(folder: str) -> ImageSettings:
@@ -129,7 +129,8 @@ def tiles(image, s: ImageSettings):
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] the normalised value of each uint8 level: the torchvision
     backend's fused (level - 255 mean) / (255 std) in float32
-    (`data.pixels.fused_pixel_table`), or the PIL backend's (`data.pixels.pixel_table`)."""
+    (`data.inputs.pixels.fused_pixel_table`), or the PIL backend's
+    (`data.inputs.pixels.pixel_table`)."""
     if s.resize == "pil":
         return pixels.pixel_table(s.mean, s.std)
     return pixels.fused_pixel_table(s.mean, s.std)
@@ -138,7 +139,7 @@ def pixel_table(s: ImageSettings) -> np.ndarray:
 def patches(image, s: ImageSettings, patch: int, codes: bool = False):
     """(float32 [T, P, C p p] each tile's patches, row-major, (cols, rows) of the tile
     grid); `codes`: the uint8 levels instead, a quarter of the bytes
-    (`data.pixels.decode_pixels` gives the floats)."""
+    (`data.inputs.pixels.decode_pixels` gives the floats)."""
     x, grid = tiles(image, s)
     T, n = len(x), s.size // patch
     x = x.transpose(0, 3, 1, 2).reshape(T, 3, n, patch, n, patch).transpose(0, 2, 4, 1, 3, 5)
@@ -164,7 +165,7 @@ class Processor(NamedTuple):
 def load_processor(folder: str, config: InternVLConfig, resize: str | None = None,
                    tiles: bool | None = None) -> Processor:  # fmt: skip
     """The folder's tokenizer.json and image processor config; errors name the path.
-    `resize`: how images are resized (`data.resize.BACKENDS`; None: as the config's
+    `resize`: how images are resized (`data.inputs.resize.BACKENDS`; None: as the config's
     processor class does). `tiles`: tile images (None: the reference's default, yes)."""
     tok, path = prompts.read_tokenizer(folder)
     prompts.check_token_id(tok, path, CONTEXT, config.image_token_id, "image_token_id")

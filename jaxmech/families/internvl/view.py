@@ -1,5 +1,5 @@
 """An InternVL checkpoint's VLM view (`families.vlm_view`): scene specs drawn as pictures
-(`data.pictures`), asked through the checkpoint's own processor, and its forward,
+(`data.inputs.pictures`), asked through the checkpoint's own processor, and its forward,
 sites and positions.
 
 One picture per scene, drawn at the tile size (`size` must equal the image processor's
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from jaxmech.data import pictures, prompts
+from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import encode, model, positions, processor

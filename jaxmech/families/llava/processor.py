@@ -13,7 +13,7 @@ PIL backend's class, `...Pil`):
   mean colour (int(255 x mean) per channel; the image at ((m - w) // 2, (m - h) // 2)),
   so nothing is cut.
 
-Resizes are `data.resize`'s (torchvision's antialiased bicubic on uint8, level for
+Resizes are `data.inputs.resize`'s (torchvision's antialiased bicubic on uint8, level for
 level); the normalisation is the reference's fused one in float32: (level - 255 mean) /
 (255 std), as a table per uint8 level (`pixel_table`); patches flattened (C, p, p) in
 row-major patch order. `frame` says which region of the photograph the processed image
@@ -36,9 +36,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import prompts
-from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, fused_pixel_table, read_image
-from jaxmech.data.resize import BACKENDS, resize_bicubic
+from jaxmech.data.inputs import prompts
+from jaxmech.data.inputs.pixels import CLIP_MEAN, CLIP_STD, fused_pixel_table, read_image
+from jaxmech.data.inputs.resize import BACKENDS, resize_bicubic
 from jaxmech.families import hf_vlm
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.families.llava.model import Inputs
@@ -56,7 +56,7 @@ class ImageSettings(NamedTuple):
     crop: tuple = (336, 336)  # () : no centre crop
     mean: tuple = CLIP_MEAN
     std: tuple = CLIP_STD
-    resize: str = "torchvision"  # `data.resize.BACKENDS`
+    resize: str = "torchvision"  # `data.inputs.resize.BACKENDS`
     square: str = "crop"  # `SQUARES`
 
 
@@ -85,7 +85,7 @@ def image_settings(folder: str) -> ImageSettings:
 def pixel_table(s: ImageSettings) -> np.ndarray:
     """float32 [3, 256] each channel's normalised value of every uint8 level, as the
     reference's fused rescale-and-normalise computes it in float32: (level - 255 mean) /
-    (255 std), mean and std taken to float32 first (`data.pixels.fused_pixel_table`)."""
+    (255 std), mean and std taken to float32 first (`data.inputs.pixels.fused_pixel_table`)."""
     return fused_pixel_table(s.mean, s.std)
 
 
@@ -162,7 +162,7 @@ def processed(image, s: ImageSettings) -> np.ndarray:
 def patches(image, s: ImageSettings, patch: int, codes: bool = False) -> np.ndarray:
     """float32 [P, C p p] the processed photograph's patches, row-major, each flattened
     (C, p, p), normalised (`pixel_table`); `codes`: the uint8 levels instead, a quarter
-    of the bytes (`data.pixels.decode_pixels` gives the floats)."""
+    of the bytes (`data.inputs.pixels.decode_pixels` gives the floats)."""
     x = processed(image, s).transpose(2, 0, 1)
     gh, gw = x.shape[1] // patch, x.shape[2] // patch
     x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
@@ -260,7 +260,7 @@ def _as_transformers_llama(tok, cfg: dict) -> None:
 def load_processor(folder: str, config: LlavaConfig, resize: str | None = None,
                    square: str | None = None, prompt: str = "chat") -> Processor:  # fmt: skip
     """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
-    `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the config's
+    `resize`: how photographs are resized (`data.inputs.resize.BACKENDS`; None: as the config's
     processor class does); `square`: "crop" (the reference's default: resize the
     shortest edge, cut the centre) or "pad" (the original LLaVA's: pad to a square in
     the mean colour first); None: as preprocessor_config.json says. `prompt`: "chat"
@@ -306,7 +306,7 @@ class Encoded(NamedTuple):
 
 def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
     `model.forward`)."""
     prompts.check_batch(images, questions)
     c = proc.config

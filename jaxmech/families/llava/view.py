@@ -1,5 +1,5 @@
 """A LLaVA-1.5 checkpoint's VLM view (`families.vlm_view`): scene specs drawn as pictures
-(`data.pictures`), asked in the papers' wording through the checkpoint's own processor,
+(`data.inputs.pictures`), asked in the papers' wording through the checkpoint's own processor,
 and its forward, sites and positions.
 
 Pictures are drawn at the ViT's own size (config.json's `image_size`: 336 px for
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmech.data import pictures, prompts
+from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
 from jaxmech.families.llava import model, positions, processor

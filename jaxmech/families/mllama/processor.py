@@ -44,8 +44,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import prompts
-from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, pixel_table, read_image
+from jaxmech.data.inputs import prompts
+from jaxmech.data.inputs.pixels import CLIP_MEAN, CLIP_STD, pixel_table, read_image
 from jaxmech.families import hf_vlm
 from jaxmech.families.mllama.config import MllamaConfig, aspect_ratios
 from jaxmech.families.mllama.model import Inputs

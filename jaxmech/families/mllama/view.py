@@ -54,7 +54,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data import pictures, prompts
+from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
 from jaxmech.families.mllama import model, positions, processor

@@ -3,7 +3,7 @@
 Images (`patches`): resized to `smart_resize`'s size (both sides multiples of patch x
 merge = 28, the pixel count within [min_pixels, max_pixels], the aspect ratio kept;
 Python's round, i.e. half to even: 70 x 98 becomes 56 x 112) as the reference's default
-processor does (torchvision's antialiased bicubic on uint8, `data.resize`; equal level
+processor does (torchvision's antialiased bicubic on uint8, `data.inputs.resize`; equal level
 for level), or with Pillow's bicubic where the config names the PIL backend's class
 (`Qwen2VLImageProcessorPil`; `ImageSettings.resize`), rescaled by 1/255 and normalised
 with the checkpoint's mean and std (CLIP's by default), the single frame repeated over
@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech.data import pixels, prompts
-from jaxmech.data.pixels import CLIP_MEAN, CLIP_STD, read_image
-from jaxmech.data.resize import resize_bicubic
+from jaxmech.data.inputs import pixels, prompts
+from jaxmech.data.inputs.pixels import CLIP_MEAN, CLIP_STD, read_image
+from jaxmech.data.inputs.resize import resize_bicubic
 from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
@@ -62,7 +62,7 @@ class ImageSettings(NamedTuple):
     temporal_patch_size: int = 2
     mean: tuple = CLIP_MEAN
     std: tuple = CLIP_STD
-    # how a photograph is resized (`data.resize.BACKENDS`): the reference's default
+    # how a photograph is resized (`data.inputs.resize.BACKENDS`): the reference's default
     # processor's torchvision, or its PIL backend's where the config names that class
     resize: str = "torchvision"
     # a video's pixel budget counts its frames (Qwen3-VL's video processor)
@@ -138,13 +138,13 @@ def video_smart_resize(frames: int, height: int, width: int, s: ImageSettings):
 
 
 def pixel_table(s: ImageSettings) -> np.ndarray:
-    """float32 [3, 256] the normalised value of each uint8 level (`data.pixels`)."""
+    """float32 [3, 256] the normalised value of each uint8 level (`data.inputs.pixels`)."""
     return pixels.pixel_table(s.mean, s.std)
 
 
 def patches(image, s: ImageSettings, codes: bool = False):
     """(float32 [P, C T p p] the flattened patches, (1, h, w) the patch grid); `codes`:
-    the uint8 levels instead, a quarter of the bytes (`data.pixels.decode_pixels` gives
+    the uint8 levels instead, a quarter of the bytes (`data.inputs.pixels.decode_pixels` gives
     the floats)."""
     x = read_image(image)
     p, m, T = s.patch_size, s.merge_size, s.temporal_patch_size
@@ -224,7 +224,7 @@ class Processor(NamedTuple):
 
 def load_processor(folder: str, config: QwenVLConfig, resize: str | None = None) -> Processor:
     """The folder's tokenizer.json and preprocessor_config.json; errors name the path.
-    `resize`: how photographs are resized (`data.resize.BACKENDS`; None: as the config's
+    `resize`: how photographs are resized (`data.inputs.resize.BACKENDS`; None: as the config's
     processor class does, `ImageSettings.resize`)."""
     tok, path = prompts.read_tokenizer(folder)
     prompts.check_token_id(tok, path, IMAGE_PAD, config.image_token_id, "image_token_id")
@@ -278,7 +278,7 @@ def _pixels(proc: Processor, images, codes: bool = False):
 def encode(proc: Processor, images, questions, codes: bool = False,
            text_first: bool = False) -> Encoded:  # fmt: skip
     """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.pixels.decode_pixels` before
+    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
     `model.forward`; `text_first`: each question before its image, `chat_prompt`)."""
     prompts.check_batch(images, questions)
     pixels, grid = _pixels(proc, images, codes)

@@ -20,7 +20,7 @@ import time
 import ml_dtypes
 import numpy as np
 
-from jaxmech.data import pictures
+from jaxmech.data.inputs import pictures
 from jaxmech.families.qwen2_vl.config import QwenVLConfig, from_hf
 from jaxmech.families.qwen2_vl.load import key_map
 from jaxmech.families.qwen2_vl.processor import chat_prompt
@@ -30,7 +30,7 @@ SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>",
 
 
 def prompt_words() -> list[str]:
-    """Every word the pictures' prompts use (`data.pictures`, the chat template)."""
+    """Every word the pictures' prompts use (`data.inputs.pictures`, the chat template)."""
     text = " ".join(pictures.TEMPLATES + (pictures.MIDDLE, chat_prompt("")))
     text += " " + " ".join(pictures.SHAPES + tuple(pictures.COLOURS))
     text += " Left Right Above Below Yes No an a"

@@ -1,5 +1,5 @@
 """A Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoint's VLM view (`families.vlm_view`): scene
-specs drawn as pictures (`data.pictures`), asked in the papers' wording through the
+specs drawn as pictures (`data.inputs.pictures`), asked in the papers' wording through the
 checkpoint's own processor, and its forward, sites and positions.
 
 One picture size per view (`size`, default 448: 32 x 32 patches, 16 x 16 merged
@@ -43,7 +43,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data import pictures, prompts
+from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid, SceneSpec
 from jaxmech.families import hf_vlm
 from jaxmech.families.qwen2_vl import model, positions, processor

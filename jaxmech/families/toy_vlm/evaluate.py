@@ -1,11 +1,11 @@
 """Accuracies and answer beliefs of a question-answering model on the scenes sets.
 
-Per validation set (`data.scenes.SceneEvalSets`: seen_pair, unseen_pair, train_pair,
+Per validation set (`data.tasks.scenes.SceneEvalSets`: seen_pair, unseen_pair, train_pair,
 single) and relation of the task (`data.tasks.Task.answer_relations`; scenes: h
 left/right, v above/below; video: t before/after): the accuracy (the answer word
 beats the other word of its relation), and, on the unseen pairs, the mean probability
 and log-probability of the answer word (`families.toy_vlm.loss.beliefs`). Rows are weighted by
-the model's own set membership (`data.scenes.eval_masks`: seen and train pairs depend
+the model's own set membership (`data.tasks.scenes.eval_masks`: seen and train pairs depend
 on its sweepable settings), so one compiled evaluation serves every model of a sweep.
 
 `unseen_min_acc` (the smallest unseen-pair accuracy over the relations) is the
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Config, Settings
-from jaxmech.data.scenes import SceneEvalSets, eval_masks
 from jaxmech.data.tasks import get_task
+from jaxmech.data.tasks.scenes import SceneEvalSets, eval_masks
 from jaxmech.families.toy_vlm.id_loss import id_loss
 from jaxmech.families.toy_vlm.loss import beliefs, logits
 

@@ -12,7 +12,7 @@ from jaxmech.families.toy_vlm.view import toy_view
 
 
 def forward(params, inputs, *, edits=None, capture=(), config=None):
-    """The family contract's forward: a `data.scenes.SceneBatch` -> (logits [B, V] at
+    """The family contract's forward: a `data.tasks.scenes.SceneBatch` -> (logits [B, V] at
     the `?`, the sites `capture` names; True: every site). Any capture computes the
     last LM block for every row, so the captured sites are whole."""
     del config

@@ -26,7 +26,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxmech.data.scenes import TOKEN, X_SLOT, Y_SLOT, SceneBatch
+from jaxmech.data.tasks.scenes import TOKEN, X_SLOT, Y_SLOT, SceneBatch
 from jaxmech.families.toy_vlm import model
 from jaxmech.families.toy_vlm.vit import read
 from jaxmech.models.id_loss import id_cos

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxmech.data.scenes import TOKEN, SceneBatch
+from jaxmech.data.tasks.scenes import TOKEN, SceneBatch
 from jaxmech.families.toy_vlm import id_loss, model
 
 # Each relation's (first, second) answer word, by relation id (`data.spec`: 0 h, 1 v,

@@ -23,7 +23,7 @@ Params (a plain nested dict; `init_params` builds it; blocks as `models.attentio
                                      the switch): question tokens other than the label
                                      words do not attend to the image tokens (`route_visible`)
 
-V = 11 + n_labels (the scene words, then the labels: `data.scenes`). The ViT is
+V = 11 + n_labels (the scene words, then the labels: `data.tasks.scenes`). The ViT is
 `families.toy_vlm.vit` (cells, positions, windows). The LM reads `[L image tokens][Q question
 tokens]` causally with RoPE on q and k. Its position ids are three per token (t, row,
 col), each frequency pair turned by one of them (`lm_mrope_axis`, interleaved t, row,
@@ -36,7 +36,7 @@ question token j has `m + 1 + j` thrice, m the largest image id. With equal ids 
 pair turns by the same id, which is 1D RoPE.
 
 `forward` returns the logits [B, V] at the last position; the answer is the argmax
-over the answer words (`data.scenes.SCENE_WORDS`). Architecture is read off the params,
+over the answer words (`data.tasks.scenes.SCENE_WORDS`). Architecture is read off the params,
 so analyses call `forward(params, ...)` with no config; vmap over stacked params.
 
 Axis names (`jaxmech.shapes`): B images, L cells, Q question tokens, S = L + Q the LM
@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxmech.config import Config
-from jaxmech.data.scenes import SCENE_WORDS
+from jaxmech.data.tasks.scenes import SCENE_WORDS
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.checks import check_edits, check_inputs, check_params
 from jaxmech.families.toy_vlm.vit import read
@@ -340,7 +340,7 @@ def forward(
       labels_BxL: int cell labels in [0, n_labels] (0 background), row-major cells.
       colours_BxL: int colours in [0, n_colours]; facings_BxL: int in [0, 2]
         (0 background, 1 left, 2 right).
-      question_BxQ: int LM token ids in [0, V - 1] (`data.scenes`), the answer
+      question_BxQ: int LM token ids in [0, V - 1] (`data.tasks.scenes`), the answer
         predicted after the last one.
       edits: interventions as data (`models.edits.Edits`; names: `edit_names`).
       capture: compute every intermediate whole (static under jit): the last LM block

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Config
-from jaxmech.data import scenes as sc
 from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.data.tasks import scenes as sc
 from jaxmech.families.toy_vlm import model
 from jaxmech.families.toy_vlm import vit as vit2d
 from jaxmech.families.toy_vlm.loss import ANSWER_WORDS

@@ -70,10 +70,10 @@ from jaxmech.config import (
     int_in,
     normalise,
 )
-from jaxmech.data import relations1d as r1
 from jaxmech.data import spec
-from jaxmech.data.relations2d import draw_pair_layout
 from jaxmech.data.spec import Grid, SceneSpec
+from jaxmech.data.tasks import relations1d as r1
+from jaxmech.data.tasks.relations2d import draw_pair_layout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -270,9 +270,9 @@ class SceneTables(NamedTuple):
 
 def _check(task: TaskConfig) -> None:
     """Scene-specific config checks (ConfigError naming the field)."""
-    if not isinstance(task, SceneConfig):  # video: `data.video` on these tables
+    if not isinstance(task, SceneConfig):  # video: `data.tasks.video` on these tables
         raise ConfigError(
-            f"task_kind = {task.task_kind!r} is invalid here: data.scenes needs a SceneConfig"
+            f"task_kind = {task.task_kind!r} is invalid here: data.tasks.scenes needs a SceneConfig"
         )
     if task.third_frac > 0 and task.max_pair_labels < 3:
         raise ConfigError(
@@ -644,7 +644,7 @@ def eval_specs(task: TaskConfig, s: SceneEvalSet, mirror_twin=spec.mirror) -> di
 def describe(batch: SceneBatch, task: TaskConfig, i: int = 0, words=SCENE_WORDS) -> str:
     """Row i of a batch as text: the grid (label, colour letter, facing arrow per
     object; `.` background), then the question and its answer (`words`: the names of
-    the word ids, e.g. `data.video.VIDEO_WORDS`)."""
+    the word ids, e.g. `data.tasks.video.VIDEO_WORDS`)."""
     labels, colours, facings = (np.asarray(a[i]) for a in batch[:3])
     arrow = {1: "<", 2: ">"}
     cells = [

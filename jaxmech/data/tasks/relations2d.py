@@ -54,9 +54,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Settings, TaskConfig, derive_grid, normalise
-from jaxmech.data import relations1d as r1
-from jaxmech.data.grouped import GroupedEvalSets, absent_label, seen_mask
-from jaxmech.data.vocab import WORDS_2D, Vocab
+from jaxmech.data.tasks import relations1d as r1
+from jaxmech.data.tasks.grouped import GroupedEvalSets, absent_label, seen_mask
+from jaxmech.data.tasks.vocab import WORDS_2D, Vocab
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,7 +303,7 @@ def sample_batch(
 
 
 class GridEvalSets(GroupedEvalSets):
-    """The 2D validation sets (`data.grouped.GroupedEvalSets`); groups = relations."""
+    """The 2D validation sets (`data.tasks.grouped.GroupedEvalSets`); groups = relations."""
 
     __slots__ = ()
     GROUPS = RELATIONS

@@ -26,7 +26,7 @@ import json
 import os
 import re
 
-from jaxmech.data import questions as q
+from jaxmech.data.datasets import questions as q
 
 CONTROLLED = {"a": "controlled_images_dataset.json", "b": "controlled_clevr_dataset.json"}
 TRIPLES = {"coco": ("coco_qa_two_obj.json", "val2017/{:012d}.jpg"),

@@ -22,7 +22,7 @@ other two run once on the host.
                                                supports; one applies to a run when the
                                                family declares it too
   caption_words                              caption tasks: the caption words after the
-                                               labels (`data.vocab`; `task_vocab`)
+                                               labels (`data.tasks.vocab`; `task_vocab`)
   config                                     its config class (a `config.TaskConfig`
                                                subclass: the fields it reads)
   eval_specs(task_config, eval_set) -> {name: SceneSpec}
@@ -50,7 +50,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 
 from jaxmech.config import Config, ConfigError, register_task_config
-from jaxmech.data import relations1d, relations2d, relations3, scenes, video, vocab
+from jaxmech.data.tasks import relations1d, relations2d, relations3, scenes, video, vocab
 
 
 class CaptionBatch(NamedTuple):
@@ -142,7 +142,7 @@ TASKS: dict[str, Task] = {
         + ("vit_terms", "id_loss", "arbitrary_steering"),
         config=scenes.SceneConfig,
     ),
-    # the scenes read as video: rows are frames, questions before / after (`data.video`)
+    # the scenes read as video: rows are frames, questions before / after (`data.tasks.video`)
     "video": Task(
         "video",
         video.build_tables,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxmech.data.image_twins import BLUR_RADIUS, occluded
+from jaxmech.data.inputs.image_twins import BLUR_RADIUS, occluded
 
 N_ELSEWHERE = 10  # their `n=10`
 TRIES = 500  # their `max_tries=500`

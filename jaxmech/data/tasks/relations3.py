@@ -51,9 +51,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Settings, TaskConfig
-from jaxmech.data import relations1d as r1
-from jaxmech.data.grouped import GroupedEvalSets, absent_label, seen_mask
-from jaxmech.data.relations1d import DataTables
+from jaxmech.data.tasks import relations1d as r1
+from jaxmech.data.tasks.grouped import GroupedEvalSets, absent_label, seen_mask
+from jaxmech.data.tasks.relations1d import DataTables
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +180,7 @@ def positives(images_BxL, caption_ids_B, task: TaskConfig) -> jax.Array:
 
 
 class ThreeEvalSets(GroupedEvalSets):
-    """The three-object validation sets (`data.grouped`); groups = distractor place."""
+    """The three-object validation sets (`data.tasks.grouped`); groups = distractor place."""
 
     __slots__ = ()
     GROUPS = DISTRACTOR_GROUPS

@@ -14,7 +14,7 @@ positions and facings mirrored) is the picture flipped left to right, pixel for 
 (tested). Up-down they are not symmetric (a triangle points up, a heart's lobes are at
 the top): a height mirror moves objects without turning them over, as in the world.
 
-`draw_video` draws a scene as a video instead: grid row f is frame f (`data.video`),
+`draw_video` draws a scene as a video instead: grid row f is frame f (`data.tasks.video`),
 and `VIDEO_TEMPLATES` ask about time ("Does the red circle appear before or after the
 blue square?").
 
@@ -200,7 +200,7 @@ def object_names(spec: SceneSpec) -> list[tuple[str, str]]:
 
 def draw_video(grid: Grid, spec: SceneSpec, size: int = 448) -> np.ndarray:
     """[B, grid.h, size, size, 3] uint8: every scene of `spec` as a video, its grid read
-    as time (`data.video`): frame f shows the objects of grid row f in their columns,
+    as time (`data.tasks.video`): frame f shows the objects of grid row f in their columns,
     drawn as a 1 x grid.w row of cells filling the frame. Time reversal of the spec
     (`spec.mirror_height`) reverses the frames."""
     cells = np.asarray(spec.cells_BxK)

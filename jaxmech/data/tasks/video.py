@@ -6,7 +6,7 @@ order). Two objects always stand in different frames, and the only question is
 before / after: `[is, X, before, or, after, of, Y, ?]` (the answer: X's frame is
 earlier / later than Y's); a single-object question `... of mid ?` asks whether X
 comes in the first or the second half of the video. Everything else is the scenes
-task's (`data.scenes`: labels, colours, facings, the label split, absent-label
+task's (`data.tasks.scenes`: labels, colours, facings, the label split, absent-label
 questions, held-out cells, eval sets), so the same model, evaluation and analyses run.
 
 The words reuse the scene vocabulary's ids (`VIDEO_WORDS`): `before` / `after` are the
@@ -30,8 +30,8 @@ import jax
 import numpy as np
 
 from jaxmech.config import ConfigError, TaskConfig
-from jaxmech.data import scenes as sc
 from jaxmech.data import spec
+from jaxmech.data.tasks import scenes as sc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ sample_batch = sc.sample_batch  # the scenes sampler, on the tables below
 def _check(task: TaskConfig, n_layouts: int) -> None:
     if not isinstance(task, VideoConfig):
         raise ConfigError(
-            f"task_kind = {task.task_kind!r} is invalid here: data.video needs a VideoConfig"
+            f"task_kind = {task.task_kind!r} is invalid here: data.tasks.video needs a VideoConfig"
         )
     if task.layouts_per_pair > n_layouts:
         raise ConfigError(

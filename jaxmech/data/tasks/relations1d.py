@@ -21,7 +21,7 @@ Caption ids (n = n_labels, labels 1-based):
   single_side(l, s) "l is on the left/right"   2 n^2 + 2 (l - 1) + s   (s = 0 left)
   single_label(l)   "l"                        2 n^2 + 2 n + (l - 1)
 
-The fixed validation sets are `data.grouped.GroupedEvalSets` with one group
+The fixed validation sets are `data.tasks.grouped.GroupedEvalSets` with one group
 (`LineEvalSets`), so every task kind is evaluated by the same code (`evaluate`).
 
 Axis names (`jaxmech.shapes`): B batch rows, L image length, T caption length, C
@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.config import Settings, TaskConfig, choice
-from jaxmech.data.grouped import GroupedEvalSets, absent_label
-from jaxmech.data.vocab import Vocab
+from jaxmech.data.tasks.grouped import GroupedEvalSets, absent_label
+from jaxmech.data.tasks.vocab import Vocab
 
 SINGLE_CAPTIONS = ("side", "label", "side_pair")
 CAPTION_MODES = ("left", "left_right")
@@ -373,7 +373,7 @@ def sample_batch(
 
 
 class LineEvalSets(GroupedEvalSets):
-    """The 1D validation sets (`data.grouped.GroupedEvalSets` with one group, `all`).
+    """The 1D validation sets (`data.tasks.grouped.GroupedEvalSets` with one group, `all`).
 
     Every image is scored once (`*_index` is the identity) under one caption pair:
     single: every label alone at each of its held-out positions, "l is on the <side>"

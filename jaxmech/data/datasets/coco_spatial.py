@@ -1,5 +1,5 @@
 """COCO-Spatial as paper 003 builds it: What'sUp's two-object COCO triples
-(`coco_qa_two_obj.json`, images `val2017/{id:012d}.jpg`; `data.whatsup`) whose caption
+(`coco_qa_two_obj.json`, images `val2017/{id:012d}.jpg`; `data.datasets.whatsup`) whose caption
 says "to the left of" / "to the right of", a seeded sample of `n` (100 by default, as
 the authors' `random.sample` in `mirror_swapping.py`; here `random.Random(seed).sample`,
 which draws the same positions), each object's box from COCO's `instances_val2017.json`
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 
-from jaxmech.data import questions as q
-from jaxmech.data import whatsup
+from jaxmech.data.datasets import questions as q
+from jaxmech.data.datasets import whatsup
 
 DEFAULT_N = 100  # the paper's 100 questions
 INSTANCES = ("annotations/instances_val2017.json", "instances_val2017.json")

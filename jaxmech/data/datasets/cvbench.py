@@ -40,7 +40,7 @@ from __future__ import annotations
 import os
 import re
 
-from jaxmech.data import questions as q
+from jaxmech.data.datasets import questions as q
 
 FILES = ("test_2d.jsonl", "test_2d.parquet")
 RED_BOX = " (annotated by the red box)"

@@ -117,7 +117,7 @@ def question_mask(offsets_BxSx2, question_Bx2) -> np.ndarray:
 
 def answer_ids(tokenizer, answers) -> np.ndarray:
     """[3, 2] int32 the first token id of each relation's (first, second) answer words
-    `answers` (`data.pictures.ANSWERS` ...). Raises ValueError when a relation's two
+    `answers` (`data.inputs.pictures.ANSWERS` ...). Raises ValueError when a relation's two
     words begin with the same token: their logits could not tell the answers apart."""
     ids = [[tokenizer.encode(w, add_special_tokens=False).ids[0] for w in pair]
            for pair in answers]  # fmt: skip

@@ -23,7 +23,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from jaxmech.data.questions import OPPOSITE, ImageQuestion
+from jaxmech.data.datasets.questions import OPPOSITE, ImageQuestion
 
 FLIP_AXIS = {"left": 1, "right": 1, "above": 0, "below": 0}  # width: axis 1, height: 0
 

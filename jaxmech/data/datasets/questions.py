@@ -3,16 +3,16 @@
 A question source is one module under `data/` with `load(folder, n=None, seed=0) ->
 QuestionSet`, registered by name in `SOURCES` (the one place that lists them):
 
-  coco_spatial   paper 003's COCO-Spatial (`data.coco_spatial`): left / right, 100 drawn
+  coco_spatial   paper 003's COCO-Spatial (`data.datasets.coco_spatial`): left / right, 100 drawn
   coco_spatial_all  the same file's every left / right and above / below row, with
                  COCO's boxes (the population the authors' steering asks,
                  `adversarial_steering.sh`; `whatsup_coco` has no boxes)
-  whatsup_a      What'sUp, Controlled A (`data.whatsup`)
+  whatsup_a      What'sUp, Controlled A (`data.datasets.whatsup`)
   whatsup_b      What'sUp, Controlled B
   whatsup_coco   What'sUp's COCO two-object triples, every relation
   whatsup_vg     What'sUp's Visual Genome two-object triples
-  cvbench        CV-Bench's 2D relation task (`data.cvbench`)
-  manifest       anyone's own images, one JSON question per line (`data.manifest`)
+  cvbench        CV-Bench's 2D relation task (`data.datasets.cvbench`)
+  manifest       anyone's own images, one JSON question per line (`data.datasets.manifest`)
 
 A loader reads the user's copy of the published files (nothing is downloaded), checks
 every record before any model is touched (a malformed record: a ValueError naming the
@@ -34,14 +34,14 @@ from typing import Any, NamedTuple
 
 # source name -> (module, keyword arguments of its `load`)
 SOURCES = {
-    "coco_spatial": ("jaxmech.data.coco_spatial", {}),
-    "coco_spatial_all": ("jaxmech.data.coco_spatial", {"relations": "all"}),
-    "whatsup_a": ("jaxmech.data.whatsup", {"subset": "a"}),
-    "whatsup_b": ("jaxmech.data.whatsup", {"subset": "b"}),
-    "whatsup_coco": ("jaxmech.data.whatsup", {"subset": "coco"}),
-    "whatsup_vg": ("jaxmech.data.whatsup", {"subset": "vg"}),
-    "cvbench": ("jaxmech.data.cvbench", {}),
-    "manifest": ("jaxmech.data.manifest", {}),
+    "coco_spatial": ("jaxmech.data.datasets.coco_spatial", {}),
+    "coco_spatial_all": ("jaxmech.data.datasets.coco_spatial", {"relations": "all"}),
+    "whatsup_a": ("jaxmech.data.datasets.whatsup", {"subset": "a"}),
+    "whatsup_b": ("jaxmech.data.datasets.whatsup", {"subset": "b"}),
+    "whatsup_coco": ("jaxmech.data.datasets.whatsup", {"subset": "coco"}),
+    "whatsup_vg": ("jaxmech.data.datasets.whatsup", {"subset": "vg"}),
+    "cvbench": ("jaxmech.data.datasets.cvbench", {}),
+    "manifest": ("jaxmech.data.datasets.manifest", {}),
 }
 
 # each relation word and the word of the opposite relation (the other answer)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import glob
 import os
 
-from jaxmech.data import questions as q
+from jaxmech.data.datasets import questions as q
 
 FIELDS = ("image", "answers", "objects", "question", "relation", "boxes")
 

@@ -1,0 +1,2 @@
+"""The papers' datasets, one module per source, read into `questions.ImageQuestion`s
+(`questions.load_questions`)."""
