@@ -44,9 +44,12 @@ def main(argv):
     from jaxmech.data.datasets.coco_spatial import INSTANCES
     from jaxmech.data.datasets.questions import first_file, load_questions
     from jaxmech.hub_names import checkpoint_folder
-    from jaxmech.reports.occlusion import run
+    from jaxmech.model import checkpoint_family
+    from jaxmech.reports.occlusion import check_family, run
 
-    model = jaxmech.load(checkpoint_folder(FLAGS.checkpoint), dtype=getattr(jnp, FLAGS.dtype))
+    folder = checkpoint_folder(FLAGS.checkpoint)
+    check_family(checkpoint_family(folder))  # before any weight is read
+    model = jaxmech.load(folder, dtype=getattr(jnp, FLAGS.dtype))
     questions = load_questions("coco_spatial_all", FLAGS.data, FLAGS.questions).questions
     with open(first_file(FLAGS.data, INSTANCES, "COCO instances file")) as f:
         coco = json.load(f)

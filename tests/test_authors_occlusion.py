@@ -288,3 +288,13 @@ def test_the_report_writes_its_table_and_summary(tmp_path):
         want = [float(r["sensitivity"]) for r in rows if r["verdict"] == verdict]
         np.testing.assert_allclose(summary[name]["values"], want)
         assert summary[name]["n"] == len(want) == 1 and summary[name]["ci"] == [None, None]
+
+
+def test_a_family_whose_prompt_is_unchecked_is_refused_before_its_weights_load():
+    from jaxmech.model import checkpoint_family
+    from jaxmech.reports.occlusion import check_family
+
+    folder = os.path.join(os.path.dirname(AUTHORS), "gemma3", "gemma3")
+    with pytest.raises(ValueError, match="'gemma3'.*known for llava, qwen2_vl only"):
+        check_family(checkpoint_family(folder))  # reads config.json only
+    assert check_family(checkpoint_family(os.path.join(AUTHORS, FOLDERS["llava"]))) == "llava"

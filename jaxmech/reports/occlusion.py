@@ -71,8 +71,10 @@ def answer_ids(tokenizer, relation: str) -> tuple[int, int]:
 
 
 def check_family(model) -> str:
-    """The checkpoint's family name; ValueError where its prompt is not checked."""
-    name = model.family.name
+    """The checkpoint's family name (`model`: a `Model`, or the family itself, so a
+    command can refuse before any weight is read); ValueError where its prompt is not
+    checked."""
+    name = getattr(model, "family", model).name
     if name not in TEXT_FIRST:
         raise ValueError(f"checkpoint family {name!r}: the authors' occlusion prompt is "
                          f"known for {', '.join(TEXT_FIRST)} only")  # fmt: skip
