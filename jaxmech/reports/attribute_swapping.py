@@ -16,7 +16,12 @@ Twins and groups (`--protocol`):
   authors   their rainbow recolour of every picture, drawn ones too (hue mixed at 0.75
             with a random rainbow gradient, seeded by the question seed), their prompt
             where the family has one (`questions.report_view`, as the patching report),
-            their "text" group (`questions.authors_groups`).
+            their "text" group (`questions.authors_groups`). Their three draws per
+            picture come from NumPy's unseeded global state, so only a run given them
+            (`image_twins.recolour_twin(draws=)`) gives their numbers: equal per
+            question on their LLaVA fixture (`tests/test_authors_attribute.py`). Their
+            layer L is block L's output, this report's layer L + 1 (their last, 31 of
+            LLaVA-1.5's 32, is the last block's output, refused here as by patching).
 
 Read per question, layer and group, under either protocol (both come from one table):
 

@@ -11,7 +11,7 @@
   `strength` 0.75, with a random rainbow gradient (a random direction, 0.8-2.5 cycles
   across the image, a random phase), saturation x 1.1, brightness kept; layout, names and
   answer unchanged. The draws come from the `rng` given (the authors' from NumPy's global
-  state), so a seed fixes the twin.
+  state, unseeded), so a seed fixes the twin; or they are given (`draws`).
 
 Pixels are uint8 [H, W, 3] RGB (`open_image`).
 """
@@ -54,11 +54,23 @@ def mirror_twin(question: ImageQuestion, pixels: np.ndarray):
     return np.ascontiguousarray(np.flip(pixels, axis)), twin
 
 
+RAINBOW_RANGES = ((0.0, 2 * np.pi), (0.8, 2.5), (0.0, 1.0))  # theta, freq, phase: theirs
+
+
 def recolour_twin(question: ImageQuestion, pixels: np.ndarray, rng: np.random.Generator,
-                  strength: float = 0.75, sat_boost: float = 1.1):  # fmt: skip
-    """(pixels, question): the rainbow-recoloured image, the question unchanged."""
+                  strength: float = 0.75, sat_boost: float = 1.1, draws=None):  # fmt: skip
+    """(pixels, question): the rainbow-recoloured image, the question unchanged.
+    `draws`: (theta, freq, phase) given instead of drawn from `rng` (the authors' are
+    unseeded: a test injects the ones their run recorded); each must lie in its range
+    (`RAINBOW_RANGES`)."""
     h, w = pixels.shape[:2]
-    theta, freq, phase = rng.uniform(0, 2 * np.pi), rng.uniform(0.8, 2.5), rng.uniform(0, 1)
+    if draws is None:
+        draws = [rng.uniform(lo, hi) for lo, hi in RAINBOW_RANGES]
+    elif len(draws) != 3 or not all(lo <= v <= hi for v, (lo, hi) in zip(draws, RAINBOW_RANGES)):
+        raise ValueError(
+            f"draws = {draws!r}: expected (theta, freq, phase) within {RAINBOW_RANGES}"
+        )
+    theta, freq, phase = (float(v) for v in draws)
     gx, gy = np.meshgrid(
         np.linspace(0, 1, w, dtype=np.float32), np.linspace(0, 1, h, dtype=np.float32)
     )
