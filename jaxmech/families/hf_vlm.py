@@ -6,29 +6,43 @@ positions, its image geometry and its chat template.
 * `checkpoint_family`: the `CheckpointFamily` record from a family's modules (`load`,
   `params`, `checks`, `model`, `processor`) and what is its own (describe, trainable,
   windows, ...); the fields every family fills alike are filled here.
-* `PatchGeometry`, `lm_fields`, `lm_layout`: a config's derived patch sizes, the
-  Llama-layout LM's config fields read from a `text_config`, its `LMLayout`.
-* `loaders`, `HUB_PREFIXES` / `PROJ_LM_PREFIXES`, `clip_block_map`,
-  `clip_block_shapes`: a family's `read_config` / `load_checkpoint` (`models.hub`), the
-  stored-name prefixes of the `vision_tower` / `multi_modal_projector` /
-  `language_model` layout, the CLIP / SigLIP ViT block's key map and shapes.
+* `PatchGeometry`, `vit_fields`, `lm_fields`, `lm_layout`: a config's derived patch
+  sizes, the CLIP / SigLIP ViT's config fields read from a `vision_config`, the
+  Llama-layout LM's from a `text_config`, its `LMLayout`.
+* `loaders`, `HUB_PREFIXES` / `PROJ_LM_PREFIXES`, `norm_map`, `mlp_map`,
+  `clip_block_map`, `clip_block_shapes`: a family's `read_config` / `load_checkpoint`
+  (`models.hub`), the stored-name prefixes of the `vision_tower` /
+  `multi_modal_projector` / `language_model` layout, a ViT block's LayerNorms' and MLP's
+  key maps, the CLIP / SigLIP ViT block's key map and shapes.
+* `lm_start`, `placed_forward`, `has_patches`: the start of a forward whose LM reads
+  image features placed at its image tokens (checks, sites, resume, `lm/embed`), and
+  the whole forward where that LM is a Llama-layout stack with 1-D rotary ids.
 * `text_decoding`: what greedy generation needs of an LM with one rotary id per token.
 * `lm_site_names`, `check_patches`, `check_edits`: the ViT-then-LM site list, the
   patches' shape check and the outline of a family's edit checks (`models.checks`).
-* `with_resize`, `padded_rows`, `image_rows`, `grid_spans`: a processor's resize
-  backend, its prompts' token rows, where their image tokens are, and the `Spans` of a
-  square grid of image tokens.
+* `with_resize`, `preprocessor_json`, `flat_patches`, `padded_rows`, `image_rows`,
+  `grid_spans`: a processor's resize backend, its preprocessor_config.json, an image's
+  flattened patches, its prompts' token rows, where their image tokens are, and the
+  `Spans` of a square grid of image tokens.
+* `PatchInputs`, `GridEncoded`, `grid_inputs`, `grid_encoders`: the model inputs and
+  encoded batch of a family whose every image is one square of patches, and its
+  `encode` / `encode_text`.
 * `Rendering`, `decoder_view`: a family's `VLMView` from what differs (how it encodes
   and places a batch, its pixels' decoding, forward, positions, image geometry); the
   rest (drawn scenes, photographs and text asked, the answer-row forward, resumed runs,
-  greedy replies, the text's rotary ids) is filled here alike.
+  greedy replies, the text's rotary ids) is filled here alike; `patch_decoder`,
+  `patch_square`, `check_drawn_size`, `check_cells`: a view's pixel decoding, ViT
+  positions and image grid of one square of patches, and its size and grid refusals.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple
+import json
+import os
+from typing import Any, Callable, NamedTuple
 
+import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.data.inputs import pictures, prompts
@@ -37,20 +51,26 @@ from jaxmech.data.inputs.resize import BACKENDS
 from jaxmech.families.contract import VLM_REPORTS, CheckpointFamily, contract_forward
 from jaxmech.families.vlm_view import Spans, VLMView, generate_rendered, one_image_grid, placed
 from jaxmech.models import checks, hub, layout
-from jaxmech.models.checks import shape
+from jaxmech.models.checks import check_resume, shape
 from jaxmech.models.decoder import (
     POINTS,
     RESUME_SITES,
     UNROTATED_POINTS,
+    Sites,
     answer_forward,
     block_sites,
+    inv_freq,
+    logits_at,
     next_token_logprobs,
+    place_images,
+    run_lm,
 )
+from jaxmech.models.edits import NO_EDITS
 from jaxmech.models.generate import Decoding, continued_ids, generate
 from jaxmech.models.hf_config import get
 from jaxmech.models.hub import T, heads_bias, heads_in, heads_out, same
 from jaxmech.models.layout import authors_vit_mlp
-from jaxmech.models.positions import rotary_angles, view_ids
+from jaxmech.models.positions import edited_ids, rotary_angles, text_ids, view_ids
 
 # the reports of a family whose view has no video (`temporal_ids` needs one)
 IMAGE_REPORTS = tuple(r for r in VLM_REPORTS if r != "temporal_ids")
@@ -183,23 +203,38 @@ HUB_PREFIXES = (
 )
 
 
+def norm_map(b: str, out: str, names: dict, E: int, parts=("weight", "bias")) -> dict:
+    """The key map of a ViT block's LayerNorms (each [E], stored as is): for each stored
+    `{b}{hf}.{part}` (`names` {hf: ours}, `parts` of "weight", "bias") our
+    `{out}{ours}_w` / `_b`, in that order."""
+    return {b + f"{hf}.{part}": (out + f"{ours}_{part[0]}", (E,), same)
+            for hf, ours in names.items() for part in parts}  # fmt: skip
+
+
+def mlp_map(b: str, out: str, names: dict, E: int, M: int) -> dict:
+    """The key map of a ViT block's MLP Linears with biases: stored `{b}{hf}.weight` /
+    `.bias` (`names` {hf: ours}, ours "in", "gate" ([M, E] stored) or "out" ([E, M]))
+    to our `{out}W_{ours}` (transposed) / `b_{ours}`."""
+    m = {}
+    for hf, ours in names.items():
+        shape = (E, M) if ours == "out" else (M, E)
+        m[b + f"{hf}.weight"] = (out + f"W_{ours}", shape, T)
+        m[b + f"{hf}.bias"] = (out + f"b_{ours}", shape[:1], same)
+    return m
+
+
 def clip_block_map(c, i: int) -> dict:
     """The key map of CLIP / SigLIP ViT block i (`vision.encoder.layers.{i}.`: two
     LayerNorms, q / k / v / out projections with biases, fc1 / fc2) to `vit/block_{i}/`."""
     E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
     b, out = f"vision.encoder.layers.{i}.", f"vit/block_{i}/"
-    m = {}
-    for hf, ours in (("layer_norm1", "ln1"), ("layer_norm2", "ln2")):
-        m |= {b + f"{hf}.weight": (out + f"{ours}_w", (E,), same),
-              b + f"{hf}.bias": (out + f"{ours}_b", (E,), same)}  # fmt: skip
+    m = norm_map(b, out, {"layer_norm1": "ln1", "layer_norm2": "ln2"}, E)
     for w in "qkv":
         m[b + f"self_attn.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
         m[b + f"self_attn.{w}_proj.bias"] = (out + f"b_{w.upper()}", (E,), heads_bias(H, Dh))
     m |= {b + "self_attn.out_proj.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
-          b + "self_attn.out_proj.bias": (out + "b_O", (E,), same),
-          b + "mlp.fc1.weight": (out + "W_in", (M, E), T), b + "mlp.fc1.bias": (out + "b_in", (M,), same),
-          b + "mlp.fc2.weight": (out + "W_out", (E, M), T), b + "mlp.fc2.bias": (out + "b_out", (E,), same)}  # fmt: skip
-    return m
+          b + "self_attn.out_proj.bias": (out + "b_O", (E,), same)}  # fmt: skip
+    return m | mlp_map(b, out, {"mlp.fc1": "in", "mlp.fc2": "out"}, E, M)
 
 
 def clip_block_shapes(c) -> dict:
@@ -231,12 +266,68 @@ def lm_fields(text, *, head_dim: bool = True, eps: float = 1e-6) -> dict:
     return out
 
 
+def vit_fields(v) -> dict:
+    """The CLIP / SigLIP ViT's sizes from a `vision_config` (as a dict, the reference's
+    class defaults filled): `vit_depth`, `vit_width`, `vit_heads`, `vit_mlp`,
+    `vit_in_chans`, `image_size`, `patch_size`, `vit_eps`, `vit_act`."""
+    return dict(vit_depth=int(v["num_hidden_layers"]), vit_width=int(v["hidden_size"]),
+                vit_heads=int(v["num_attention_heads"]), vit_mlp=int(v["intermediate_size"]),
+                vit_in_chans=int(v["num_channels"]), image_size=int(v["image_size"]),
+                patch_size=int(v["patch_size"]), vit_eps=float(v["layer_norm_eps"]),
+                vit_act=str(v["hidden_act"]))  # fmt: skip
+
+
 def lm_layout(c, vocab: int | None = None, **switches) -> layout.LMLayout:
     """The LM's `models.layout.LMLayout` from a config's `lm_*` fields (`vocab`: the
     embedding's rows where they are not `lm_vocab`); `switches`: its biases and norms."""
     return layout.LMLayout(c.lm_width, c.lm_heads, c.lm_kv_heads, c.lm_head_dim, c.lm_mlp,
                            c.lm_layers, c.lm_vocab if vocab is None else vocab,
                            c.tie_embeddings, **switches)  # fmt: skip
+
+
+def has_patches(inputs) -> bool:
+    """Whether a batch's `pixels_BxPxF` hold an image (P > 0: `lm_start`'s `images`)."""
+    return inputs.pixels_BxPxF.shape[1] > 0
+
+
+def lm_start(params, inputs, edits, config, capture, resume, *, checks, vision, images=None,
+             embed=None):  # fmt: skip
+    """(edits, site, x) of a family's `model.forward` whose LM reads `vision(params,
+    inputs, config, edits, site)`'s image features [B, I, D] placed at `inputs.image_BxI`
+    (`edits.image_order` reordering them; `images(inputs)` False: no image, the ViT not
+    run; None: always run): the edits (None: none) and the `Sites` after `checks`
+    (check_inputs, check_edits), x the LM's input `lm/embed` ([B, S, D]; `embed(lm,
+    tokens_BxS, config)` the text's, default the rows of `E`), or the resumed rows."""
+    edits = NO_EDITS if edits is None else edits
+    check_inputs, check_edits = checks
+    check_inputs(inputs, config)
+    check_edits(edits, inputs, config)
+    site = Sites(edits, capture)
+    lm = params["lm"]
+    if resume is not None:
+        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
+        return edits, site, resume.x_BxTxD
+    x = lm["E"][inputs.tokens_BxS] if embed is None else embed(lm, inputs.tokens_BxS, config)
+    if images is None or images(inputs):
+        feats = vision(params, inputs, config, edits, site)
+        if edits.image_order is not None:
+            feats = feats[:, jnp.asarray(edits.image_order)]
+        x = place_images(x, feats, inputs.image_BxI)
+    return edits, site, site("lm/embed", x)
+
+
+def placed_forward(params, inputs, edits, config, capture, rows, resume, last_row, *, act: str,
+                   **start):  # fmt: skip
+    """A family's `model.forward` (logits, aux) whose LM starts at `lm_start(..., **start)`
+    and is a causal Llama-layout stack with one rotary id per token (`inputs.pos_BxS`,
+    base `config.lm_rope_theta`; `act` its MLP's)."""
+    edits, site, x = lm_start(params, inputs, edits, config, capture, resume, **start)
+    lm = params["lm"]
+    freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
+    angles = rotary_angles(edited_ids(inputs.pos_BxS, edits.lm_pos_ids), freq)
+    x = run_lm(lm, x, angles, inputs.valid_BxS, config.lm_layers, config.lm_eps, site, resume,
+               last_row, act)  # fmt: skip
+    return logits_at(lm, x, rows, resume, last_row), site.aux
 
 
 # ---- generation ----------------------------------------------------------------------
@@ -310,6 +401,28 @@ def with_resize(images, resize: str | None):
     return images._replace(resize=resize)
 
 
+def preprocessor_json(folder: str) -> tuple[str, dict | None]:
+    """(path, contents) of the folder's preprocessor_config.json (None: no such file)."""
+    path = os.path.join(folder, "preprocessor_config.json")
+    if not os.path.exists(path):
+        return path, None
+    with open(path) as f:
+        return path, json.load(f)
+
+
+def flat_patches(x_HxWx3, patch: int, table=None) -> np.ndarray:
+    """[P, C p p] the patches of a processed uint8 [H, W, 3] image, row-major, each
+    flattened (C, p, p): float32 normalised by `table` ([3, 256] each channel's value of
+    every uint8 level), or the uint8 levels where `table` is None (a quarter of the
+    bytes; `data.inputs.pixels.decode_pixels` gives the floats)."""
+    x = x_HxWx3.transpose(2, 0, 1)
+    gh, gw = x.shape[1] // patch, x.shape[2] // patch
+    x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
+    if table is None:
+        return np.ascontiguousarray(x)
+    return table[np.arange(x.shape[1]) // patch**2, x]
+
+
 def padded_rows(tokenizer, texts, pad: str, **options) -> prompts.Rows:
     """`data.inputs.prompts.token_rows` of `texts`, left-padded with token `pad`'s id (0 where
     the tokenizer has none); `options` its own."""
@@ -325,6 +438,86 @@ def image_rows(tokens_BxS, valid_BxS, token_id: int, n: int, token: str) -> np.n
         raise ValueError(f"questions: expected {n} image tokens in each prompt, found "
                          f"{sorted({len(w) for w in where})} (is {token} in a question?)")  # fmt: skip
     return np.stack(where).astype(np.int32).reshape(len(where), n)
+
+
+class GridEncoded(NamedTuple):
+    """A batch ready for a family's `model.forward` whose image tokens are a row-major
+    square (`grid_spans`), with what `spans` needs: the prompts (image tokens expanded),
+    each token's character offsets [B, S, 2] (-1 at padding), the question's character
+    range in each prompt [B, 2], the image tokens' grid side (0: no image); the
+    picture's side in pixels and what its image tokens are, for `describe`."""
+
+    inputs: Any
+    prompts: list
+    offsets_BxSx2: np.ndarray
+    question_Bx2: np.ndarray
+    grid: int
+    image_px: int
+    tokens: str  # e.g. "patches = image tokens"
+
+    def describe(self) -> str:
+        """One line for logs: the picture's size, its image tokens and the tokens."""
+        g, S = self.grid, self.inputs.tokens_BxS.shape[1]
+        if not g:
+            return f"no image, {S} tokens"
+        return f"image {self.image_px} x {self.image_px} px, {g * g} {self.tokens}, {S} tokens"
+
+
+class PatchInputs(NamedTuple):
+    """One batch for the `model.forward` of a family with one square image of patches per
+    sequence, or none (every leaf leads with B).
+
+    tokens_BxS: int32 token ids. pixels_BxPxF: the flattened patches (`flat_patches`; P =
+    0 for questions without an image). image_BxI: int32 the LM positions of the image
+    tokens, in their grid's row-major order. pos_BxS: int32 the LM's position ids
+    (`models.positions.text_ids`). valid_BxS: bool, False at (left) padding, which no
+    token attends to.
+    """
+
+    tokens_BxS: Any
+    pixels_BxPxF: Any
+    image_BxI: Any
+    pos_BxS: Any
+    valid_BxS: Any
+
+
+def grid_inputs(rows: prompts.Rows, pixels_BxPxF, token_id: int, n: int, token: str):
+    """The `PatchInputs` of token `rows` (`padded_rows`) holding `n` image tokens each
+    (`image_rows`), the rotary ids each row's real tokens counted from 0."""
+    tokens, valid = rows.tokens_BxS, rows.valid_BxS
+    image_BxI = image_rows(tokens, valid, token_id, n, token)
+    return PatchInputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
+
+
+def grid_encoders(patches, encode_rows):
+    """(encode, encode_text) of a family whose every image becomes one square of
+    `config.n_patches` patches: `patches(image, proc.images, patch_size, codes)` one
+    image's [P, F], `encode_rows(proc, pixels_BxPxF, questions, image)` the batch."""
+
+    def encode(proc, images, questions, codes: bool = False):
+        prompts.check_batch(images, questions)
+        c = proc.config
+        out = [patches(im, proc.images, c.patch_size, codes) for im in images]
+        if any(p.shape[0] != c.n_patches for p in out):
+            raise ValueError(f"images: processed to {sorted({p.shape[0] for p in out})} patches, "
+                             f"the ViT reads {c.n_patches} (a {c.image_size} px square)")  # fmt: skip
+        return encode_rows(proc, np.stack(out), questions, image=True)
+
+    def encode_text(proc, questions):
+        prompts.check_batch(None, questions)
+        F = proc.config.patch_features
+        return encode_rows(proc, np.zeros((len(questions), 0, F), np.uint8), questions, image=False)
+
+    encode.__doc__ = (
+        "Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch "
+        "(`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before "
+        "`model.forward`)."
+    )
+    encode_text.__doc__ = (
+        "Questions asked without an image (`chat_prompt(image=False)`) -> an `Encoded` batch "
+        "with no patches and no image tokens: the authors' text-only baseline."
+    )
+    return encode, encode_text
 
 
 def grid_spans(enc, words, cells=(1, 1)) -> Spans:
@@ -401,6 +594,13 @@ def pixel_decoder(field: str, table, features_per_channel: int):
     return functools.partial(_decode, field, table, features_per_channel)
 
 
+def patch_decoder(processor, proc, field: str = "pixels_BxPxF"):
+    """`pixel_decoder` of a family's `processor` module whose (C, p, p) patches' levels
+    are normalised by `processor.pixel_table(proc.images)`, p the config's patch size."""
+    table = processor.pixel_table(proc.images)
+    return pixel_decoder(field, table, proc.config.patch_size**2)
+
+
 def _decode(field, table, features_per_channel, inputs):
     return decoded(inputs, field, table, features_per_channel)
 
@@ -424,6 +624,30 @@ def text_position_ids(params, spans: Spans):
     """[B, 3, S] 1-D rotary ids (each row's real tokens counted from 0), three equal rows
     as `Edits.lm_pos_ids` takes them."""
     return view_ids(spans.first_B, *np.shape(spans.question_BxS))
+
+
+def check_drawn_size(size: int, image_size: int, others: str = "resizing") -> None:
+    """A ValueError naming `size` where a drawn picture is not the ViT's `image_size`,
+    the one size the processor keeps (`others`: what it does to the rest)."""
+    if size != image_size:
+        raise ValueError(f"size = {size}: the processor makes every picture {image_size} x "
+                         f"{image_size} px (the ViT's size), {others} others; draw at size = "
+                         f"{image_size}")  # fmt: skip
+
+
+def check_cells(grid, side: int, what: str, cell: str) -> None:
+    """A ValueError naming `grid` where its rows or columns do not divide `side`, the
+    picture's `what` per side (its cells would not be whole `cell`)."""
+    if side % grid.h or side % grid.w:
+        raise ValueError(f"grid = {grid.h} x {grid.w}: must divide {what} (each cell whole {cell})")
+
+
+def patch_square(g: int) -> dict:
+    """`decoder_view`'s `vit_positions` and `image_grid` of a view whose every picture is
+    one g x g patch grid: each patch's float32 (row, col), row-major, on the g x g extent."""
+    rows, cols = np.divmod(np.arange(g * g), g)
+    return dict(vit_positions=(rows.astype(np.float32), cols.astype(np.float32), (g, g)),
+                image_grid=(1, g, g))  # fmt: skip
 
 
 def refuse_video(video: bool, name: str, why: str = "") -> None:

@@ -315,8 +315,7 @@ def encode_texts(params, captions_CxT, *, positions=None, readout_only=False, ed
       captions_CxT: int token ids in [0, V_txt - 1], each caption with an EOT (the last
         id); T at most the text P's rows.
       positions: token positions [T] or [C, T] in [0, T_P - 1] (default 0..T-1).
-      readout_only: compute the last layer's EOT row only (exact, faster).
-      edits: interventions (`models.edits`).
+      readout_only, edits: as `encode_images`'s (the readout row is the EOT's).
 
     Returns:
       (embed_CxZ L2-normalised, intermediates dict).

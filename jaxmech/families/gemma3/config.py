@@ -181,11 +181,7 @@ def _vision_fields(raw: Mapping[str, Any]) -> dict:
     if v["vision_use_head"]:
         raise ConfigError("config.json: vision_config vision_use_head = true is not supported "
                           "(Gemma-3's SigLIP has no pooling head)")  # fmt: skip
-    return dict(vit_depth=int(v["num_hidden_layers"]), vit_width=int(v["hidden_size"]),
-                vit_heads=int(v["num_attention_heads"]), vit_mlp=int(v["intermediate_size"]),
-                vit_in_chans=int(v["num_channels"]), image_size=int(v["image_size"]),
-                patch_size=int(v["patch_size"]), vit_eps=float(v["layer_norm_eps"]),
-                vit_act=str(v["hidden_act"]))  # fmt: skip
+    return hf_vlm.vit_fields(v)
 
 
 def from_hf(raw: Mapping[str, Any]) -> Gemma3Config:

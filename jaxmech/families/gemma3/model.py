@@ -50,7 +50,6 @@ ViT / LM width, H heads, Dh head width, R rotary pairs, V vocabulary.
 from __future__ import annotations
 
 import functools
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,7 +60,6 @@ from jaxmech.families.gemma3.checks import check_edits, check_inputs
 from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.models import layout
 from jaxmech.models.attention import rotate
-from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
     RESUME_SITES,
@@ -75,7 +73,6 @@ from jaxmech.models.decoder import (
     layer_norm,
     logits_at,
     mlp,
-    place_images,
     resume_cache,
     stack,
     unembed,
@@ -89,21 +86,8 @@ __all__ = ["Inputs", "Resume", "decoding", "forward", "gemma_norm", "image_featu
            "vision"]  # fmt: skip
 
 
-class Inputs(NamedTuple):
-    """One batch for `forward` (every leaf leads with B; one image per sequence, or none).
-
-    tokens_BxS: int32 token ids. pixels_BxPxF: the flattened patches (`processor`; P = 0
-    for questions without an image). image_BxI: int32 the LM positions of the image
-    tokens, in the pooled grid's row-major order (they also form the bidirectional
-    block). pos_BxS: int32 the LM's position ids (`models.positions.text_ids`).
-    valid_BxS: bool, False at (left) padding, which no token attends to.
-    """
-
-    tokens_BxS: Any
-    pixels_BxPxF: Any
-    image_BxI: Any
-    pos_BxS: Any
-    valid_BxS: Any
+# image_BxI: in the pooled token grid's order (they also form the bidirectional block)
+Inputs = hf_vlm.PatchInputs
 
 
 def gemma_norm(x, w, eps):
@@ -267,22 +251,10 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Gemma
     from a block on the last rows only (`Resume`). `bidirectional`: the image tokens see
     each other both ways (the reference with `token_type_ids`, its processor's default).
     Jittable with `config` static; vmappable over stacked edits."""
-    edits = NO_EDITS if edits is None else edits
-    check_inputs(inputs, config)
-    check_edits(edits, inputs, config)
-    site = Sites(edits, capture)
+    edits, site, x = hf_vlm.lm_start(params, inputs, edits, config, capture, resume,
+                                     checks=(check_inputs, check_edits), vision=vision,
+                                     images=hf_vlm.has_patches, embed=embed)  # fmt: skip
     lm = params["lm"]
-    if resume is not None:
-        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
-        x = resume.x_BxTxD
-    else:
-        x = embed(lm, inputs.tokens_BxS, config)
-        if inputs.pixels_BxPxF.shape[1]:
-            feats = vision(params, inputs, config, edits, site)
-            if edits.image_order is not None:
-                feats = feats[:, jnp.asarray(edits.image_order)]
-            x = place_images(x, feats, inputs.image_BxI)
-        x = site("lm/embed", x)
     masks = lm_masks(inputs.valid_BxS, inputs.image_BxI, config, bidirectional)
     pos = edited_ids(inputs.pos_BxS, edits.lm_pos_ids)
     x = run_lm(lm, x, pos, masks, config, site, resume, last_row)

@@ -24,7 +24,6 @@ left-padded with `<pad>`. The image soft tokens are the bidirectional block
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, NamedTuple
 
@@ -35,8 +34,6 @@ from jaxmech.data.inputs.pixels import fused_pixel_table, read_image
 from jaxmech.data.inputs.resize import resize_bicubic, resize_bilinear
 from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.config import Gemma3Config
-from jaxmech.families.gemma3.model import Inputs
-from jaxmech.models.positions import text_ids
 
 BOS, PAD = "<bos>", "<pad>"
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
@@ -58,11 +55,9 @@ def image_settings(folder: str) -> ImageSettings:
     """The folder's preprocessor_config.json, or gemma-3's where it has none; ValueError
     naming the file for pan-and-scan or a resample filter not reproduced."""
     d = ImageSettings()
-    path = os.path.join(folder, "preprocessor_config.json")
-    if not os.path.exists(path):
+    path, raw = hf_vlm.preprocessor_json(folder)
+    if raw is None:
         return d
-    with open(path) as f:
-        raw = json.load(f)
     if raw.get("do_pan_and_scan"):
         raise ValueError(f"{path}: do_pan_and_scan = true is not supported (one resized image "
                          "per question, the reference's default)")  # fmt: skip
@@ -101,12 +96,7 @@ def processed(image, s: ImageSettings) -> np.ndarray:
 def patches(image, s: ImageSettings, patch: int, codes: bool = False) -> np.ndarray:
     """float32 [P, C p p] the processed photograph's patches, row-major, each flattened
     (C, p, p), normalised (`pixel_table`); `codes`: the uint8 levels instead."""
-    x = processed(image, s).transpose(2, 0, 1)
-    gh, gw = x.shape[1] // patch, x.shape[2] // patch
-    x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
-    if codes:
-        return np.ascontiguousarray(x)
-    return pixel_table(s)[np.arange(x.shape[1]) // patch**2, x]
+    return hf_vlm.flat_patches(processed(image, s), patch, None if codes else pixel_table(s))
 
 
 def image_sequence(n: int) -> str:
@@ -148,44 +138,8 @@ def load_processor(folder: str, config: Gemma3Config, resize: str | None = None)
     return Processor(tok, images, config)
 
 
-class Encoded(NamedTuple):
-    """A batch ready for `model.forward`, with what `spans` needs: the prompts (image
-    tokens expanded), each token's character offsets [B, S, 2] (-1 at padding), the
-    question's character range in each prompt [B, 2], and the image tokens' grid side
-    (0: no image)."""
-
-    inputs: Inputs
-    prompts: list
-    offsets_BxSx2: np.ndarray
-    question_Bx2: np.ndarray
-    grid: int
-    image_size: int
-
-    def describe(self) -> str:
-        """One line for logs: the picture's size, its image tokens and the tokens."""
-        g, S = self.grid, self.inputs.tokens_BxS.shape[1]
-        if not g:
-            return f"no image, {S} tokens"
-        return (f"image {self.image_size} x {self.image_size} px, {g * g} image tokens "
-                f"(pooled), {S} tokens")  # fmt: skip
-
-
-def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
-    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
-    `model.forward`)."""
-    prompts.check_batch(images, questions)
-    c = proc.config
-    out = [patches(im, proc.images, c.patch_size, codes) for im in images]
-    return _encode(proc, np.stack(out), questions, image=True)
-
-
-def encode_text(proc: Processor, questions) -> Encoded:
-    """Questions asked without an image (`chat_prompt(image=False)`) -> an `Encoded`
-    batch with no patches and no image tokens: the authors' text-only baseline."""
-    prompts.check_batch(None, questions)
-    F = proc.config.patch_features
-    return _encode(proc, np.zeros((len(questions), 0, F), np.uint8), questions, image=False)
+# the batch's `describe` names its image tokens pooled (`hf_vlm.GridEncoded`)
+Encoded = hf_vlm.GridEncoded
 
 
 def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
@@ -196,11 +150,12 @@ def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
         questions, lambda q: chat_prompt(q, image).replace(BOI, image_sequence(n)), TAIL
     )
     rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD)
-    tokens, valid = rows.tokens_BxS, rows.valid_BxS
-    image_BxI = hf_vlm.image_rows(tokens, valid, c.image_token_id, n, IMAGE)
-    inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
-    return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2,
-                   c.token_grid if n else 0, c.image_size)  # fmt: skip
+    inputs = hf_vlm.grid_inputs(rows, pixels_BxPxF, c.image_token_id, n, IMAGE)
+    return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2, c.token_grid if n else 0,
+                   c.image_size, "image tokens (pooled)")  # fmt: skip
+
+
+encode, encode_text = hf_vlm.grid_encoders(patches, _encode)
 
 
 spans = hf_vlm.grid_spans  # image tokens at (0, row, col) of the pooled token grid

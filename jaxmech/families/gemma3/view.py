@@ -39,14 +39,9 @@ RENDERING = hf_vlm.rendering(processor)
 def check_size(config: Gemma3Config, grid: Grid, size: int) -> None:
     """Refuses (ValueError naming `size` or `grid`) a picture size the processor would
     resize, or a grid whose cells are not whole image tokens."""
-    if size != config.image_size:
-        raise ValueError(f"size = {size}: the processor makes every picture {config.image_size} "
-                         f"x {config.image_size} px (the ViT's size), resizing others; draw at "
-                         f"size = {config.image_size}")  # fmt: skip
+    hf_vlm.check_drawn_size(size, config.image_size)
     t = config.token_grid
-    if t % grid.h or t % grid.w:
-        raise ValueError(f"grid = {grid.h} x {grid.w}: must divide the {t} x {t} image tokens "
-                         "(each cell whole pooled tokens)")  # fmt: skip
+    hf_vlm.check_cells(grid, t, f"the {t} x {t} image tokens", "pooled tokens")
 
 
 def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: int | None = None,
@@ -60,15 +55,12 @@ def checkpoint_view(folder: str, config: Gemma3Config, grid: Grid = GRID, size: 
     size = config.image_size if size is None else size
     check_size(config, grid, size)
     proc = processor.load_processor(folder, config)
-    g = config.grid
     return hf_vlm.decoder_view(
         "gemma3", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
         grid=grid, size=size, templates=templates,
-        decode=hf_vlm.pixel_decoder("pixels_BxPxF", processor.pixel_table(proc.images),
-                                    config.patch_size**2),
+        decode=hf_vlm.patch_decoder(processor, proc),
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
         position_basis=lambda params: positions.position_basis(params, config),
-        vit_positions=(*positions.patch_grid(g), (g, g)),
-        image_grid=(1, g, g),
+        **hf_vlm.patch_square(config.grid),
         image_frame=lambda height, width: (0.0, 0.0, float(height), float(width)),
     )  # fmt: skip

@@ -39,20 +39,14 @@ __all__ = ["LoadError", "Stored", "canonical", "key_map", "load_checkpoint", "re
 def _vit_block_map(c: InternVLConfig, i: int) -> dict:
     E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
     b, out = f"vision_tower.encoder.layer.{i}.", f"vit/block_{i}/"
-    m = {
-        b + "layernorm_before.weight": (out + "ln1_w", (E,), same),
-        b + "layernorm_before.bias": (out + "ln1_b", (E,), same),
-        b + "layernorm_after.weight": (out + "ln2_w", (E,), same),
-        b + "layernorm_after.bias": (out + "ln2_b", (E,), same),
+    m = hf_vlm.norm_map(b, out, {"layernorm_before": "ln1", "layernorm_after": "ln2"}, E)
+    m |= {
         b + "lambda_1": (out + "ls1", (E,), same),
         b + "lambda_2": (out + "ls2", (E,), same),
         b + "attention.projection_layer.weight": (out + "W_O", (E, E), heads_out(H, Dh)),
         b + "attention.projection_layer.bias": (out + "b_O", (E,), same),
-        b + "mlp.fc1.weight": (out + "W_in", (M, E), hub.T),
-        b + "mlp.fc1.bias": (out + "b_in", (M,), same),
-        b + "mlp.fc2.weight": (out + "W_out", (E, M), hub.T),
-        b + "mlp.fc2.bias": (out + "b_out", (E,), same),
     }
+    m |= hf_vlm.mlp_map(b, out, {"mlp.fc1": "in", "mlp.fc2": "out"}, E, M)
     for w in "qkv":
         m[b + f"attention.{w}_proj.weight"] = (out + f"W_{w.upper()}", (E, E), heads_in(H, Dh))
         if c.vit_qkv_bias:

@@ -56,22 +56,10 @@ from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.checks import check_edits, check_inputs
 from jaxmech.families.internvl.config import InternVLConfig
 from jaxmech.models import layout
-from jaxmech.models.checks import check_resume
-from jaxmech.models.decoder import (
-    ACT,
-    Resume,
-    Sites,
-    after,
-    block_forward,
-    inv_freq,
-    layer_norm,
-    logits_at,
-    place_images,
-    run_lm,
-)
+from jaxmech.models.decoder import ACT, Resume, Sites, after, block_forward, inv_freq, layer_norm
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding
-from jaxmech.models.positions import edited_ids, read_table, rotary_angles
+from jaxmech.models.positions import read_table
 from jaxmech.models.precision import matmul
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "position_codes", "vision"]
@@ -138,15 +126,6 @@ def projector(m, x, c: InternVLConfig):
     return matmul(h, m["W2"]) + m["b2"]
 
 
-def language_model(lm, x, pos_BxS, valid_BxS, c: InternVLConfig, site, resume=None,
-                   last_row=False):  # fmt: skip
-    """[B, S, D] the final-normed residual stream under rotary ids `pos_BxS`
-    (`models.decoder.run_lm`: [B, T, D] rows start.. when resumed; [B, 1, D] the last
-    row with `last_row`)."""
-    angles = rotary_angles(pos_BxS, inv_freq(c.lm_head_dim, c.lm_rope_theta))
-    return run_lm(lm, x, angles, valid_BxS, c.lm_layers, c.lm_eps, site, resume, last_row)
-
-
 def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: InternVLConfig,
             capture=False, rows=None, resume: Resume | None = None, last_row: bool = False):  # fmt: skip
     """(logits, aux): logits [B, S, V], or [B, V] at `rows` ([B] positions) or at the
@@ -154,22 +133,8 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Inter
     sites (module docstring). `resume`: run the LM from a block on the last rows only
     (`Resume`; `rows` still count from 0). Jittable with `config` static; vmappable
     over stacked edits."""
-    edits = NO_EDITS if edits is None else edits
-    check_inputs(inputs, config)
-    check_edits(edits, inputs, config)
-    site = Sites(edits, capture)
-    lm = params["lm"]
-    if resume is None:
-        feats = vision(params, inputs, config, edits, site)
-        if edits.image_order is not None:
-            feats = feats[:, jnp.asarray(edits.image_order)]
-        x = site("lm/embed", place_images(lm["E"][inputs.tokens_BxS], feats, inputs.image_BxI))
-    else:
-        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
-        x = resume.x_BxTxD
-    x = language_model(lm, x, edited_ids(inputs.pos_BxS, edits.lm_pos_ids), inputs.valid_BxS,
-                       config, site, resume, last_row)  # fmt: skip
-    return logits_at(lm, x, rows, resume, last_row), site.aux
+    return hf_vlm.placed_forward(params, inputs, edits, config, capture, rows, resume, last_row,
+                                 checks=(check_inputs, check_edits), vision=vision, act="silu")  # fmt: skip
 
 
 def image_features(params, inputs: Inputs, *, config: InternVLConfig) -> jax.Array:

@@ -95,8 +95,7 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
     return hf_vlm.decoder_view(
         "internvl", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
         grid=grid, size=size, templates=templates,
-        decode=hf_vlm.pixel_decoder("pixels_BxTxPxF", processor.pixel_table(proc.images),
-                                    config.patch_size**2),
+        decode=hf_vlm.patch_decoder(processor, proc, "pixels_BxTxPxF"),
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
         position_basis=lambda params: position_basis(params, side),
         vit_positions=(*positions.patch_grid(side), (side, side)),

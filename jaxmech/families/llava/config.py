@@ -132,11 +132,7 @@ def _vision_fields(raw: Mapping[str, Any]) -> dict:
     if v.get("model_type", "clip_vision_model") != "clip_vision_model":
         raise ConfigError(f"config.json: vision_config model_type = {v['model_type']!r} is not "
                           "supported (only 'clip_vision_model')")  # fmt: skip
-    return dict(vit_depth=int(v["num_hidden_layers"]), vit_width=int(v["hidden_size"]),
-                vit_heads=int(v["num_attention_heads"]), vit_mlp=int(v["intermediate_size"]),
-                vit_in_chans=int(v["num_channels"]), image_size=int(v["image_size"]),
-                patch_size=int(v["patch_size"]), vit_eps=float(v["layer_norm_eps"]),
-                vit_act=str(v["hidden_act"]), feature_layer=_check_features(raw))  # fmt: skip
+    return hf_vlm.vit_fields(v) | dict(feature_layer=_check_features(raw))
 
 
 def _text_fields(t: Mapping[str, Any]) -> dict:

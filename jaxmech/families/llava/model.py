@@ -40,8 +40,6 @@ ViT / LM width, H heads, Dh head width, R rotary pairs, V vocabulary.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import jax
 import jax.numpy as jnp
 
@@ -50,42 +48,16 @@ from jaxmech.families.llava import positions
 from jaxmech.families.llava.checks import check_edits, check_inputs
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.models import layout
-from jaxmech.models.checks import check_resume
-from jaxmech.models.decoder import (
-    ACT,
-    Resume,
-    Sites,
-    after,
-    block_forward,
-    inv_freq,
-    layer_norm,
-    logits_at,
-    place_images,
-    run_lm,
-)
+from jaxmech.models.decoder import ACT, Resume, Sites, after, block_forward, inv_freq, layer_norm
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding
-from jaxmech.models.positions import edited_ids, rotary_angles
 from jaxmech.models.precision import einsum, matmul
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "vision"]
 
 
-class Inputs(NamedTuple):
-    """One batch for `forward` (every leaf leads with B; one image per sequence, or none).
-
-    tokens_BxS: int32 token ids. pixels_BxPxF: the flattened patches (`processor`; P = 0
-    for questions without an image). image_BxI: int32 the LM positions of the image
-    tokens in patch order. pos_BxS: int32 the LM's position ids
-    (`models.positions.text_ids`). valid_BxS: bool, False at (left) padding, which no
-    token attends to.
-    """
-
-    tokens_BxS: Any
-    pixels_BxPxF: Any
-    image_BxI: Any
-    pos_BxS: Any
-    valid_BxS: Any
+# image_BxI: in patch order
+Inputs = hf_vlm.PatchInputs
 
 
 def _position_rows(vit, edits: Edits, c: LlavaConfig):
@@ -148,27 +120,9 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Llava
     alone); aux the captured sites (module docstring). `resume`: run the LM from a block
     on the last rows only (`Resume`; `rows` still count from 0). Jittable with `config`
     static; vmappable over stacked edits."""
-    edits = NO_EDITS if edits is None else edits
-    check_inputs(inputs, config)
-    check_edits(edits, inputs, config)
-    site = Sites(edits, capture)
-    lm = params["lm"]
-    if resume is not None:
-        check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)
-        x = resume.x_BxTxD
-    else:
-        x = lm["E"][inputs.tokens_BxS]
-        if inputs.pixels_BxPxF.shape[1]:
-            feats = vision(params, inputs, config, edits, site)
-            if edits.image_order is not None:
-                feats = feats[:, jnp.asarray(edits.image_order)]
-            x = place_images(x, feats, inputs.image_BxI)
-        x = site("lm/embed", x)
-    freq = inv_freq(config.lm_head_dim, config.lm_rope_theta)
-    angles = rotary_angles(edited_ids(inputs.pos_BxS, edits.lm_pos_ids), freq)
-    x = run_lm(lm, x, angles, inputs.valid_BxS, config.lm_layers, config.lm_eps, site, resume,
-               last_row, config.lm_act)  # fmt: skip
-    return logits_at(lm, x, rows, resume, last_row), site.aux
+    return hf_vlm.placed_forward(params, inputs, edits, config, capture, rows, resume, last_row,
+                                 checks=(check_inputs, check_edits), vision=vision,
+                                 act=config.lm_act, images=hf_vlm.has_patches)  # fmt: skip
 
 
 def image_features(params, inputs: Inputs, *, config: LlavaConfig) -> jax.Array:

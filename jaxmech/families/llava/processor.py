@@ -41,8 +41,6 @@ from jaxmech.data.inputs.pixels import CLIP_MEAN, CLIP_STD, fused_pixel_table, r
 from jaxmech.data.inputs.resize import BACKENDS, resize_bicubic
 from jaxmech.families import hf_vlm
 from jaxmech.families.llava.config import LlavaConfig
-from jaxmech.families.llava.model import Inputs
-from jaxmech.models.positions import text_ids
 
 IMAGE, PAD = "<image>", "<pad>"
 SQUARES = ("crop", "pad")  # `load_processor(square=)`: the reference's first
@@ -63,11 +61,9 @@ class ImageSettings(NamedTuple):
 def image_settings(folder: str) -> ImageSettings:
     """The folder's preprocessor_config.json, or llava-hf's defaults where it has none."""
     d = ImageSettings()
-    path = os.path.join(folder, "preprocessor_config.json")
-    if not os.path.exists(path):
+    path, raw = hf_vlm.preprocessor_json(folder)
+    if raw is None:
         return d
-    with open(path) as f:
-        raw = json.load(f)
     size, crop = raw.get("size") or {}, raw.get("crop_size") or {}
     kind = str(raw.get("image_processor_type", ""))
     cut = raw.get("do_center_crop", True) and crop
@@ -163,12 +159,7 @@ def patches(image, s: ImageSettings, patch: int, codes: bool = False) -> np.ndar
     """float32 [P, C p p] the processed photograph's patches, row-major, each flattened
     (C, p, p), normalised (`pixel_table`); `codes`: the uint8 levels instead, a quarter
     of the bytes (`data.inputs.pixels.decode_pixels` gives the floats)."""
-    x = processed(image, s).transpose(2, 0, 1)
-    gh, gw = x.shape[1] // patch, x.shape[2] // patch
-    x = x.reshape(3, gh, patch, gw, patch).transpose(1, 3, 0, 2, 4).reshape(gh * gw, -1)
-    if codes:
-        return np.ascontiguousarray(x)
-    return pixel_table(s)[np.arange(x.shape[1]) // patch**2, x]
+    return hf_vlm.flat_patches(processed(image, s), patch, None if codes else pixel_table(s))
 
 
 def chat_prompt(question: str, image: bool = True) -> str:
@@ -283,46 +274,8 @@ def load_processor(folder: str, config: LlavaConfig, resize: str | None = None,
     return Processor(tok, images, config, prompt)
 
 
-class Encoded(NamedTuple):
-    """A batch ready for `model.forward`, with what `spans` needs: the prompts (`<image>`
-    expanded), each token's character offsets [B, S, 2] (-1 at padding), the question's
-    character range in each prompt [B, 2], and the patch grid's side (0: no image)."""
-
-    inputs: Inputs
-    prompts: list
-    offsets_BxSx2: np.ndarray
-    question_Bx2: np.ndarray
-    grid: int
-    patch_size: int
-
-    def describe(self) -> str:
-        """One line for logs: the picture's size, its patches and the tokens."""
-        g, S = self.grid, self.inputs.tokens_BxS.shape[1]
-        if not g:
-            return f"no image, {S} tokens"
-        return (f"image {g * self.patch_size} x {g * self.patch_size} px, {g * g} patches = "
-                f"image tokens, {S} tokens")  # fmt: skip
-
-
-def encode(proc: Processor, images, questions, codes: bool = False) -> Encoded:
-    """Images (paths, PIL images or arrays) and one question each -> an `Encoded` batch
-    (`codes`: its pixels as uint8 levels, `data.inputs.pixels.decode_pixels` before
-    `model.forward`)."""
-    prompts.check_batch(images, questions)
-    c = proc.config
-    out = [patches(im, proc.images, c.patch_size, codes) for im in images]
-    if any(p.shape[0] != c.n_patches for p in out):
-        raise ValueError(f"images: processed to {sorted({p.shape[0] for p in out})} patches, "
-                         f"the ViT reads {c.n_patches} (a {c.image_size} px square)")  # fmt: skip
-    return _encode(proc, np.stack(out), questions, image=True)
-
-
-def encode_text(proc: Processor, questions) -> Encoded:
-    """Questions asked without an image (`chat_prompt(image=False)`) -> an `Encoded`
-    batch with no patches and no image tokens: the authors' text-only baseline."""
-    prompts.check_batch(None, questions)
-    F = proc.config.patch_features
-    return _encode(proc, np.zeros((len(questions), 0, F), np.uint8), questions, image=False)
+# the batch: its image tokens are the patch grid (`hf_vlm.GridEncoded`)
+Encoded = hf_vlm.GridEncoded
 
 
 def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
@@ -332,11 +285,12 @@ def _encode(proc: Processor, pixels_BxPxF, questions, image: bool) -> Encoded:
         [cut(q) for q in questions], lambda q: template(q, image).replace(IMAGE, IMAGE * n), tail
     )
     rows = hf_vlm.padded_rows(proc.tokenizer, texts, PAD, add_special_tokens=True)
-    tokens, valid = rows.tokens_BxS, rows.valid_BxS
-    image_BxI = hf_vlm.image_rows(tokens, valid, c.image_token_id, n, IMAGE)
-    inputs = Inputs(tokens, pixels_BxPxF, image_BxI, text_ids(valid), valid)
+    inputs = hf_vlm.grid_inputs(rows, pixels_BxPxF, c.image_token_id, n, IMAGE)
     return Encoded(inputs, texts, rows.offsets_BxSx2, question_Bx2, c.grid if n else 0,
-                   c.patch_size)  # fmt: skip
+                   c.grid * c.patch_size, "patches = image tokens")  # fmt: skip
+
+
+encode, encode_text = hf_vlm.grid_encoders(patches, _encode)
 
 
 spans = hf_vlm.grid_spans  # image tokens at (0, row, col) of the patch grid

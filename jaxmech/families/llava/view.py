@@ -33,7 +33,7 @@ import numpy as np
 from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
-from jaxmech.families.llava import model, positions, processor
+from jaxmech.families.llava import model, processor
 from jaxmech.families.llava.config import LlavaConfig
 from jaxmech.families.vlm_view import VLMView
 
@@ -48,14 +48,9 @@ def check_size(config: LlavaConfig, proc: processor.Processor, grid: Grid, size:
     if size == config.image_size and (f.resized, f.top, f.left) != ((size, size), 0, 0):
         raise ValueError(f"size = {size}: the processor (preprocessor_config.json) resizes or "
                          "cuts even the ViT's own size, so no drawn scene reaches it as drawn")  # fmt: skip
-    if size != config.image_size:
-        raise ValueError(f"size = {size}: the processor makes every picture {config.image_size} "
-                         f"x {config.image_size} px (the ViT's size), resizing or cutting "
-                         f"others; draw at size = {config.image_size}")  # fmt: skip
+    hf_vlm.check_drawn_size(size, config.image_size, "resizing or cutting")
     g = config.grid
-    if g % grid.h or g % grid.w:
-        raise ValueError(f"grid = {grid.h} x {grid.w}: must divide the ViT's {g} x {g} patches "
-                         "(each cell whole patches)")  # fmt: skip
+    hf_vlm.check_cells(grid, g, f"the ViT's {g} x {g} patches", "patches")
 
 
 # the wording of paper 003's patching scripts (`mirror_swapping.py`, `attribute_swapping.py`),
@@ -96,15 +91,12 @@ def checkpoint_view(folder: str, config: LlavaConfig, grid: Grid = GRID, size: i
     size = config.image_size if size is None else size
     proc = processor.load_processor(folder, config, **AUTHORS_PROCESSOR.get(wording, {}))
     check_size(config, proc, grid, size)
-    g = config.grid
     return hf_vlm.decoder_view(
         "llava", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
         grid=grid, size=size, templates=templates,
-        decode=hf_vlm.pixel_decoder("pixels_BxPxF", processor.pixel_table(proc.images),
-                                    config.patch_size**2),
+        decode=hf_vlm.patch_decoder(processor, proc),
         answer_words=(bare_answer_ids if mirror else prompts.answer_ids)(proc.tokenizer, answers),
         position_basis=lambda params: params["vit"]["pos"][1:],
-        vit_positions=(*positions.patch_grid(g), (g, g)),
-        image_grid=(1, g, g),
+        **hf_vlm.patch_square(config.grid),
         image_frame=lambda height, width: processor.frame(height, width, proc.images).window(),
     )  # fmt: skip

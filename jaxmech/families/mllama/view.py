@@ -57,7 +57,7 @@ import numpy as np
 from jaxmech.data.inputs import pictures, prompts
 from jaxmech.data.spec import Grid
 from jaxmech.families import hf_vlm
-from jaxmech.families.mllama import model, positions, processor
+from jaxmech.families.mllama import model, processor
 from jaxmech.families.mllama.config import MllamaConfig
 from jaxmech.families.vlm_view import Spans, VLMView, placed
 from jaxmech.models.decoder import answer_forward
@@ -87,9 +87,7 @@ def check_size(config: MllamaConfig, grid: Grid, size: int) -> None:
         raise ValueError(f"size = {size}: drawn scenes must be one tile, {config.image_size} px "
                          "(config.json's image_size), so that the picture is one patch grid")  # fmt: skip
     g = config.grid
-    if g % grid.h or g % grid.w:
-        raise ValueError(f"grid = {grid.h} x {grid.w}: must divide a tile's {g} x {g} patches "
-                         "(each cell whole patches)")  # fmt: skip
+    hf_vlm.check_cells(grid, g, f"a tile's {g} x {g} patches", "patches")
 
 
 def spans(c: MllamaConfig, enc: processor.Encoded, words, cells) -> Spans:
@@ -235,13 +233,11 @@ def checkpoint_view(folder: str, config: MllamaConfig, grid: Grid = GRID, size: 
     size = config.image_size if size is None else size
     check_size(config, grid, size)
     proc = processor.load_processor(folder, config)
-    g = config.grid
     return hf_vlm.decoder_view(
         "mllama", config=config, folder=folder, proc=proc, model=model,
         rendering=rendering(config), grid=grid, size=size, templates=templates,
         forward=functools.partial(forward, config), forward_from=False, generates=False,
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
         position_basis=position_basis,
-        vit_positions=(*positions.patch_grid(g), (g, g)),
-        image_grid=(1, g, g),
+        **hf_vlm.patch_square(config.grid),
     )  # fmt: skip

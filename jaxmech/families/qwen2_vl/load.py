@@ -39,15 +39,10 @@ __all__ = ["LoadError", "Stored", "key_map", "canonical", "read_config", "load_c
 def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
     E, H, Dh, M = c.vit_width, c.vit_heads, c.vit_head_dim, c.vit_mlp
     b, out = f"visual.blocks.{i}.", f"vit/block_{i}/"
-    m = {
-        b + "norm1.weight": (out + "ln1_w", (E,), _same),
-        b + "norm2.weight": (out + "ln2_w", (E,), _same),
-    }
+    norms = {"norm1": "ln1", "norm2": "ln2"}
+    m = hf_vlm.norm_map(b, out, norms, E, ("weight",))
     if c.vit_layer_norm:
-        m |= {
-            b + "norm1.bias": (out + "ln1_b", (E,), _same),
-            b + "norm2.bias": (out + "ln2_b", (E,), _same),
-        }
+        m |= hf_vlm.norm_map(b, out, norms, E, ("bias",))
     for j, w in enumerate("QKV"):
         m[b + f"attn.qkv.weight#{j}"] = (
             out + f"W_{w}",
@@ -68,11 +63,7 @@ def _vit_block_map(c: QwenVLConfig, i: int) -> dict:
         "qwen2_5_vl": {"gate_proj": "gate", "up_proj": "in", "down_proj": "out"},
         "qwen3_vl": {"linear_fc1": "in", "linear_fc2": "out"},
     }[c.variant]
-    for hf, ours in names.items():
-        shape = (E, M) if ours == "out" else (M, E)
-        m[b + f"mlp.{hf}.weight"] = (out + f"W_{ours}", shape, _T)
-        m[b + f"mlp.{hf}.bias"] = (out + f"b_{ours}", (shape[0],), _same)
-    return m
+    return m | hf_vlm.mlp_map(b, out, {f"mlp.{hf}": ours for hf, ours in names.items()}, E, M)
 
 
 def key_map(c: QwenVLConfig) -> dict:
