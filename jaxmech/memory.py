@@ -326,26 +326,38 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
               log=print, devices: int = 1) -> Plan:  # fmt: skip
     """The rows per call of a program over rows (a table's questions) within `budget`.
 
-    `compile_at(b)` compiles it for b rows. One compile, at one row: XLA's memory
-    analysis of it, less `resident_args` (arguments already held on one device, e.g.
-    the weights or one device's shards of them: `device_bytes`), is charged to every
-    row (its fixed part too: a plan that errs on the safe side and costs no second
-    compile of a large program; the persistent compilation cache serves the run's own
-    compile when one row is what fits). What this process holds now (`held_bytes`) is
-    counted once. The rows are the largest power of two that fits, at most n (on CPU
-    at most CPU_MAX_ROWS). Raises MemoryBudgetError when one row does not fit.
+    `compile_at(b)` compiles it for b rows; XLA's memory analysis of it, less
+    `resident_args` (arguments already held on one device, e.g. the weights or one
+    device's shards of them: `device_bytes`), plus what this process holds now
+    (`held_bytes`, counted once) is what a call costs. The rows are at most n (on CPU at
+    most CPU_MAX_ROWS): where that is at most CPU_MAX_ROWS, the program at those rows is
+    compiled first (the chunk's own program: with `remembered(compile_at)` its compile
+    serves the table, so a small table compiles once) and taken where it fits. Else one
+    compile at one row, its whole cost charged to every row (its fixed part too: a plan
+    that errs on the safe side), and the rows the largest power of two that fits.
+    Raises MemoryBudgetError when one row does not fit.
 
     `devices`: how many devices the program runs on (sharded weights). XLA's analysis
     is one device's: on an accelerator the budget is one device's memory too (and
     `held_bytes` the first device's); on CPU every device is the host's memory, so a
     row costs `devices` times its per-device bytes."""
-    log("  memory: sizing the call (compiling it for one question)")
     share = devices if jax.default_backend() == "cpu" else 1
-    with heartbeat("memory: sizing the call", log):
-        per_row = share * max(compiled_bytes(compile_at(1)) - resident_args, 1.0)
-    release_freed()  # the compile's scratch
-    held = held_bytes()
     most = min(n, CPU_MAX_ROWS) if jax.default_backend() == "cpu" else n
+
+    def cost(b: int) -> float:
+        log(f"  memory: sizing the call (compiling it for {b} question(s))")
+        with heartbeat("memory: sizing the call", log):
+            out = share * max(compiled_bytes(compile_at(b)) - resident_args, 1.0)
+        release_freed()  # the compile's scratch
+        return out
+
+    if 1 < most <= CPU_MAX_ROWS:
+        whole = cost(most)
+        held = held_bytes()
+        if held + whole <= budget.bytes:
+            return Plan(most, whole / most, held, budget, devices)
+    per_row = cost(1)
+    held = held_bytes()
     rows = _rows_within(budget.bytes - held, per_row, most)
     if rows < 1:
         raise MemoryBudgetError(
@@ -354,3 +366,20 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
             "--size or load with --dtype=bfloat16"
         )
     return Plan(rows, per_row, held, budget, devices)
+
+
+class remembered:  # noqa: N801 (used as a function)
+    """`compile_at` (b -> a compiled program for b rows) that keeps what it compiled:
+    `plan_rows`'s sizing compile is then the table's own where the rows agree
+    (`program(b)`: the compiled program for b rows, or None)."""
+
+    def __init__(self, compile_at):
+        self._compile_at, self._done = compile_at, {}
+
+    def __call__(self, b: int):
+        if b not in self._done:
+            self._done[b] = self._compile_at(b)
+        return self._done[b]
+
+    def program(self, b: int):
+        return self._done.get(b)

@@ -79,6 +79,24 @@ def _compile_at(b):
     return f.lower(jax.ShapeDtypeStruct((b, 4096), jnp.float32)).compile()
 
 
+def test_a_small_table_s_sizing_compile_is_its_own_program(monkeypatch):
+    """Where every row fits one call (n <= CPU_MAX_ROWS), the program is compiled once,
+    at n rows, and `remembered` hands that compile to the table; over the budget, one
+    row is compiled too and charged to every row."""
+    monkeypatch.setattr(memory, "held_bytes", lambda: 1e9)
+    calls = []
+    at = memory.remembered(lambda b: calls.append(b) or _compile_at(b))
+    plan = memory.plan_rows(at, 4, memory.Budget(1e12, "test"), log=lambda *_: None)
+    assert plan.rows == 4 and calls == [4]
+    assert at.program(4) is at(4) and calls == [4] and at.program(1) is None
+    four = memory.compiled_bytes(at(4))
+    tight = memory.Budget(1e9 + four - 1, "test")  # 4 rows do not fit
+    calls.clear()
+    again = memory.plan_rows(memory.remembered(lambda b: calls.append(b) or _compile_at(b)),
+                             4, tight, log=lambda *_: None)  # fmt: skip
+    assert calls == [4, 1] and again.rows < 4 and again.bytes() <= tight.bytes
+
+
 def test_plan_rows_fits_the_compiled_program_beside_what_is_held(monkeypatch):
     """The rows planned are the largest power of two whose cost (XLA's analysis of the
     program for one row, beyond its resident arguments, per row) fits the budget

@@ -265,20 +265,23 @@ def chunk_args(inputs, twins: dict, groups_GxBxS, answer_B, other_B, rows) -> tu
 
 def patch_table(view: VLMView, params_K, inputs, twins: dict, groups_GxBxS, answer_B,
                 other_B, layers=None, shared_B=None, batch=None, progress=None,
-                call=None, store=None, plan=None) -> dict:  # fmt: skip
+                call=None, store=None, plan=None, compiled=None) -> dict:  # fmt: skip
     """{twin: `patch_logp` of K stacked models} over every example, `batch` at a time
     (default all) through one compiled call (`table_call`, with its resumed rows
     planned over every example; `call`: one built before, e.g. to time it without its
     compile). The last chunk is padded and cut. `progress(done, n, resumed)` after each
     chunk; `store` (`chunks.ChunkStore`): finished chunks kept and resumed; `plan`
     (`memory.Plan`): each chunk's peak measured, the rows shrunk when it went over
-    (`chunks.run_chunks`). Host NumPy out, the examples' axis last."""
+    (`chunks.run_chunks`); `compiled(b)`: `call` already compiled for b rows, or None
+    (`memory.remembered(...).program`: the plan's sizing compile reused). Host NumPy
+    out, the examples' axis last."""
     call = call or table_call_for(view, params_K, twins, groups_GxBxS, layers, shared_B)
     n = len(np.asarray(answer_B))
 
     def chunk(rows):
         args = chunk_args(inputs, twins, groups_GxBxS, answer_B, other_B, rows)
-        return jax.device_get(call(params_K, *args))
+        done = None if compiled is None else compiled(len(rows))
+        return jax.device_get((call if done is None else done)(params_K, *args))
 
     return run_chunks(chunk, n, batch or n, progress, store, plan)
 

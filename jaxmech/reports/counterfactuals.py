@@ -69,6 +69,7 @@ from jaxmech.analysis import counterfactuals as cfa
 from jaxmech.chunks import run_chunks
 from jaxmech.data.spec import RELATIONS
 from jaxmech.families.vlm_view import model_outline, over_models
+from jaxmech.memory import remembered
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -208,13 +209,18 @@ def _batch_margins(run: LoadedRun, batch, names, log, word_rows=None) -> dict:
         return (run.params, take_b(versions, 1), take_b(ex.answer_B), take_b(ex.other_B),
                 take_b(swapped.inputs), take_b(swapped.answer_B), take_b(swapped.other_B), *ids)  # fmt: skip
 
-    batch_rows, plan = rows_per_call(
-        run, lambda b: chunk.lower(*args(np.arange(b) % n)).compile(), n, log
-    )
+    # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
+    at = remembered(lambda b: chunk.lower(*args(np.arange(b) % n)).compile())
+    batch_rows, plan = rows_per_call(run, at, n, log)
     words_key = {} if words is None else {"words": [int(w) for w in words]}
     store = table_store(run, "counterfactuals", names=names, **batch.key, **words_key)
-    out = run_chunks(lambda rows: jax.device_get(chunk(*args(rows))), n, batch_rows,
-                     chunk_progress(log, batch_rows), store, plan, log)  # fmt: skip
+
+    def one_chunk(rows):
+        done = at.program(len(rows))
+        return jax.device_get((chunk if done is None else done)(*args(rows)))
+
+    out = run_chunks(one_chunk, n, batch_rows, chunk_progress(log, batch_rows), store, plan,
+                     log)  # fmt: skip
     out |= {"relation": np.asarray(ex.spec.relation_B)}
     return out if word_rows is None else out | _order_reads(ex, cfs, names, word_rows)
 

@@ -33,6 +33,7 @@ from jaxmech.analysis.patching import (
     table_compile_at,
     token_groups,
 )
+from jaxmech.memory import remembered
 from jaxmech.reports.common import (
     EXAMPLE_WORDS,
     EXAMPLES,
@@ -109,12 +110,14 @@ def _batch_logp(run: LoadedRun, batch, log) -> dict:
                  "questions (a patched run counted as the share of LM blocks and rows it "
                  "runs)", log)  # fmt: skip
     t0 = time.perf_counter()
-    at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
+    # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
+    at = remembered(table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B,
+                                     ex.other_B))  # fmt: skip
     batch_rows, plan = rows_per_call(run, at, n, log)
     store = table_store(run, "patching", layers=layers, **batch.key)
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
                        batch=batch_rows, progress=chunk_progress(log, batch_rows), call=call,
-                       store=store, plan=plan)  # fmt: skip
+                       store=store, plan=plan, compiled=at.program)  # fmt: skip
     return {
         "protocol": protocol_of(run),
         "logp": logp,
