@@ -64,20 +64,53 @@ class ChunkStore(NamedTuple):
         return os.path.join(self.folder, f"rows_{start:06d}-{stop:06d}.npz")
 
     def get(self, start: int) -> dict | None:
-        """The finished chunk whose first row is `start`, or None."""
+        """The finished chunk whose first row is `start`, or None (also for a chunk whose
+        arrays come back as raw bytes: written before `put` kept ml_dtypes)."""
         prefix = f"rows_{start:06d}-"
         names = [n for n in os.listdir(self.folder) if n.startswith(prefix) and n.endswith(".npz")
                  and ".tmp" not in n]  # fmt: skip
         if not names:
             return None
         with np.load(os.path.join(self.folder, max(names))) as f:
-            return unflatten({k: f[k] for k in f.files})
+            flat = _typed({k: f[k] for k in f.files})
+        if any(v.dtype.kind == "V" and not _ml(v) for v in flat.values()):
+            return None  # raw bytes: written before dtypes were kept; computed again
+        return unflatten(flat)
 
     def put(self, start: int, tree: dict) -> None:
         """Keeps chunk `tree` (its rows on the last axis) as the rows from `start` on."""
         tmp = self.path(start, start + n_rows(tree)) + ".tmp.npz"
-        np.savez(tmp, **flatten(tree))
+        np.savez(tmp, **_untyped(flatten(tree)))
         os.replace(tmp, self.path(start, start + n_rows(tree)))
+
+
+# NumPy's npz keeps only its own dtypes: an ml_dtypes array (a bf16 table's log-probs)
+# would come back as raw bytes ("V2"). Such arrays are stored as unsigned ints of their
+# width beside the dtype's name and viewed back on reading, bit for bit.
+_DTYPE_KEY = "::dtype"
+
+
+def _ml(v: np.ndarray) -> bool:
+    return v.dtype.type.__module__.startswith("ml_dtypes")
+
+
+def _untyped(flat: dict) -> dict:
+    out = {}
+    for k, v in flat.items():
+        if _ml(v):
+            out[k] = v.view(f"u{v.dtype.itemsize}")
+            out[k + _DTYPE_KEY] = np.asarray(v.dtype.name)
+        else:
+            out[k] = v
+    return out
+
+
+def _typed(flat: dict) -> dict:
+    import ml_dtypes
+
+    names = {k[: -len(_DTYPE_KEY)]: str(v) for k, v in flat.items() if k.endswith(_DTYPE_KEY)}
+    return {k: v.view(getattr(ml_dtypes, names[k])) if k in names else v
+            for k, v in flat.items() if not k.endswith(_DTYPE_KEY)}  # fmt: skip
 
 
 def n_rows(tree: dict) -> int:

@@ -67,6 +67,24 @@ def test_a_stored_chunk_is_what_a_rerun_reads(tmp_path):
     np.testing.assert_array_equal(again["n"], [0, 0, 2.5, 3.5])
 
 
+def test_a_bfloat16_chunk_reads_back_bit_for_bit(tmp_path):
+    """A bf16 table's chunk (ml_dtypes arrays, which npz alone returns as raw bytes)
+    reads back with its dtype and bits, so a resumed bf16 table is the uninterrupted
+    one."""
+    import ml_dtypes
+
+    store = store_for(str(tmp_path), {"t": 1})
+    x = (np.arange(12, dtype=np.float32).reshape(3, 4) / 7).astype(ml_dtypes.bfloat16)
+    store.put(0, {"logp": {"id": x}, "n": np.arange(4)})
+    back = ChunkStore(store.folder).get(0)
+    assert back["logp"]["id"].dtype == ml_dtypes.bfloat16 and back["n"].dtype == np.arange(1).dtype
+    np.testing.assert_array_equal(back["logp"]["id"].view(np.uint16), x.view(np.uint16))
+    assert set(back) == {"logp", "n"} and set(back["logp"]) == {"id"}
+    # a chunk written as raw bytes (before dtypes were kept) is computed again, not read
+    np.savez(store.path(4, 7), **{"logp/id": x})
+    assert ChunkStore(store.folder).get(4) is None
+
+
 def test_other_options_get_another_store(tmp_path):
     a, b = store_for(str(tmp_path), {"batch": 2}), store_for(str(tmp_path), {"batch": 4})
     assert a.folder != b.folder and a == store_for(str(tmp_path), {"batch": 2})
