@@ -163,10 +163,11 @@ def chunk_args(ex: Examples, minus_TxB, rows) -> tuple:
 
 def steer_table(view: VLMView, params_K, delta_K, ex: Examples, words_W, sites, id_sites,
                 target_T, minus_TxB, scale: float, seed: int = 0, batch=None,
-                progress=None, store=None, plan=None, fn=None) -> dict:  # fmt: skip
+                progress=None, store=None, plan=None, fn=None, compiled=None) -> dict:  # fmt: skip
     """`table_fn`'s results over every question of `ex` (host NumPy, questions last),
     `batch` at a time (default all), finished chunks kept in / resumed from `store`
-    (`chunks.run_chunks`). `fn`: the table's jitted function (built here when None)."""
+    (`chunks.run_chunks`). `fn`: the table's jitted function (built here when None);
+    `compiled(b)`: `fn` already compiled for b questions, or None (the plan's)."""
     n = len(np.asarray(ex.answer_B))
     first = int(np.min(np.asarray(ex.spans.x_B)))
     fn = fn or table_fn(view, sites, id_sites, words_W, first, scale)
@@ -175,7 +176,9 @@ def steer_table(view: VLMView, params_K, delta_K, ex: Examples, words_W, sites, 
 
     def chunk(rows):
         inputs, spans, minus, r = chunk_args(ex, minus_TxB, rows)
-        return jax.device_get(fn(params_K, delta_K, keys, inputs, spans, target, minus, r))
+        done = None if compiled is None else compiled(len(rows))
+        call = fn if done is None else done
+        return jax.device_get(call(params_K, delta_K, keys, inputs, spans, target, minus, r))
 
     return run_chunks(chunk, n, batch or n, progress, store, plan)
 

@@ -59,6 +59,7 @@ from jaxmech.analysis.patching import (
 )
 from jaxmech.data.inputs import image_twins, pictures
 from jaxmech.families.vlm_view import Examples
+from jaxmech.memory import remembered
 from jaxmech.reports.common import (
     EXAMPLES,
     LoadedRun,
@@ -134,13 +135,15 @@ def batch_logp(run: LoadedRun, batch, log) -> dict:
                  f"{len(layers)} layers x {len(groups)} groups x {n} questions, one twin "
                  "(a patched run counted whole: an over-count)", log)  # fmt: skip
     call = table_call_for(view, run.params, twins, groups, layers, shared)
-    at = table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B)
+    # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
+    at = remembered(table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B,
+                                     ex.other_B))  # fmt: skip
     rows, plan = rows_per_call(run, at, n, log)
     store = table_store(run, "attribute_swapping", layers=list(layers),
                         protocol=protocol_of(run), **batch.key)  # fmt: skip
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
                        batch=rows, progress=chunk_progress(log, rows), call=call, store=store,
-                       plan=plan)  # fmt: skip
+                       plan=plan, compiled=at.program)  # fmt: skip
     return {"logp": logp[TWIN], "answer": np.asarray(ex.answer_B)}
 
 

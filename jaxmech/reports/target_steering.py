@@ -30,6 +30,7 @@ import numpy as np
 from jaxmech.analysis import arbitrary_steering as ar
 from jaxmech.data.spec import Grid
 from jaxmech.families.vlm_view import Examples, model_outline
+from jaxmech.memory import remembered
 from jaxmech.reports.common import (
     LoadedRun,
     cell_interval,
@@ -235,14 +236,14 @@ def steer_set(run: LoadedRun, view, qs: QSet, s: Setup, delta, key: dict, log) -
                  f"{qs.name}: {n} questions x {T} targets x {len(s.sites)} layers x 2 (ID, "
                  "noise), a steered run counted as the share of LM blocks and rows it runs",
                  log)  # fmt: skip
-    at = ar.compile_at(fn, run.params, delta, ex, s.targets, minus)
+    at = remembered(ar.compile_at(fn, run.params, delta, ex, s.targets, minus))
     rows, plan = rows_per_call(run, at, n, log)
     store = table_store(run, "arbitrary_steering", questions=qs.name, sites=list(s.sites),
                         id_sites=list(s.id_sites), targets=s.targets.tolist(), scale=s.scale,
                         **key)  # fmt: skip
     lp = ar.steer_table(view, run.params, delta, ex, qs.words, s.sites, s.id_sites, s.targets,
                         minus, s.scale, batch=rows, progress=chunk_progress(log, rows),
-                        store=store, plan=plan, fn=fn)  # fmt: skip
+                        store=store, plan=plan, fn=fn, compiled=at.program)  # fmt: skip
     return {
         "lp": lp,
         "sides": sides_of(qs, grid, s.targets, ref),
