@@ -90,16 +90,19 @@ def chunk_args(ex: Examples, minus_IxBx2, rows) -> tuple:
 
 
 def pair_table(view, params_K, delta_K, ex: Examples, a_I, b_I, minus_IxBx2, fn, seed: int = 0,
-               batch=None, progress=None, store=None, plan=None) -> dict:  # fmt: skip
+               batch=None, progress=None, store=None, plan=None, compiled=None) -> dict:  # fmt: skip
     """`table_fn`'s results (`fn`) over every question of `ex` (host NumPy, questions
-    last), `batch` at a time, finished chunks kept in / resumed from `store`."""
+    last), `batch` at a time, finished chunks kept in / resumed from `store`;
+    `compiled(b)`: `fn` already compiled for b questions, or None (the plan's)."""
     n = len(np.asarray(ex.answer_B))
     keys = jax.random.split(jax.random.PRNGKey(seed), len(jax.tree_util.tree_leaves(params_K)[0]))
     a, b = jnp.asarray(a_I), jnp.asarray(b_I)
 
     def chunk(rows):
         inputs, spans, minus, r = chunk_args(ex, minus_IxBx2, rows)
-        return jax.device_get(fn(params_K, delta_K, keys, inputs, spans, a, b, minus, r))
+        done = None if compiled is None else compiled(len(rows))
+        call = fn if done is None else done
+        return jax.device_get(call(params_K, delta_K, keys, inputs, spans, a, b, minus, r))
 
     return run_chunks(chunk, n, batch or n, progress, store, plan)
 

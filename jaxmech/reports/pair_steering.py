@@ -31,6 +31,7 @@ import numpy as np
 from jaxmech.analysis import arbitrary_steering as ar
 from jaxmech.analysis import pair_steering as ps
 from jaxmech.families.vlm_view import model_outline
+from jaxmech.memory import remembered
 from jaxmech.reports import target_steering as ts
 from jaxmech.reports.common import (
     LoadedRun,
@@ -108,11 +109,13 @@ def steer_batch(run: LoadedRun, batch, s: ts.Setup, delta, log) -> dict:
     log_estimate(run, view, ex.inputs, n * (1 + 4 * len(s.sites)),
                  f"pair: {n} questions x 2 interventions x {len(s.sites)} layers x 2 (ID, "
                  "noise), each run counted whole", log)  # fmt: skip
-    rows, plan = rows_per_call(run, ps.compile_at(fn, run.params, delta, ex, a, b, minus), n, log)
+    at = remembered(ps.compile_at(fn, run.params, delta, ex, a, b, minus))
+    rows, plan = rows_per_call(run, at, n, log)
     store = table_store(run, "pair_steering", sites=list(s.sites), id_sites=list(s.id_sites),
                         scale=s.scale, **batch.key)  # fmt: skip
     lp = ps.pair_table(view, run.params, delta, ex, a, b, minus, fn, batch=rows,
-                       progress=chunk_progress(log, rows), store=store, plan=plan)  # fmt: skip
+                       progress=chunk_progress(log, rows), store=store, plan=plan,
+                       compiled=at.program)  # fmt: skip
     return {"lp": lp, "sides": np.repeat(np.asarray([[1], [-1]]), n, 1),
             "answer_first": np.asarray(ex.answer_B) == words[0],
             "cells": np.asarray(ex.spec.cells_BxK)[:, :2].T, "names": names}  # fmt: skip

@@ -63,6 +63,7 @@ from jaxmech.analysis import temporal_ids as tid
 from jaxmech.analysis.steering import add_forward, at_word
 from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import mirror_height
+from jaxmech.memory import remembered
 from jaxmech.reports.common import cell_interval, fmt_interval, probe_rows, view_of
 from jaxmech.reports.questions import (
     chunk_progress,
@@ -206,18 +207,19 @@ def mirror_swap(view, params_K, inputs, rev_inputs, spans, layers, words, run=No
     before, after = (np.full(B, w, np.int32) for w in words)
     sites, twins = [L + 1 for L in layers], {"mirror": rev_inputs}
     call = pa.table_call_for(view, params_K, twins, groups, sites)
-    rows = plan = store = None
+    rows = plan = store = at = None
     if run is not None:
         n_blocks = view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K))
         tail = sum((n_blocks - y) / n_blocks for y in sites) * len(groups)
         log_estimate(run, view, inputs, B * (2 + tail),
                      f"{len(sites)} layers x {len(groups)} groups x {B} questions", log)  # fmt: skip
-        at = pa.table_compile_at(call, params_K, inputs, twins, groups, before, after)
+        at = remembered(pa.table_compile_at(call, params_K, inputs, twins, groups, before,
+                                            after))  # fmt: skip
         rows, plan = rows_per_call(run, at, B, log)
         store = table_store(run, "temporal_mirror_swap", layers=tuple(sites))
     lp = pa.patch_table(view, params_K, inputs, twins, groups, before, after, batch=rows,
                         progress=rows and chunk_progress(log, rows), call=call, store=store,
-                        plan=plan)["mirror"]  # fmt: skip
+                        plan=plan, compiled=at and at.program)["mirror"]  # fmt: skip
     out = []
     for own in ("", "_other"):  # "": before's, "_other": after's
         o, t, p = (np.asarray(lp[k + own])[0] for k in ("orig", "twin", "patched"))
