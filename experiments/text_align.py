@@ -26,7 +26,7 @@ from absl import app, flags
 
 from jaxmech.cli import run_main, setup_runtime
 from jaxmech.reports.common import check_runs
-from jaxmech.reports.text import analyse_text_run, text_refusal
+from jaxmech.reports.text_align import analyse_text_run, text_refusal
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")

@@ -6,14 +6,14 @@ above/below accuracy.
     python -m experiments.vit_terms --run=runs/vlm
 
 Writes RUN/vit_terms/{gradients,ablations}.csv, summary.json and two figures
-(`jaxmech.reports.vlm_terms`). Diverged models are left out and named.
+(`jaxmech.reports.vit_terms`). Diverged models are left out and named.
 """
 
 from absl import flags
 
 from jaxmech.cli import run_main
 from jaxmech.reports.common import report_main
-from jaxmech.reports.vlm_terms import REPORT
+from jaxmech.reports.vit_terms import REPORT
 
 # checked by check_runs (absl's required=True would bind every entry point in one process)
 flags.DEFINE_string("run", None, "results folder(s), comma-separated (required)")

@@ -279,7 +279,7 @@ def test_mechanism_entry_point_refuses_bad_runs_before_any_compute(tmp_path):
     from experiments import mechanism as entry
     from jaxmech.reports.relations import relations_refusal
     from jaxmech.reports.rope import rope_refusal
-    from jaxmech.reports.text import text_refusal
+    from jaxmech.reports.text_align import text_refusal
 
     for text in ("", ",", " , ,"):
         assert "--run" in _usage_error(entry, f"--run={text}")

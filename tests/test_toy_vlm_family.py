@@ -167,7 +167,7 @@ def test_vit_terms_report_runs_and_its_no_op_row_is_the_plain_accuracy(vlm_run):
     the logits' slope (the terms sum to the logits); a dual-encoder run is refused."""
     from jaxmech.analysis.vit_terms import term_gradients, vit_logit_terms
     from jaxmech.reports.common import analyse
-    from jaxmech.reports.vlm_terms import ABLATIONS, REPORT, vit_terms_refusal
+    from jaxmech.reports.vit_terms import ABLATIONS, REPORT, vit_terms_refusal
 
     out = analyse(REPORT, vlm_run, log=quiet)
     for name in (
