@@ -175,7 +175,7 @@ def test_spatial_reports_refuse_a_video_run_by_name():
     from jaxmech.reports.counterfactuals import counterfactuals_refusal
     from jaxmech.reports.diagnostics import diagnostics_refusal
     from jaxmech.reports.steering import steering_refusal
-    from jaxmech.reports.vlm_terms import vit_terms_refusal
+    from jaxmech.reports.vit_terms import vit_terms_refusal
 
     cfg = _config(lm_n_layers=2)
     for refusal in (
