@@ -53,15 +53,15 @@ def test_render_spans_and_positions(fixture):
     basis = np.asarray(view.position_basis(model.params))
     table = np.asarray(model.params["vit"]["pos"])
     np.testing.assert_array_equal(basis[1].reshape(4, -1)[1], table[0, 3])  # token (0, 1), block 1
-    assert view.vit_blocks(model.params) == 0 and view.image_grid(480, 640) == (1, 8, 8)
+    assert view.vit_blocks(model.params) == 0 and view.image_grid(56, 56) == (1, 8, 8)
     tok = model.tokenizer
     assert view.answer_words[0].tolist() == [tok.token_to_id("Left"), tok.token_to_id("Right")]
     enc = model.encode(list(pictures.draw(view.grid, specs["examples"], 56))[:1], ["Is it?"])
     assert enc.describe() == "1 tile(s) of 56 px (1 x 1), 16 image tokens, 26 tokens"
-    # a photograph is squashed to one tile (the reference's default would tile this one)
+    # a photograph is tiled as the reference's processor tiles it (tests/test_internvl_tiles.py)
     q = "Is the red circle to the left or the right of the blue square?"
     photo, sp = view.render_images([np.zeros((30, 70, 3), np.uint8)], [q], [("circle", "square")])
-    assert photo.pixels_BxTxPxF.shape[1:3] == (1, 64) and sp.x_B[0] < sp.y_B[0]
+    assert photo.pixels_BxTxPxF.shape[1:3] == (11, 64) and sp.x_B[0] < sp.y_B[0]
     text, sp = view.render_text([q], [("circle", "square")])
     assert text.pixels_BxTxPxF.shape[1] == 0 and sp.image_BxI.shape == (1, 0)
 

@@ -95,24 +95,46 @@ def _encode(proc: Processor, pixels_BxTxPxF, grid, questions) -> Encoded:
 
 
 def spans(enc: Encoded, words, cells=(1, 1)) -> Spans:
-    """The VLM interface's `Spans` of a batch of one tile per image (or none); `words`
-    are each row's (first, second) object words as they appear in its question; `cells`
-    the (rows, cols) of the scene grid that `cell_I` indexes (row-major)."""
+    """The VLM interface's `Spans` of a batch (tiled images, one tile, or none): every
+    tile's image tokens, then the thumbnail's, in the LM's order; `image_trc_Ix3` each
+    token's (tile, row, col in its tile); `words` each row's (first, second) object
+    words as they appear in its question; `cells` the (rows, cols) of the scene grid
+    that `cell_I` indexes (row-major), each token's cell by where it lies in the whole
+    image (`token_cells`)."""
     if len(words) != len(enc.prompts):
         raise ValueError(f"words: {len(words)} pairs for {len(enc.prompts)} questions")
-    if enc.n_tiles > 1:
-        raise ValueError(f"images: {enc.n_tiles} tiles; the view reads one tile per image")
     xy = prompts.word_positions(enc.prompts, enc.question_Bx2, enc.offsets_BxSx2, words)
-    h = enc.side // 2
-    r, col = positions.token_grid(enc.side) if enc.n_tiles else (np.zeros(0, int),) * 2
-    cell = (r * cells[0] // h) * cells[1] + col * cells[1] // h
+    trc, cell = token_cells(enc.grid, enc.n_tiles, enc.side, cells)
     question = prompts.question_mask(enc.offsets_BxSx2, enc.question_Bx2)
     return Spans(
         enc.inputs.image_BxI,
-        np.stack([0 * r, r, col], 1).astype(np.int32),
-        cell.astype(np.int32),
+        trc,
+        cell,
         xy[:, 0],
         xy[:, 1],
         question,
         np.full(len(xy), enc.offsets_BxSx2.shape[1] - 1, np.int32),
     )
+
+
+def token_cells(grid, n_tiles: int, side: int, cells=(1, 1)):
+    """(int32 [T I, 3] each image token's (tile, row, col in its tile), int32 [T I] the
+    cell of the `cells` (rows, cols) grid it lies in) for images cut into `grid` (cols,
+    rows) tiles of side x side patches (and the thumbnail where n_tiles exceeds them).
+    The tiles cut the whole image resized (no crop) and the thumbnail is the whole image,
+    so a token's place in the image is its place in the tile grid (or the thumbnail);
+    its cell is the one that place falls in (one tile: the token grid split evenly)."""
+    if not n_tiles:  # text only
+        return np.zeros((0, 3), np.int32), np.zeros(0, np.int32)
+    cols, rows = grid
+    h = side // 2
+    r, c = positions.token_grid(side)
+    trc, cell = [], []
+    for t in range(n_tiles):
+        thumb = t == cols * rows  # the thumbnail: the whole image in one tile
+        tr, tc = (0, 0) if thumb else divmod(t, cols)
+        n_r, n_c = (h, h) if thumb else (rows * h, cols * h)  # tokens across the image
+        gr, gc = tr * h + r, tc * h + c
+        trc.append(np.stack([np.full_like(r, t), r, c], 1))
+        cell.append((gr * cells[0] // n_r) * cells[1] + gc * cells[1] // n_c)
+    return np.concatenate(trc).astype(np.int32), np.concatenate(cell).astype(np.int32)

@@ -10,8 +10,8 @@ exceeds half of theirs, `tile_grid`); the image resized to it and cut row-major,
 a thumbnail (the whole image resized to one tile) when there is more than one tile. A
 square image up to ~1.41 tiles wide is one tile (a 448 px drawn scene: one tile, so
 the views' pictures are the reference's default exactly). `ImageSettings.tiles=False`
-(the processor's `crop_to_patches=False`) squashes every image to one tile instead: the
-views' photographs, so that every photograph is one token grid. Resizing: torchvision's
+(the processor's `crop_to_patches=False`) squashes every image to one tile instead (the
+view tiles photographs as the default does: `view.py`). Resizing: torchvision's
 antialiased bicubic on uint8 (the reference's default processor; `data.inputs.resize`), or
 Pillow's where the config names the PIL backend's class. Normalised with ImageNet's
 mean / std as the torchvision backend does (`pixel_table`: mean and std scaled by 255

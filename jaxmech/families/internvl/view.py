@@ -8,12 +8,21 @@ reference's default processor keeps whole (no resize, no tiling, no thumbnail), 
 cell whole LM tokens (448 px: 32 x 32 patches, 16 x 16 tokens; a 4 x 4 grid's cell is 4
 x 4 tokens). The view refuses other sizes by name.
 
-Photographs (`render_images`) are squashed to one tile (the processor with
-`tiles=False`; the reference's default would tile them, up to 12 tiles and a
-thumbnail): every photograph is then one 448 x 448 token grid (`image_grid` is the same
-for every size, so the reports hold them in one batch) and a box maps to cells by
-scaling. `render_text`: the question without an image (the authors' text-only
-baseline).
+Photographs (`render_images`) are tiled as the reference's processor tiles them, under
+either wording (the question is asked exactly as the reference would show it): 1-12
+tiles of the tile size and a thumbnail (`processor.tile_grid`). `image_grid(h, w)` is
+(tiles with the thumbnail, rows x s, cols x s) patches, so photographs of different
+tile layouts never share a batch; a token's `cell_I` is where it lies in the whole
+photograph (`encode.token_cells`: the tiles cut the whole image resized, the
+thumbnail is all of it), boxes map to cells by scaling. The ViT sees each tile
+alone, so on a bucket of several tiles `vit_positions` (the counterfactuals' ViT code
+mirrors) are one tile's, applied in every tile: `vit_w` mirrors the width codes within
+each tile, as the model reads them (the picture's mirror also reverses the tiles'
+order: that is `image_w`); and the LM-side mirrors (`order_w`, `lm_ids_w`) act within
+each tile (`image_trc_Ix3`: tile, row, col in its tile). `position_basis` (a token's
+place on the table, the spatial IDs' basis) is refused by name there (`at_image_grid`):
+one place per tile is not the picture's.
+`render_text`: the question without an image (the authors' text-only baseline).
 
 Positions, as the paper 004 methods read them: `vit_positions` are the (row, col) each
 patch of the tile reads on the learned position table (s x s, s = size / patch), patches
@@ -40,6 +49,8 @@ Axis names (`jaxmech.shapes`): B scenes, S LM tokens, P patches, I LM image toke
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 
 from jaxmech.data.inputs import pictures, prompts
@@ -65,13 +76,7 @@ def check_size(proc: processor.Processor, grid: Grid, size: int) -> None:
                          f"into the grid's {grid.h} x {grid.w} cells")  # fmt: skip
 
 
-def encode_one_tile(proc, images, questions):
-    """`encode.encode` of photographs each squashed to one tile (module docstring)."""
-    one_tile = proc._replace(images=proc.images._replace(tiles=False))
-    return encode.encode(one_tile, images, questions, codes=True)
-
-
-RENDERING = hf_vlm.rendering(encode, encode_photos=encode_one_tile)
+RENDERING = hf_vlm.rendering(encode)
 
 
 def position_basis(params, side: int) -> jnp.ndarray:
@@ -79,6 +84,38 @@ def position_basis(params, side: int) -> jnp.ndarray:
     the pixel shuffle's block order."""
     table = positions.resample_table(params["vit"]["pos"], side)
     return positions.pixel_shuffle(table.reshape(1, side * side, -1), side)[0]
+
+
+def image_grid(proc: processor.Processor, height: int, width: int) -> tuple:
+    """(T, rows s, cols s): the tiles a height x width photograph becomes (with the
+    thumbnail) and the patches its tile grid spans (s per tile side)."""
+    cols, rows = processor.tile_grid(height, width, proc.images)
+    side = proc.images.size // proc.config.patch_size
+    return processor.n_tiles(height, width, proc.images), rows * side, cols * side
+
+
+def _refuse_tiles(grid: tuple, field: str):
+    """A stand-in for the view's `field` on a bucket of several tiles: raises ValueError
+    naming it, the tiles and the methods it would mislead, whatever it is called with."""
+
+    def refuse(*args):
+        raise ValueError(
+            f"{field}: a photograph of {grid[0]} tiles (image_grid {tuple(grid)}): each tile "
+            "reads the ViT's whole position table, so the spatial IDs' position basis is "
+            "not the picture's across tiles; ask it on drawn scenes or one-tile photographs"
+        )
+
+    return refuse
+
+
+def at_image_grid(view: VLMView, grid) -> VLMView:
+    """`view` as photograph bucket `grid`'s (`image_grid`): itself for one tile; for
+    several, its `position_basis` refused by name (module docstring)."""
+    grid = tuple(int(g) for g in grid)
+    bucket = view._replace(at_image_grid=functools.partial(at_image_grid, view))
+    if grid[0] == 1:
+        return bucket
+    return bucket._replace(position_basis=_refuse_tiles(grid, "position_basis"))
 
 
 def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size: int | None = None,
@@ -92,12 +129,13 @@ def checkpoint_view(folder: str, config: InternVLConfig, grid: Grid = GRID, size
     size = proc.images.size if size is None else size
     check_size(proc, grid, size)
     side = size // config.patch_size
-    return hf_vlm.decoder_view(
+    view = hf_vlm.decoder_view(
         "internvl", config=config, folder=folder, proc=proc, model=model, rendering=RENDERING,
         grid=grid, size=size, templates=templates,
         decode=hf_vlm.patch_decoder(processor, proc, "pixels_BxTxPxF"),
         answer_words=prompts.answer_ids(proc.tokenizer, answers),
         position_basis=lambda params: position_basis(params, side),
         vit_positions=(*positions.patch_grid(side), (side, side)),
-        image_grid=(1, side, side),  # one tile: every photograph's grid the same
+        image_grid=functools.partial(image_grid, proc),
     )  # fmt: skip
+    return view._replace(at_image_grid=functools.partial(at_image_grid, view))
