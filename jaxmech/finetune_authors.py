@@ -12,8 +12,8 @@ equal to their script's per-step losses, gradients and trained weights.
   tensor named like a projector (`multi_modal_projector`, ...; Qwen's `merger` is not),
   taken greedily by size, largest first, while within `budget_frac` of all parameters.
 * Their batch (`render_batch`): the chat template's prompt (the view's, rows
-  left-padded) with the assistant's turn appended (`TURNS`: llava-hf's " {answer} ",
-  Qwen's "{answer}<|im_end|>\\n"); labels every token from position P_i on, P_i row i's
+  left-padded) with the assistant's turn appended (the family's `answer_turn`:
+  llava-hf's " {answer} ", Qwen's "{answer}<|im_end|>" and a newline); labels every token from position P_i on, P_i row i's
   prompt tokens counted from the padded row's start, as their collator masks (so on a
   padded row the prompt's last pad-count tokens are labels too). Their LLaVA forward
   counts positions 0..S-1 over the padding (transformers' Llama, given no position
@@ -36,7 +36,6 @@ Axis names (`jaxmech.shapes`): B questions, S tokens, D LM width, V vocabulary.
 
 from __future__ import annotations
 
-import importlib
 import re
 from typing import Any, NamedTuple
 
@@ -52,10 +51,6 @@ from jaxmech.models.decoder import unembed
 from jaxmech.train import param_paths
 
 IGNORE = -100  # their (transformers') label that is not predicted
-
-
-# a family's assistant turn after its generation prompt (its chat template's)
-TURNS = {"llava": " {} ", "qwen2_vl": "{}<|im_end|>\n"}
 
 
 # ---- their parameter selection -----------------------------------------------------------
@@ -117,18 +112,15 @@ def stored_sizes(folder: str) -> dict:
     return {k: int(np.prod(stored.shape(k), dtype=np.int64)) for k in stored.entries}
 
 
-def leaf_map(family: str, config, names) -> dict:
+def leaf_map(family, config, names) -> dict:
     """{stored name: (our leaf path, transform to our layout)} of `names` through the
-    family's key map. ValueError naming a tensor that is not one whole leaf of ours."""
-    load = importlib.import_module(f"jaxmech.families.{family}.load")
-    m = load.key_map(config)
-    out = {}
-    for n in names:
-        entry = m.get(load.canonical(n))
+    checkpoint family's key map (`CheckpointFamily.stored_leaves`). ValueError naming a
+    tensor that is not one whole leaf of ours."""
+    out = family.stored_leaves(config, names)
+    for n, entry in out.items():
         if entry is None or entry[0].endswith("]"):
-            raise ValueError(f"{n}: not one whole parameter of jaxmech's {family} layout "
-                             "(a fused or stacked tensor cannot train alone)")  # fmt: skip
-        out[n] = (entry[0], entry[2])
+            raise ValueError(f"{n}: not one whole parameter of jaxmech's {family.name} "
+                             "layout (a fused or stacked tensor cannot train alone)")  # fmt: skip
     return out
 
 
@@ -171,16 +163,16 @@ def reply_ids(tokenizer, prompt: str, turn: str) -> list[int]:
     return full[len(base) :]
 
 
-def render_batch(view, proc, family: str, its, table: dict | None = None) -> Batch:
+def render_batch(view, proc, family, its, table: dict | None = None) -> Batch:
     """`its` (`authors_grid.Item`s) as their collator batches them (module docstring),
-    through the view's `render_images`; `table` {(x, y): [D] universal ID} or None."""
-    if family not in TURNS:
-        raise ValueError(f"family = {family!r}: no assistant turn known (one of "
-                         f"{', '.join(TURNS)})")  # fmt: skip
-    turn, chat = TURNS[family], importlib.import_module(f"jaxmech.families.{family}.processor")
+    through the view's `render_images` and the checkpoint family's `answer_turn`;
+    `table` {(x, y): [D] universal ID} or None."""
+    if family.answer_turn is None:
+        raise ValueError(f"family = {family.name!r}: no assistant turn known (its "
+                         "`answer_turn` is not offered)")  # fmt: skip
     inputs, _ = view.render_images([read_image(it.path) for it in its],
                                    [it.question for it in its], [(it.obj1, it.obj2) for it in its])  # fmt: skip
-    replies = [reply_ids(proc.tokenizer, chat.chat_prompt(it.question), turn.format(it.answer))
+    replies = [reply_ids(proc.tokenizer, *family.answer_turn(it.question, it.answer))
                for it in its]  # fmt: skip
     if len({len(r) for r in replies}) != 1:
         raise ValueError("answers: their turns differ in length (rows would pad apart)")

@@ -63,7 +63,7 @@ def test_family_trainable_is_their_selection(kind):
 
     ref = reference(kind)
     model = jaxmech.load(os.path.join(AUTHORS, FAMILIES[kind][0]), dtype=jnp.float32)
-    leaves = fa.leaf_map(model.family.name, model.config, ref["stored"].tolist())
+    leaves = fa.leaf_map(model.family, model.config, ref["stored"].tolist())
     theirs = fa.leaf_mask(model.params, [p for p, _ in leaves.values()])
     ours = path_mask(model.params, model.family.trainable(model.params))
     assert jax.tree_util.tree_leaves(ours) == jax.tree_util.tree_leaves(theirs)
@@ -174,7 +174,7 @@ def test_batch_tokens_and_labels_equal_theirs(kind):
     model = jaxmech.load(os.path.join(AUTHORS, FAMILIES[kind][0]), dtype=jnp.float32)
     its = their_items(ref)
     (b,) = G.batches(its, G.split_pairs(its)[0], 15, grouped=True)
-    batch = fa.render_batch(model.view(wording="authors"), model.processor, model.family.name,
+    batch = fa.render_batch(model.view(wording="authors"), model.processor, model.family,
                             [its[i] for i in b])  # fmt: skip
     rows = lambda a: sorted(map(tuple, np.asarray(a).tolist()))  # noqa: E731
     assert rows(batch.inputs.tokens_BxS) == rows(ref["id/input_ids_0"])
@@ -194,7 +194,7 @@ def _check_run(kind, run, model, view_records, params):
     ref = reference(kind)
     names = [n for n in ref["stored"].tolist()]
     torch_names = dict(zip(names, ref["chosen"].tolist()))
-    leaves = fa.leaf_map(model.family.name, model.config, names)
+    leaves = fa.leaf_map(model.family, model.config, names)
     order = {p: k for k, p in enumerate(p for p in param_paths(model.params)
                                         if p in {q for q, _ in leaves.values()})}  # fmt: skip
     np.testing.assert_allclose([r["loss"] for r in view_records], ref[f"{run}/loss_S"], rtol=1e-5)

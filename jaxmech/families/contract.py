@@ -49,6 +49,16 @@ A **checkpoint** family (`CheckpointFamily`) is loaded from a Hugging Face folde
   describe(config) -> str                   one line for logs (variant, size)
   trainable(params) -> spec                 the parameters a fine-tune trains by
                                             default (a `train_only` pattern spec)
+  stored_leaves(config, names) -> {name: (leaf path, transform) or None}
+                                            where each stored tensor goes in the params
+                                            (the key map; None: nowhere)
+  answer_turn(question, answer) -> (prompt, turn)
+                                            the chat template's one-image prompt and the
+                                            assistant's turn after it (None: not offered)
+  encode_text_first(processor, images, questions) -> encoded
+                                            a message whose text comes before its image,
+                                            as the chat template renders it (None: not
+                                            checked against the reference)
   stand_in                                  None, or a `StandIn`: the benches' random
                                             configs of the family's real layout
   reports                                   the reports that run on it
@@ -147,6 +157,10 @@ class CheckpointFamily(NamedTuple):
     # (report, wording): the view wording (`view(..., wording=)`) a report asks for under
     # the authors' protocol where their script for it words its prompt its own way
     authors_wordings: tuple = ()
+    stored_leaves: Callable | None = None
+    # the authors' ID fine-tune's assistant turn and occlusion prompt (module docstring)
+    answer_turn: Callable | None = None
+    encode_text_first: Callable | None = None
 
     kind = "checkpoint"
 

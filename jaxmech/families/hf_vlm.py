@@ -102,8 +102,10 @@ def checkpoint_family(name, checkpoint_types, modules, *, view, describe, traina
     processor)`: `load.read_config`, `load.load_checkpoint`, `params.init_params`,
     `checks.site_names(config)` (the sites), `model.forward` (the forward, next-token
     log-probs) and `model.decoding` (greedy generation; `generates` False: none),
-    `processor.load_processor` and `processor.encode` (or `encode`); `own`: the rest of
-    the contract's fields (`stand_in`, `authors_windows`, `authors_wordings`)."""
+    `processor.load_processor` and `processor.encode` (or `encode`), `load.key_map` and
+    `load.canonical` (the stored leaves); `own`: the rest of the contract's fields
+    (`stand_in`, `authors_windows`, `authors_wordings`, `answer_turn`,
+    `encode_text_first`)."""
     load, params, sites, model, processor = modules
     return CheckpointFamily(
         name=name,
@@ -122,8 +124,19 @@ def checkpoint_family(name, checkpoint_types, modules, *, view, describe, traina
         forward=functools.partial(contract_forward, model.forward),
         sites=functools.partial(_sites, sites.site_names),
         reports=reports,
+        stored_leaves=functools.partial(_stored_leaves, load),
         **own,
     )
+
+
+def _stored_leaves(load, config, names) -> dict:
+    """{stored name: (our leaf path, transform to our layout), or None where the key map
+    places it nowhere} of `names` (the contract's `stored_leaves`)."""
+    m, out = load.key_map(config), {}
+    for n in names:
+        entry = m.get(load.canonical(n))
+        out[n] = None if entry is None else (entry[0], entry[2])
+    return out
 
 
 # ---- configs ---------------------------------------------------------------------------

@@ -60,7 +60,7 @@ def prepare(model, recipe: Recipe):
     """(selection, {stored name: (our path, transform)}, mask) of their selection on
     `model` (a `jaxmech.load`ed checkpoint)."""
     sel = fa.select(fa.stored_sizes(model.folder), recipe.budget_frac, recipe.last_k)
-    leaves = fa.leaf_map(model.family.name, model.config, sel.names)
+    leaves = fa.leaf_map(model.family, model.config, sel.names)
     return sel, leaves, fa.leaf_mask(model.params, [p for p, _ in leaves.values()])
 
 
@@ -89,7 +89,7 @@ def finetune(model, its, recipe: Recipe, weight: float, table=None, order_seed=N
     for epoch in range(recipe.epochs):
         seed = None if order_seed is None else [order_seed, epoch]
         for b in authors_grid.batches(its, train, recipe.batch_size, grouped, seed):
-            batch = fa.render_batch(view, model.processor, model.family.name,
+            batch = fa.render_batch(view, model.processor, model.family,
                                     [its[i] for i in b], table if grouped else None)  # fmt: skip
             lr = float(lr_at(len(records)))
             params, state, rec = step(params, state, batch, jnp.float32(weight))

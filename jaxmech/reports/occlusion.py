@@ -42,9 +42,6 @@ from jaxmech.stats import mean_ci
 WORDS = {"left": ("Left", "Right"), "right": ("Right", "Left"), "above": ("Above", "Below"),
          "below": ("Below", "Above")}  # fmt: skip
 OTHERS = slice(3, 7)  # `fig_8b.ipynb`: cc[3:7]
-# the families whose chat template is checked against theirs: whether a message's text
-# item comes before its image in the prompt (LLaVA's template puts images first)
-TEXT_FIRST = {"llava": False, "qwen2_vl": True}
 
 
 def authors_question(x: str, y: str, relation: str) -> str:
@@ -72,20 +69,28 @@ def answer_ids(tokenizer, relation: str) -> tuple[int, int]:
 
 def check_family(model) -> str:
     """The checkpoint's family name (`model`: a `Model`, or the family itself, so a
-    command can refuse before any weight is read); ValueError where its prompt is not
-    checked."""
-    name = getattr(model, "family", model).name
-    if name not in TEXT_FIRST:
-        raise ValueError(f"checkpoint family {name!r}: the authors' occlusion prompt is "
-                         f"known for {', '.join(TEXT_FIRST)} only")  # fmt: skip
-    return name
+    command can refuse before any weight is read); ValueError where the family offers
+    no `encode_text_first` (their prompt: the text before the image)."""
+    family = getattr(model, "family", model)
+    if family.encode_text_first is None:
+        raise ValueError(f"checkpoint family {family.name!r}: the authors' occlusion prompt "
+                         f"is known for {', '.join(_text_first_families())} only")  # fmt: skip
+    return family.name
+
+
+def _text_first_families() -> list[str]:
+    """The registered checkpoint families offering `encode_text_first` (for a message)."""
+    from jaxmech.families.registry import LISTED, get_family
+
+    return sorted(f.name for f in LISTED if f.checkpoint_types
+                  and get_family(f.name).encode_text_first is not None)  # fmt: skip
 
 
 def encode_authors(model, images, question: str):
-    """The family's encoding of `images` (one size), each asked `question` with the
-    text before the image where the family's chat template puts it so."""
-    kw = {"text_first": True} if TEXT_FIRST[check_family(model)] else {}
-    return model.family.encode(model.processor, images, [question] * len(images), **kw)
+    """The family's encoding of `images` (one size), each asked `question` in a message
+    whose text comes before the image (`CheckpointFamily.encode_text_first`)."""
+    check_family(model)
+    return model.family.encode_text_first(model.processor, images, [question] * len(images))
 
 
 def first_token_logp(model, images, question: str, ids) -> np.ndarray:

@@ -21,4 +21,7 @@ FAMILY = hf_vlm.checkpoint_family(
     ),
     # mirror_swapping.py / attribute_swapping.py's prompt, for jaxmech.reports.patching
     authors_wordings=(("patching", view.MIRROR),),
+    answer_turn=processor.answer_turn,
+    # llava-hf's template writes every image first, whatever the message's order
+    encode_text_first=processor.encode,
 )

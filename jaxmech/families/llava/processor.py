@@ -168,6 +168,12 @@ def chat_prompt(question: str, image: bool = True) -> str:
     return f"USER: {IMAGE}\n{question} ASSISTANT:" if image else f"USER: {question} ASSISTANT:"
 
 
+def answer_turn(question: str, answer: str) -> tuple[str, str]:
+    """(prompt, turn): `chat_prompt(question)` and the assistant's turn llava-hf's chat
+    template writes after it (" {answer} ": paper 003's ID fine-tune's labels)."""
+    return chat_prompt(question), f" {answer} "
+
+
 # paper 003's patching scripts' prompt (`mirror_swapping.py`, `attribute_swapping.py`):
 # no chat template; their own instruction follows the question
 MIRROR_TAIL = "Answer left or right. ANSWER: "

@@ -6,6 +6,7 @@ are config fields the forward reads (`config` docstring)."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 from jaxmech.families import hf_vlm
@@ -46,4 +47,7 @@ FAMILY = hf_vlm.checkpoint_family(
         (("qwen2_5_vl", 36, 2048), ("qwen-3b", "Qwen/Qwen2.5-VL-3B-Instruct", (8, 18))),
         (("qwen2_5_vl", 28, 3584), ("qwen-7b", "Qwen/Qwen2.5-VL-7B-Instruct", (6, 16))),
     ),
+    answer_turn=processor.answer_turn,
+    # the template keeps a message's order: its text before the image where it comes first
+    encode_text_first=functools.partial(processor.encode, text_first=True),
 )

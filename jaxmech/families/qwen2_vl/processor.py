@@ -212,6 +212,13 @@ def chat_prompt(question: str, system: str = SYSTEM, pad: str | None = IMAGE_PAD
     return f"{turn}<|im_start|>user\n{vision}{question}{TAIL}"
 
 
+def answer_turn(question: str, answer: str) -> tuple[str, str]:
+    """(prompt, turn): `chat_prompt(question)` and the assistant's turn the Qwen chat
+    template writes after it ("{answer}<|im_end|>" and a newline: paper 003's ID
+    fine-tune's labels)."""
+    return chat_prompt(question), f"{answer}<|im_end|>\n"
+
+
 class Processor(NamedTuple):
     """A checkpoint's tokenizer (`tokenizers.Tokenizer`), image and video settings and
     config."""
