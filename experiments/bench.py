@@ -375,7 +375,7 @@ def main(argv):
         sps = sw["model_steps_per_s"]
         print(
             f"sweep of {FLAGS.sweep_models} models x {config.train.steps} steps (evaluation, "
-            f"checkpoints and compile included): {sw['wall_s']:.0f} s, "
+            f"saves and compile included): {sw['wall_s']:.0f} s, "
             f"{sw['models_per_hour']:.0f} models/hour, {sps:.1f} model-steps/s, "
             f"dense {sps * dense / rate:.2f} / executed "
             f"{(sps * xla / rate if xla else float('nan')):.2f} of the matmul rate"

@@ -14,7 +14,7 @@ once per weight, then the report:
         --weights=0,1 --id_site=1 --steps=1000 --lr=1e-3
 
 The fine-tuning is a sweep from the base's params (`sweep.run_grid` with `init_from`):
-checkpointed at every evaluation, so the same command resumes an interrupted run (and
+saved at every evaluation, so the same command resumes an interrupted run (and
 finds a finished one done); a resume against a changed --base is refused.
 
 Writes RUN/id_loss/{table,curves}.csv, summary.json, curves.png

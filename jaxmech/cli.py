@@ -98,11 +98,11 @@ USER_ERRORS = (ValueError, OSError)
 
 def user_error_names() -> tuple[type, ...]:
     """USER_ERRORS plus the library's own (imported late: cli must stay light)."""
-    from jaxmech.checkpoint import CheckpointError
     from jaxmech.outdir import FolderLockedError, SweepMismatchError
+    from jaxmech.saves import SaveError
     from jaxmech.sweep import OtherProcessError
 
-    errors = (CheckpointError, FolderLockedError, SweepMismatchError, OtherProcessError)
+    errors = (SaveError, FolderLockedError, SweepMismatchError, OtherProcessError)
     return (*USER_ERRORS, *errors)
 
 
@@ -140,7 +140,7 @@ def define_run_flags(default_out: str, default_seeds: int) -> None:
     flags.DEFINE_string("out", default_out, "results folder")
     flags.DEFINE_bool("overwrite", False, "replace an existing results folder")
     flags.DEFINE_integer("chunk_size", None, "models per compiled call (default: by backend)")
-    flags.DEFINE_integer("checkpoint_every", None, "steps between checkpoints (default eval_every)")
+    flags.DEFINE_integer("save_every", None, "steps between saves (default eval_every)")
     flags.DEFINE_bool("distributed", False, "one sweep over several processes "
                       "(jax.distributed.initialize(): a TPU pod slice, SLURM and Open MPI "
                       "find their peers; elsewhere give the three flags below)")  # fmt: skip
@@ -193,8 +193,8 @@ def until_from_flags(FLAGS, grid):
 
 
 def check_run_flags(FLAGS) -> None:
-    """Refuses a bad --chunk_size, --checkpoint_every or --out before any compute."""
-    for name in ("chunk_size", "checkpoint_every"):
+    """Refuses a bad --chunk_size, --save_every or --out before any compute."""
+    for name in ("chunk_size", "save_every"):
         value = getattr(FLAGS, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name}={value}: allowed an integer >= 1 (or leave it out)")
@@ -299,7 +299,7 @@ def train_from_flags(FLAGS, single_values: bool, usage_error) -> tuple:
         FLAGS.out,
         overwrite=FLAGS.overwrite,
         chunk_size=FLAGS.chunk_size,
-        checkpoint_every=FLAGS.checkpoint_every,
+        save_every=FLAGS.save_every,
         until=until,
     )
     return grid, out

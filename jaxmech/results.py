@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from jaxmech import checkpoint
+from jaxmech import saves
 from jaxmech.config import SWEEPABLE, Config, Settings
 from jaxmech.data.tasks import build_data, get_task
 from jaxmech.families import family_for
@@ -149,7 +149,7 @@ def write_files(
     params_dir = os.path.join(out, "params")
     if os.path.exists(params_dir):
         shutil.rmtree(params_dir)
-    checkpoint.save(params_dir, 0, params, meta)
+    saves.save(params_dir, 0, params, meta)
     write_csv(os.path.join(out, "results.csv"), rows)  # atomic: marks completion
     return rows
 
@@ -198,12 +198,12 @@ def load_run(path: str, *, with_data: bool = False) -> Run:
     its family and task, and with `with_data` the task's tables and eval sets).
 
     Raises ValueError (see `load_config`) for a path that is not such a folder, and for
-    params/ that hold no readable checkpoint.
+    params/ that hold no readable save.
     """
     config = load_config(path)
     try:
-        params, meta = checkpoint.restore(os.path.join(path, "params"))
-    except checkpoint.CheckpointError as e:
+        params, meta = saves.restore(os.path.join(path, "params"))
+    except saves.SaveError as e:
         raise _refuse(path, f"has unreadable params ({e})") from None
     if "seed" not in meta.get("settings", {}):
         raise _refuse(path, "has params without the models' settings (not written by write_files)")

@@ -5,7 +5,7 @@ values (`config.Settings` of arrays `[K]`), in one compiled program whose model 
 sharded over every device present (a one-axis `models` mesh; one device works too).
 The compiled unit is one segment: `eval_every` steps (a `lax.scan`) then an evaluation;
 a run of n evaluations calls it n times with the state left on the devices. So a run of
-any length, a resumed run and a checkpointed sweep all reuse one program per config and
+any length, a resumed run and a saved sweep all reuse one program per config and
 model count (compiling is most of a short run's time, and all of the test suite's).
 
 Training knows the model only through its family (`jaxmech.families`: init, loss,

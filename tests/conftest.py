@@ -115,7 +115,7 @@ class Interrupted(Exception):
 
 
 def stop_after(n):
-    """A sweep log callback that interrupts after n progress lines (n checkpoints)."""
+    """A sweep log callback that interrupts after n progress lines (n saves)."""
     seen = []
 
     def log(line):
@@ -145,17 +145,18 @@ def flip_middle_byte(path):
         f.write(bytes([b[0] ^ 0x01]))
 
 
-def kill_after_first_checkpoint(proc, out):
-    """SIGKILLs a sweep subprocess writing `out` once its first chunk's first checkpoint
+def kill_after_first_save(proc, out):
+    """SIGKILLs a sweep subprocess writing `out` once its first chunk's first save
     exists (kill -9: no handler runs), and checks it had not finished."""
     import signal
     import time
 
-    from jaxmech import checkpoint
+    from jaxmech import saves
 
-    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
+    # "checkpoints": the saves' folder name on disk (`sweep.runs.SAVES`)
+    chunk = os.path.join(out, "checkpoints", "chunk_0000")
     deadline = time.time() + 300
-    while time.time() < deadline and checkpoint.latest_step(ckpt) is None:
+    while time.time() < deadline and saves.latest_step(chunk) is None:
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()

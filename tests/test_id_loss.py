@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import file_bytes, kill_after_first_checkpoint, subprocess_env, tiny_vlm_config
+from conftest import file_bytes, kill_after_first_save, subprocess_env, tiny_vlm_config
 
-from jaxmech import checkpoint, results
+from jaxmech import results, saves
 from jaxmech.config import ConfigError
 from jaxmech.data.tasks import get_task
 from jaxmech.families import trainable
@@ -170,7 +170,7 @@ def vlm_base(tmp_path_factory):
     return base
 
 
-# three checkpoints (eval_every 10, the base's): a kill after the first leaves work to redo
+# three saves (eval_every 10, the base's): a kill after the first leaves work to redo
 FT_STEPS = 30
 FT_OVERRIDES = {"id_site": 1, "steps": FT_STEPS, "lr": 1e-3}
 
@@ -214,7 +214,7 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
     np.testing.assert_allclose(got[1::2], targets, rtol=2e-3, atol=1e-6)
     moved = np.abs(np.asarray(ft.params["lm"]["E"])[::2] - np.asarray(run.params["lm"]["E"]))
     assert 0 < moved.max() < 0.1  # continued from the base model, not from scratch
-    _, meta = checkpoint.restore(os.path.join(out, "params"))
+    _, meta = saves.restore(os.path.join(out, "params"))
     assert meta["base"] == os.path.abspath(base) and meta["swept"] == ["id_weight"]
     lines = []
     report.finetune(base, out, [0.0, 1.0], FT_OVERRIDES, log=lines.append)
@@ -246,7 +246,7 @@ def test_finetune_writes_a_paired_run_and_its_report(vlm_base, finetuned, tmp_pa
 def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finetuned, tmp_path):
     """~10 s alone (~35 s while the other worker compiles: the subprocess shares the two
     cores): a CLI fine-tune (imports, then the shared cache's programs: the in-process
-    fixture compiled them first) killed with SIGKILL after its first checkpoint, then
+    fixture compiled them first) killed with SIGKILL after its first save, then
     resumed in-process, against the uninterrupted fine-tune: params bit for bit, CSVs
     and sweep.json byte for byte (so the subprocess extracted the same targets, or the
     resume would have been refused)."""
@@ -264,12 +264,12 @@ def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finet
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
-    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
+    chunk = os.path.join(out, "checkpoints", "chunk_0000")
     deadline = time.time() + 300
-    while proc.poll() is None and checkpoint.latest_step(ckpt) is None and time.time() < deadline:
+    while proc.poll() is None and saves.latest_step(chunk) is None and time.time() < deadline:
         time.sleep(0.05)
     assert proc.poll() is None, err.read_text()[-3000:]  # still running: it did not fail
-    kill_after_first_checkpoint(proc, out)
+    kill_after_first_save(proc, out)
     lines = []
     report.finetune(vlm_base, out, [0.0, 1.0], FT_OVERRIDES, log=lines.append)
     assert not any(f"step 10/{FT_STEPS}" in line for line in lines), lines  # resumed

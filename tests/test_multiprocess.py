@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import TINY, file_bytes, quiet, subprocess_env, tiny_config
 
-from jaxmech import checkpoint, outdir, results, sweep
+from jaxmech import outdir, results, saves, sweep
 from jaxmech.cli import distributed_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -96,7 +96,7 @@ def test_cli_refuses_bad_distributed_flags_before_compute(tmp_path):
 @pytest.mark.slow
 def test_only_process_0_writes_the_folder(tmp_path, monkeypatch):
     """A process other than 0 trains (its devices' share) and writes nothing: no lock,
-    no sweep.json, no checkpoints, no results (here it is alone, so it trains all)."""
+    no sweep.json, no saves, no results (here it is alone, so it trains all)."""
     monkeypatch.setattr(jax, "process_index", lambda: 1)
     out = tmp_path / "run"
     grid = sweep.expand(tiny_config(steps=40), {"n_pair": "3,5"}, seeds=2)
@@ -110,9 +110,9 @@ def test_an_error_on_process_0_stops_the_others(monkeypatch):
     monkeypatch.setattr(sweep.processes, "_share", lambda x: told.append(int(x)) or x)
 
     def fails():
-        raise checkpoint.CheckpointError("damaged")
+        raise saves.SaveError("damaged")
 
-    with pytest.raises(checkpoint.CheckpointError):  # process 0: its own error ...
+    with pytest.raises(saves.SaveError):  # process 0: its own error ...
         sweep.processes._on_writer(fails, np.int32(0))
     assert told == [2]  # ... after telling the others
     monkeypatch.setattr(jax, "process_index", lambda: 1)
@@ -198,15 +198,15 @@ def test_two_processes_equal_one_process(tmp_path):
 def test_two_processes_killed_then_restarted_resume_to_the_same_results(tmp_path):
     """Slow (45-240 s on a shared 2-core machine): a 2-process sweep is refused a folder
     another 2-process sweep is writing (both its processes stop with a message); one
-    process of the running sweep is killed (-9) after the first checkpoint, then its peer
+    process of the running sweep is killed (-9) after the first save, then its peer
     (as a pod's scheduler would); both restarted resume and end equal to an uninterrupted
     run."""
     ref, out = str(tmp_path / "ref"), str(tmp_path / "run")
     steps = 200  # the first pair must still be training when it is stopped
     first = _start_pair(out, steps, tmp_path, "first")
-    ckpt = os.path.join(out, "checkpoints", "chunk_0000")
+    chunk = os.path.join(out, "checkpoints", "chunk_0000")
     deadline = time.time() + 300
-    while checkpoint.latest_step(ckpt) is None and time.time() < deadline:
+    while saves.latest_step(chunk) is None and time.time() < deadline:
         time.sleep(0.05)
     for p in first:
         p.send_signal(signal.SIGSTOP)  # holds the lock while the second pair tries
@@ -217,7 +217,7 @@ def test_two_processes_killed_then_restarted_resume_to_the_same_results(tmp_path
     first[0].kill()  # ... and the scheduler stops its peer
     for p in first:
         p.wait()
-    assert not outdir.is_finished(out) and checkpoint.latest_step(ckpt) is not None
+    assert not outdir.is_finished(out) and saves.latest_step(chunk) is not None
     codes, texts = _finish_pair(_start_pair(out, steps, tmp_path, "again"), tmp_path, "again")
     assert codes == [0, 0], texts[0][-3000:] + texts[1][-3000:]
     _one_process(ref, steps)

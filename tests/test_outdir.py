@@ -128,7 +128,7 @@ def test_a_finished_run_folder_loads_after_an_interrupted_swap(tmp_path):
     assert not os.path.exists(staging)
 
 
-def test_a_failed_checkpoint_write_is_one_error_line_last(tmp_path, monkeypatch, capsys):
+def test_a_failed_save_write_is_one_error_line_last(tmp_path, monkeypatch, capsys):
     """A full disk mid-run (simulated): the entry point prints the error once, last."""
     import orbax.checkpoint as ocp
     from absl import flags
@@ -160,5 +160,5 @@ def test_a_failed_checkpoint_write_is_one_error_line_last(tmp_path, monkeypatch,
         flags.FLAGS.unparse_flags()
     assert e.value.code == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("error: could not write checkpoint step 10") and "No space" in last
+    assert last.startswith("error: could not write save step 10") and "No space" in last
     assert not os.path.exists(os.path.join(out, "results.csv"))

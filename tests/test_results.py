@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import flip_middle_byte
 
-from jaxmech import checkpoint, results
+from jaxmech import results, saves
 from jaxmech.config import Config
 from jaxmech.families.dual_encoder.evaluate import METRICS
 from jaxmech.train import stack_settings
@@ -115,7 +115,7 @@ def test_a_flipped_byte_in_params_is_an_error_naming_the_file(folder, tmp_path):
         os.path.join(d, f)
         for d, _, fs in os.walk(os.path.join(path, "params"))
         for f in fs
-        if os.path.getsize(os.path.join(d, f)) > 0 and f != checkpoint.MANIFEST
+        if os.path.getsize(os.path.join(d, f)) > 0 and f != saves.MANIFEST
     ]
     target = max(files, key=os.path.getsize)  # the largest: the parameter values
     flip_middle_byte(target)

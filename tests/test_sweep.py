@@ -17,14 +17,14 @@ from conftest import (
     Interrupted,
     file_bytes,
     flip_middle_byte,
-    kill_after_first_checkpoint,
+    kill_after_first_save,
     quiet,
     stop_after,
     subprocess_env,
     tiny_config,
 )
 
-from jaxmech import checkpoint, results
+from jaxmech import results, saves
 from jaxmech.config import Config, Settings
 from jaxmech.sweep import Grid, InitFrom, SweepMismatchError, expand, run_grid
 
@@ -67,8 +67,8 @@ def test_interrupted_sweep_resumes_to_the_same_result(tmp_path):
     assert not os.path.exists(os.path.join(part, "checkpoints"))  # cleaned when finished
 
 
-def test_a_damaged_checkpoint_falls_back_to_the_last_intact_step(tmp_path):
-    grid = _grid()  # 4 models: one chunk, checkpoints at steps 10, 20, 30 (two kept)
+def test_a_damaged_save_falls_back_to_the_last_intact_step(tmp_path):
+    grid = _grid()  # 4 models: one chunk, saves at steps 10, 20, 30 (two kept)
     full = str(tmp_path / "full")
     run_grid(grid, full, log=quiet)
     out = str(tmp_path / "run")
@@ -138,7 +138,7 @@ def test_sharded_over_four_devices_equals_one_device(tmp_path):
 @pytest.mark.slow
 def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
     """Slow (~16-25 s: two CLI subprocesses, each ~2.5 s of imports, then the shared
-    cache's programs, 10 checkpoints each). In the suite, a CLI sweep killed with SIGKILL
+    cache's programs, 10 saves each). In the suite, a CLI sweep killed with SIGKILL
     and resumed to the uninterrupted run's bits is `test_toy_vlm_family`'s, and in-process
     interrupted resumes are tested here and in `test_trained_family`."""
     steps = ["--steps=100", "--eval_every=10"]
@@ -149,7 +149,7 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    kill_after_first_checkpoint(proc, out)
+    kill_after_first_save(proc, out)
     rerun = subprocess.run(
         _sweep_cmd(out, *steps, "--chunk_size=4"),
         cwd=ROOT,
@@ -174,7 +174,7 @@ def test_kill_minus_9_then_rerun_matches_uninterrupted(tmp_path):
         ("--epochs=0,5", "mixes 0"),
         ("--model_kind=nope", "model_kind = 'nope' is invalid"),
         ("--chunk_size=0", "--chunk_size=0: allowed an integer >= 1"),
-        ("--checkpoint_every=0", "--checkpoint_every=0"),
+        ("--save_every=0", "--save_every=0"),
         ("--n_pair=5,5", "5 is given twice"),
     ],
 )
@@ -322,7 +322,7 @@ def test_init_from_starts_every_model_from_its_base_models_params(bases, tmp_pat
     assert record["static"] == ["logit_scale_max"]
     assert record["base_sha256"] == params_fingerprint(pick(base.params))
     assert record["sha256"] == params_fingerprint(start)
-    _, meta = checkpoint.restore(os.path.join(out, "params"))
+    _, meta = saves.restore(os.path.join(out, "params"))
     assert meta["base"] == os.path.abspath(bases[0]) and meta["init_from"] == record
 
 

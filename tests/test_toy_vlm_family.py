@@ -1,5 +1,5 @@
 """The toy VLM family (`families.toy_vlm`) on the scenes task: its objective, its
-beliefs, and the training machinery (sweep, checkpoints, resume) with no change to
+beliefs, and the training machinery (sweep, saves, resume) with no change to
 train.py or sweep.py; results folders written under its old kind name still load."""
 
 import os
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import TINY_VLM, file_bytes, kill_after_first_checkpoint, quiet, tiny_vlm_config
+from conftest import TINY_VLM, file_bytes, kill_after_first_save, quiet, tiny_vlm_config
 
 from jaxmech import results
 from jaxmech.config import Config, ConfigError
@@ -71,7 +71,7 @@ def _sweep_cli(out, steps):
     )
 
 
-# three checkpoints: a kill after the first leaves two to redo; eval_every as in
+# three saves: a kill after the first leaves two to redo; eval_every as in
 # TINY_VLM, so the run reuses the compiled segment of the other tiny VLM tests
 STEPS, EVERY = 30, 10
 
@@ -92,10 +92,10 @@ def vlm_run(tmp_path_factory):
 
 @pytest.mark.slow  # ~9 s beyond the shared run; test_sweep's kill / resume tests keep resume == uninterrupted
 def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_run, tmp_path):
-    """The CLI sweep killed (SIGKILL) after its first checkpoint, then resumed in-process
+    """The CLI sweep killed (SIGKILL) after its first save, then resumed in-process
     on the same folder, gives the uninterrupted in-process run's params bit for bit and
     its CSVs byte for byte: the CLI's flags build the same grid (a different one would be
-    refused as another sweep) and its checkpoint resumes. One subprocess, not two (the
+    refused as another sweep) and its save resumes. One subprocess, not two (the
     CLI's own rerun is tested on the dual encoder, `test_sweep`); the in-process run
     compiles first, so the subprocess hits the shared XLA cache."""
     full, steps = vlm_run, STEPS
@@ -104,9 +104,9 @@ def test_a_vlm_sweep_resumes_after_kill_minus_9_and_loads_like_any_family(vlm_ru
     assert all(np.isfinite(r["unseen_min_acc"]) for r in loaded.results)
     assert loaded.params["lm"]["E"].shape[0] == 2  # stacked over the two models
     part = str(tmp_path / "part")
-    kill_after_first_checkpoint(_sweep_cli(part, steps), part)
+    kill_after_first_save(_sweep_cli(part, steps), part)
     resumed = run_grid(_vlm_grid(steps), part, log=quiet)
-    assert 0 < resumed["trained_steps"] < 2 * steps  # picked up from the CLI's checkpoint
+    assert 0 < resumed["trained_steps"] < 2 * steps  # picked up from the CLI's save
     for name in ("results.csv", "curves.csv"):  # resume == uninterrupted, byte for byte
         assert file_bytes(f"{part}/{name}") == file_bytes(f"{full}/{name}"), name
     again = results.load_run(part)

@@ -1,5 +1,5 @@
 """The model-family interface: a stand-in second family trains through `train_models` and
-the sweep (checkpoints, resume, results folder) with no change to train.py or sweep.py."""
+the sweep (saves, resume, results folder) with no change to train.py or sweep.py."""
 
 import jax
 import jax.numpy as jnp
@@ -82,7 +82,7 @@ def test_stand_in_family_trains_through_train_models(probe_config):
     assert state.params["W"].shape[0] == 2
 
 
-def test_stand_in_family_sweeps_checkpoints_and_resumes(probe_config, tmp_path):
+def test_stand_in_family_sweeps_saves_and_resumes(probe_config, tmp_path):
     grid = expand(probe_config, {"lr": "3e-2,1e-1"}, seeds=2)
     full = run_grid(grid, str(tmp_path / "full"), chunk_size=2, log=lambda *_: None)
     part = str(tmp_path / "part")

@@ -10,7 +10,7 @@ vmapped, sharded over every device, an evaluation every `eval_every` steps):
   skipped (status "skipped"), and an out-of-memory error ends the list (the largest K
   that ran is reported);
 * at the first K: the share of the time spent in evaluation (one evaluation timed
-  alone, times `n_chunks`) and in checkpoints and host work (the same models as a
+  alone, times `n_chunks`) and in saves and host work (the same models as a
   resumable sweep, `sweep.run_grid`, into a temporary folder, less its segments);
 * sharded vs unsharded: the first K's models trained as in its row on every device
   and on the first device alone, params compared (equal to float rounding, within 1e-4 of
@@ -131,7 +131,7 @@ def evaluation_seconds(config: Config, k: int, repeats: int = 3) -> float:
 
 def time_shares(config: Config, k: int, n_chunks: int) -> dict:
     """Shares of a sweep's time in evaluation (timed alone, `evaluation_seconds`: a
-    difference of two trainings' walls was mostly their noise) and in checkpoints + host
+    difference of two trainings' walls was mostly their noise) and in saves + host
     work (the sweep's wall less its segments'), at k."""
     from jaxmech.sweep import expand, run_grid
 
@@ -142,7 +142,7 @@ def time_shares(config: Config, k: int, n_chunks: int) -> dict:
     try:
         grid = expand(config.replace(steps=steps), {}, seeds=k)
         walls = []
-        for name in ("warm", "timed"):  # the first warms the checkpoint and host paths
+        for name in ("warm", "timed"):  # the first warms the save and host paths
             t = time.perf_counter()
             run_grid(grid, os.path.join(tmp, name), chunk_size=k, log=lambda *_: None)
             walls.append(time.perf_counter() - t)
@@ -154,6 +154,7 @@ def time_shares(config: Config, k: int, n_chunks: int) -> dict:
         "sweep_s": sweep,
         "evaluation_s": per_eval,
         "evaluation_share": per_eval * n_chunks / sweep,
+        # the key keeps saves' old name: accelerator.json files written before read the same
         "checkpoint_and_host_share": max(sweep - with_evals, 0.0) / sweep,
     }
 
@@ -259,7 +260,7 @@ def write_check(res: dict, out: str) -> list[str]:
         f"memory per model {m['per_model_bytes'] / 2**20:.2f} MiB (+ {m['fixed_bytes'] / 2**20:.1f} MiB "
         f"fixed); chunk per device a sweep chooses: {m['chunk_per_device']} ({m['chosen_by']})",
         f"time shares at K={s['k']}: evaluation {s['evaluation_share']:.1%} "
-        f"({1000 * s['evaluation_s']:.0f} ms each), checkpoints and host "
+        f"({1000 * s['evaluation_s']:.0f} ms each), saves and host "
         f"{s['checkpoint_and_host_share']:.1%}",
         f"sharded over {sh['devices']} device(s) vs one, {sh['models']} models: max |diff| "
         f"{sh['max_abs_diff']:.2e} ({sh['max_rel_diff']:.1e} of the tensor's scale), equal "

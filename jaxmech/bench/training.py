@@ -244,7 +244,7 @@ def scaling_table(configs, k: int = 4, n_steps: int = 10, repeats: int = 3) -> l
 
 def sweep_throughput(config: Config, n_models: int, chunk_size: int | None = None) -> dict:
     """Trains n_models seeds of `config` as a sweep (into a temporary folder, evaluation
-    and checkpoints included) and returns wall time, models/hour and model-steps/s."""
+    and saves included) and returns wall time, models/hour and model-steps/s."""
     import shutil
     import tempfile
 

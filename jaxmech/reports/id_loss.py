@@ -11,7 +11,7 @@ Two ways in, one report:
   from itself beforehand (`extract_targets`: mean-centred object-word states at the
   site, averaged over the training-pair labels, at X's true cell; the paper's recipe).
   The fine-tuning is a sweep from RUN's params (`finetune_grid`, then
-  `sweep.run_grid(..., init_from=...)`): chunked, checkpointed, resumable after a kill
+  `sweep.run_grid(..., init_from=...)`): chunked, saved, resumable after a kill
   and locked like any sweep; a resume against a changed RUN is refused.
 
 The report (`REPORT`, run by `reports.driver`): per weight, learning curves

@@ -8,7 +8,7 @@ folder. One idea per module:
   training, and the selection it writes;
 - `record`: the sweep's identity (`identity`: what `sweep.json` records) and how a
   folder differs from it (`sweep_difference`);
-- `runs`: `run_grid`, chunked resumable training (checkpoints, lock, staging folder);
+- `runs`: `run_grid`, chunked resumable training (saves, lock, staging folder);
 - `folder`: opening a sweep's folder (new, resumed, finished, reopened by a raised cap);
 - `reuse`: a finished `--seeds_until` run's models kept when its cap is raised;
 - `processes`: several processes, process 0 the only one that reads and writes.

@@ -15,7 +15,7 @@ import shutil
 
 import numpy as np
 
-from jaxmech import checkpoint, results
+from jaxmech import results, saves
 from jaxmech.sweep.until import SELECTION_FILE, Until
 from jaxmech.train import TrainState
 
@@ -76,7 +76,7 @@ def read_reused(folder: str, like: dict) -> dict:
     and ordered as `like` (a trained chunk's part: `runs._reused_part`). The curves
     come back bit for bit: curves.csv holds each float32 exactly."""
     base = os.path.join(folder, REUSED)
-    params, _ = checkpoint.restore(os.path.join(base, "params"), like=like["state"].params)
+    params, _ = saves.restore(os.path.join(base, "params"), like=like["state"].params)
     rows = results.read_csv(os.path.join(base, "results.csv"))
     column = lambda name: np.asarray([r[name] for r in rows], np.int32)  # noqa: E731
     state = TrainState(params, None, column("steps_trained"), column("diverged_step"))

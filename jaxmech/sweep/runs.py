@@ -1,5 +1,5 @@
 """Chunked resumable runs: `run_grid` trains a grid's models in chunks of one compiled
-program, checkpointing each segment, resuming after a kill, and writes the results
+program, saving each segment (`saves`), resuming after a kill, and writes the results
 folder.
 
 A plan (`_Plan`, `_make_plan`) cuts the models into chunks; each chunk trains or resumes
@@ -22,7 +22,7 @@ import time
 import jax
 import numpy as np
 
-from jaxmech import checkpoint, outdir, results
+from jaxmech import outdir, results, saves
 from jaxmech.config import Settings
 from jaxmech.families import family_for
 from jaxmech.sweep import folder as opened_folder
@@ -53,11 +53,15 @@ from jaxmech.train import (
     train_models,
 )
 
+# The subfolder of a run in progress that holds each chunk's saves. It keeps the word
+# saves were called by before (on disk): runs interrupted then still resume.
+SAVES = "checkpoints"
 
-def _plan_segments(n_evals: int, evals_per_ckpt: int) -> list[int]:
-    """Evaluations per segment: equal segments of evals_per_ckpt, then the remainder."""
-    full, rest = divmod(n_evals, evals_per_ckpt)
-    return [evals_per_ckpt] * full + ([rest] if rest else [])
+
+def _plan_segments(n_evals: int, evals_per_save: int) -> list[int]:
+    """Evaluations per segment: equal segments of evals_per_save, then the remainder."""
+    full, rest = divmod(n_evals, evals_per_save)
+    return [evals_per_save] * full + ([rest] if rest else [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +71,7 @@ class _Plan:
     grid: Grid
     chunk: int  # models per chunk (the last chunk is padded)
     n_chunks: int  # chunks of `chunk` models (`ranges`: the chunks trained, cuts included)
-    every: int  # steps between checkpoints
+    every: int  # steps between saves
     settings: Settings  # arrays [n_chunks * chunk], padded by repeating the last model
     budget: np.ndarray  # [n_chunks * chunk] steps each model trains
     fields: tuple[str, ...]  # curve fields (the family's metrics and training signals)
@@ -106,15 +110,15 @@ class _Plan:
 def _make_plan(
     grid: Grid,
     chunk_size: int | None,
-    checkpoint_every: int | None,
+    save_every: int | None,
     init_from: InitFrom | None = None,
     out: str | None = None,
 ) -> _Plan:
     cfg = grid.config
-    every = cfg.train.eval_every if checkpoint_every is None else checkpoint_every
+    every = cfg.train.eval_every if save_every is None else save_every
     if every < 1 or every % cfg.train.eval_every:
         raise ValueError(
-            f"checkpoint_every = {every} is invalid: allowed a positive multiple of "
+            f"save_every = {every} is invalid: allowed a positive multiple of "
             f"eval_every = {cfg.train.eval_every}"
         )
     k = len(grid.settings)
@@ -206,9 +210,9 @@ def _not_written(plan: _Plan, wall: float, trained: int, selection) -> dict:
             "writer": False}  # fmt: skip
 
 
-def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
-    """(state or None, curves [chunk, n_evals] per field) of chunk c: its checkpoint if
-    there is one, else nothing trained (NaN curves). Process 0 reads it, every process
+def _restore_chunk(plan: _Plan, c: int, save_dir: str, log):
+    """(state or None, curves [chunk, n_evals] per field) of chunk c: its save if there
+    is one, else nothing trained (NaN curves). Process 0 reads it, every process
     gets it (`_on_writer`)."""
     cfg = plan.grid.config
     curves = {
@@ -218,7 +222,7 @@ def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
     chunk_settings = jax.tree_util.tree_map(lambda x: x[: plan.chunk], plan.settings)
     like = {"state": jax.eval_shape(lambda s: init_program(s, cfg), chunk_settings),
             "curves": curves}  # fmt: skip
-    tree = _on_writer(lambda: _read_chunk(plan, c, ckpt_dir, like, log), like)
+    tree = _on_writer(lambda: _read_chunk(plan, c, save_dir, like, log), like)
     if tree is None:
         return None, curves
     # in the order of a fresh run (a shared dict comes back sorted), so that curves.csv's
@@ -226,20 +230,20 @@ def _restore_chunk(plan: _Plan, c: int, ckpt_dir: str, log):
     return tree["state"], {n: tree["curves"][n] for n in curves}
 
 
-def _read_chunk(plan: _Plan, c: int, ckpt_dir: str, like: dict, log) -> dict | None:
-    """Chunk c's newest intact checkpoint as a tree like `like` (None: there is none);
-    CheckpointError when it belongs to another chunk or sweep."""
-    if checkpoint.latest_step(ckpt_dir) is None:
+def _read_chunk(plan: _Plan, c: int, save_dir: str, like: dict, log) -> dict | None:
+    """Chunk c's newest intact save as a tree like `like` (None: there is none);
+    SaveError when it belongs to another chunk or sweep."""
+    if saves.latest_step(save_dir) is None:
         return None
     # the newest intact step; damaged ones are reported through `log` and dropped
-    found = checkpoint.restore_latest(ckpt_dir, like, log)
+    found = saves.restore_latest(save_dir, like, log)
     if found is None:
-        log(f"  chunk {c + 1}/{len(plan.ranges)}: no intact checkpoint; training it from step 0")
+        log(f"  chunk {c + 1}/{len(plan.ranges)}: no intact save; training it from step 0")
         return None
     tree, meta, _ = found
     if meta.get("chunk") != c or meta.get("settings") != _settings_meta(plan, c):
-        raise checkpoint.CheckpointError(
-            f"checkpoint in {ckpt_dir!r} belongs to another chunk or sweep; remove the "
+        raise saves.SaveError(
+            f"save in {save_dir!r} belongs to another chunk or sweep; remove the "
             "folder or pass --overwrite"
         )
     return {"state": TrainState(*tree["state"]), "curves": tree["curves"]}
@@ -258,14 +262,14 @@ def _copy_last_evaluation(curves: dict, evals_done: int, eval_every: int) -> Non
 
 
 def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log):
-    """Trains (or resumes) chunk c to the end, checkpointing each segment; returns its
+    """Trains (or resumes) chunk c to the end, saving each segment; returns its
     real models' (state, curves) as host arrays."""
     cfg = plan.grid.config
     eval_every = cfg.train.eval_every
-    ckpt_dir = os.path.join(work, "checkpoints", f"chunk_{c:04d}")
+    save_dir = os.path.join(work, SAVES, f"chunk_{c:04d}")
     settings_c = plan.take(plan.settings, c)
     budget_c = plan.budget[slice(*plan.ranges[c])]
-    state, curves = _restore_chunk(plan, c, ckpt_dir, log)
+    state, curves = _restore_chunk(plan, c, save_dir, log)
     if state is None and plan.start is not None:  # step 0 from the trained params
         params_c = plan.take(plan.start.params, c)
         state = restart_state(cfg, settings_c, params_c)
@@ -288,7 +292,7 @@ def _train_chunk(plan: _Plan, c: int, work: str, data, progress: _Progress, log)
         saved = ({"state": state, "curves": curves},
                  {"chunk": c, "step": step, "settings": _settings_meta(plan, c)})  # fmt: skip
         # process 0 writes; a failed write stops the others now, not at a later collective
-        _on_writer(lambda: checkpoint.save(ckpt_dir, step, *saved), None)
+        _on_writer(lambda: saves.save(save_dir, step, *saved), None)
         seg_steps = int((np.minimum(budget_c, step) - np.minimum(budget_c, before)).sum())
         progress.trained += seg_steps
         progress.done += seg_steps
@@ -324,7 +328,7 @@ def _finish(plan: _Plan, work: str, out: str, state: TrainState, curves: dict, w
         extra=extra,
         steps_trained=steps_trained,
     )
-    for name in ("checkpoints", reuse.REUSED):  # none when a raised cap trained nothing new
+    for name in (SAVES, reuse.REUSED):  # none when a raised cap trained nothing new
         if os.path.isdir(os.path.join(work, name)):
             shutil.rmtree(os.path.join(work, name))
     outdir.publish(work, out)  # --overwrite: the old folder is replaced only now
@@ -337,7 +341,7 @@ def run_grid(
     *,
     overwrite: bool = False,
     chunk_size: int | None = None,
-    checkpoint_every: int | None = None,
+    save_every: int | None = None,
     init_from: InitFrom | None = None,
     until: Until | None = None,
     log=print,
@@ -347,10 +351,10 @@ def run_grid(
     Models train in chunks of `chunk_size` (default `default_chunk_size`: fixed per
     backend), all chunks through one compiled program (the last chunk is padded), so a
     model's numbers depend on its settings, its seed and that program, not on the other
-    models of the sweep. Every `checkpoint_every` steps (default: every evaluation) each
-    chunk's stacked TrainState and curves are saved (checksummed) under
+    models of the sweep. Every `save_every` steps (default: every evaluation) each
+    chunk's stacked TrainState and curves are saved (`saves`, checksummed) under
     `out/checkpoints/`. Re-running the same grid resumes from the newest intact
-    checkpoint (also after kill -9) and gives the same final results; re-running a
+    save (also after kill -9) and gives the same final results; re-running a
     finished grid trains nothing. One process writes `out` at a time
     (`outdir.locked`). A folder holding anything else is refused unless `overwrite`;
     then the new sweep is built in a staging sibling (resumed if interrupted) that
@@ -376,7 +380,7 @@ def run_grid(
     Several processes (`jax.distributed`, `--distributed`): every process calls
     `run_grid` with the same arguments and trains its devices' share of each chunk (the
     mesh spans every process's devices). Process 0 alone holds the lock and reads and
-    writes `out` (checkpoints included), and hands each checkpoint it reads to the
+    writes `out` (saves included), and hands each save it reads to the
     others, so `out` need not be on a filesystem the hosts share; an error there stops
     the others with `OtherProcessError`. The same sweep on the same number of devices
     gives the same results with one process or several.
@@ -389,7 +393,7 @@ def run_grid(
     if until is not None and len(grid.settings) != until.max_seeds:
         raise ValueError(f"until.max_seeds = {until.max_seeds} but the grid holds "
                          f"{len(grid.settings)} model(s): build `until` with seeds_until")  # fmt: skip
-    plan = _make_plan(grid, chunk_size, checkpoint_every, init_from, out)
+    plan = _make_plan(grid, chunk_size, save_every, init_from, out)
     outdir.check_usable(out)
     log = log if is_writer() else _quiet  # one process speaks for a multi-process sweep
     start = None if plan.start is None else plan.start.record
@@ -469,7 +473,7 @@ def _train_all(plan: _Plan, work: str, out: str, log, until: Until | None = None
     log(
         f"sweep: {plan.k} model(s) in {len(plan.ranges)} chunk(s) of {plan.chunk} x "
         f"{cfg.train.steps} steps{start} on {jax.device_count()} {jax.default_backend()} "
-        f"device(s); checkpoints every {plan.every} steps"
+        f"device(s); saves every {plan.every} steps"
     )
     data = build_data(cfg)
     progress = _Progress(plan, until)

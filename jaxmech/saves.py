@@ -1,12 +1,13 @@
-"""The one module that talks to Orbax.
+"""Orbax saves: the one module that talks to Orbax.
 
-A checkpoint folder is an Orbax `CheckpointManager` directory whose steps each hold two
-items: `state` (a pytree of arrays, e.g. stacked params or a whole stacked TrainState)
-and `meta` (JSON: config, settings, anything the caller needs to check it resumes the
-same thing). A later Orbax API change touches only this file. In a multi-process run
-(`jax.distributed`) a folder is read and written by one process alone, from host arrays
-(`save` gathers none): a sweep's process 0, which holds every model's state after each
-segment (`train.fetch`).
+A save folder is an Orbax `CheckpointManager` directory whose steps each hold two items:
+`state` (a pytree of arrays, e.g. stacked params or a whole stacked TrainState) and
+`meta` (JSON: config, settings, anything the caller needs to check it resumes the same
+thing). "Save", not "checkpoint": in jaxmech a checkpoint is a model family's Hugging
+Face folder, which this module never reads. A later Orbax API change touches only this
+file. In a multi-process run (`jax.distributed`) a folder is read and written by one
+process alone, from host arrays (`save` gathers none): a sweep's process 0, which holds
+every model's state after each segment (`train.fetch`).
 
 Integrity: Orbax does not notice a flipped byte in its data files (it loads it, or
 fails with a raw tensorstore error). So `save` adds a manifest to each step folder,
@@ -31,11 +32,13 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 MANIFEST = "jaxmech_manifest.json"  # in each step folder, next to Orbax's files
+# The stored name keeps the module's old word: every save written so far carries it, and
+# `_read_manifest` calls a manifest with another format damaged. Never rename it.
 _MANIFEST_FORMAT = "jaxmech-checkpoint-manifest/1"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint folder is unreadable, damaged, or not what the caller expected."""
+class SaveError(RuntimeError):
+    """A save folder is unreadable, damaged, or not what the caller expected."""
 
 
 def _without_closed_loop_noise(previous: Callable) -> Callable:
@@ -143,7 +146,7 @@ def _write_manifest(step_dir: str) -> None:
 
 def _read_manifest(step_dir: str) -> dict | None:
     """The manifest's file table, None when the step has no manifest (legacy).
-    Raises CheckpointError naming the manifest when it is itself damaged."""
+    Raises SaveError naming the manifest when it is itself damaged."""
     path = os.path.join(step_dir, MANIFEST)
     if not os.path.exists(path):
         return None
@@ -159,7 +162,7 @@ def _read_manifest(step_dir: str) -> dict | None:
     except (ValueError, KeyError, TypeError):  # not UTF-8 / not JSON / wrong shape
         intact = False
     if not intact:
-        raise CheckpointError(
+        raise SaveError(
             f"{path}: manifest is damaged (unreadable or differs from its own checksum)"
         )
     return files
@@ -182,7 +185,7 @@ def _damage(step_dir: str) -> list[str] | None:
     manifest ([] when intact), None for a legacy step without a manifest."""
     try:
         files = _read_manifest(step_dir)
-    except CheckpointError as e:
+    except SaveError as e:
         return [str(e)]
     if files is None:
         return None
@@ -196,20 +199,20 @@ def _damage(step_dir: str) -> list[str] | None:
 
 
 def verify(directory: str, step: int) -> bool:
-    """Checks checkpoint `step` in `directory` against its manifest without Orbax.
+    """Checks save step `step` in `directory` against its manifest without Orbax.
 
     Returns True when it was checked and is intact, False for a legacy step (no
     manifest: written before manifests existed) that is accepted unchecked. Raises
-    CheckpointError naming each damaged file (content or size differs, or missing) or
+    SaveError naming each damaged file (content or size differs, or missing) or
     a damaged manifest. Files the manifest does not list are ignored.
     """
     step_dir = _step_dir(directory, step)
     if not os.path.isdir(step_dir):
-        raise CheckpointError(f"no checkpoint step {step} in {directory!r} ({step_dir} is missing)")
+        raise SaveError(f"no save step {step} in {directory!r} ({step_dir} is missing)")
     problems = _damage(step_dir)
     if problems:
-        raise CheckpointError(
-            f"checkpoint step {step} in {directory!r} is damaged: {'; '.join(problems)}. "
+        raise SaveError(
+            f"save step {step} in {directory!r} is damaged: {'; '.join(problems)}. "
             f"Move or delete {step_dir} to resume from an older step (restore_latest "
             "moves it aside)"
         )
@@ -220,7 +223,7 @@ def verify(directory: str, step: int) -> bool:
 
 
 def save(directory: str, step: int, state: Any, meta: dict, max_to_keep: int | None = 2) -> None:
-    """Writes `state` (arrays pytree) and `meta` (JSON-able dict) as checkpoint `step`,
+    """Writes `state` (arrays pytree) and `meta` (JSON-able dict) as save step `step`,
     then its manifest (see the module docstring)."""
     state = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
     try:
@@ -234,13 +237,13 @@ def save(directory: str, step: int, state: Any, meta: dict, max_to_keep: int | N
             )
             mngr.wait_until_finished()
     except Exception as e:  # a full disk or a lost mount, in whatever type Orbax raises
-        raise CheckpointError(  # on one line: it is the last line a crash prints
-            f"could not write checkpoint step {step} to {directory!r}: "
+        raise SaveError(  # on one line: it is the last line a crash prints
+            f"could not write save step {step} to {directory!r}: "
             f"{type(e).__name__}: {' '.join(str(e).split())}"
         ) from e
     step_dir = _step_dir(directory, step)
     if not os.path.isdir(step_dir):  # Orbax changed its step naming: fix _step_dir
-        raise CheckpointError(f"Orbax wrote step {step} of {directory!r} but not to {step_dir}")
+        raise SaveError(f"Orbax wrote step {step} of {directory!r} but not to {step_dir}")
     _write_manifest(step_dir)
 
 
@@ -260,17 +263,17 @@ def _steps(directory: str) -> list[int]:
 
 
 def restore(directory: str, step: int | None = None, like: Any = None) -> tuple[Any, dict]:
-    """Reads checkpoint `step` (default: latest) -> (state, meta).
+    """Reads save step `step` (default: latest) -> (state, meta).
 
     `like` is a pytree with the expected structure (arrays or ShapeDtypeStructs); with
     it a structure or shape mismatch is an error instead of a surprise later.
     The step is verified first (`verify`), so damage never reaches Orbax.
-    Raises CheckpointError naming the folder when nothing readable is there, or the
+    Raises SaveError naming the folder when nothing readable is there, or the
     damaged file.
     """
     step = latest_step(directory) if step is None else step
     if step is None:
-        raise CheckpointError(f"no checkpoint found in {directory!r}")
+        raise SaveError(f"no save found in {directory!r}")
     verify(directory, step)
     return _read(directory, step, like)
 
@@ -285,7 +288,7 @@ def restore_latest(
     list it, and a later save of the same step number works) with one warning line
     through `log` naming the damaged file and the step it falls back to. A legacy step
     (no manifest) counts as intact; if Orbax then cannot read it, or it does not match
-    `like`, that CheckpointError is raised, not skipped: it may be a wrong `like`.
+    `like`, that SaveError is raised, not skipped: it may be a wrong `like`.
     """
     steps = _steps(directory)
     for i, step in enumerate(steps):
@@ -296,7 +299,7 @@ def restore_latest(
         aside = _set_aside(_step_dir(directory, step))
         older = f"falling back to step {steps[i + 1]}" if i + 1 < len(steps) else "no older step"
         log(
-            f"warning: checkpoint step {step} in {directory!r} is damaged "
+            f"warning: save step {step} in {directory!r} is damaged "
             f"({'; '.join(problems)}); moved it to {aside}; {older}"
         )
     return None
@@ -314,7 +317,7 @@ def _set_aside(step_dir: str) -> str:
 
 
 def _read(directory: str, step: int, like: Any) -> tuple[Any, dict]:
-    """Orbax's restore of `step` -> (state, meta), errors turned into CheckpointError."""
+    """Orbax's restore of `step` -> (state, meta), errors turned into SaveError."""
     target = None
     if like is not None:
         target = jax.tree_util.tree_map(
@@ -334,16 +337,14 @@ def _read(directory: str, step: int, like: Any) -> tuple[Any, dict]:
                 ),
             )
     except Exception as e:  # Orbax raises many types; the caller needs one clear one.
-        raise CheckpointError(  # on one line: it is the last line a crash prints
-            f"checkpoint step {step} in {directory!r} is damaged or not a jaxmech "
-            f"checkpoint: {type(e).__name__}: {' '.join(str(e).split())}"
+        raise SaveError(  # on one line: it is the last line a crash prints
+            f"save step {step} in {directory!r} is damaged or not a jaxmech "
+            f"save: {type(e).__name__}: {' '.join(str(e).split())}"
         ) from e
     state = jax.tree_util.tree_map(np.asarray, out["state"])
     if like is not None:
         want = jax.tree_util.tree_structure(like)
         got = jax.tree_util.tree_structure(state)
         if want != got:
-            raise CheckpointError(
-                f"checkpoint in {directory!r} has a different structure than expected"
-            )
+            raise SaveError(f"save in {directory!r} has a different structure than expected")
     return state, dict(out["meta"])

@@ -1,8 +1,10 @@
-"""Checkpoint integrity: every file of a step is checksummed at save, damage anywhere is
-an error naming the file before Orbax reads anything, `restore_latest` falls back past
-damaged steps, legacy steps (no manifest) still load, and Orbax's 'Event loop is
-closed' noise after a failed read stays off stderr. Small numpy pytrees, no training."""
+"""Orbax saves (`jaxmech.saves`) and their integrity: every file of a step is checksummed
+at save, damage anywhere is an error naming the file before Orbax reads anything,
+`restore_latest` falls back past damaged steps, legacy steps (no manifest) and saves
+written before the module's rename still load, and Orbax's 'Event loop is closed' noise
+after a failed read stays off stderr. Small numpy pytrees, no training."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +14,7 @@ import types
 import numpy as np
 import pytest
 
-from jaxmech import checkpoint
+from jaxmech import saves
 
 
 def _state(k: int) -> dict:
@@ -80,8 +82,8 @@ def _damage(path: str, how: str) -> None:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory) -> str:
     """A folder with step 1 saved once; tests damage copies of it."""
-    d = str(tmp_path_factory.mktemp("saved") / "ckpt")
-    checkpoint.save(d, 1, _state(1), _meta(1))
+    d = str(tmp_path_factory.mktemp("saved") / "save")
+    saves.save(d, 1, _state(1), _meta(1))
     return d
 
 
@@ -91,27 +93,27 @@ def test_damage_to_any_file_is_named_before_orbax_reads(saved, tmp_path, how, mo
     def no_orbax(*_, **__):
         raise AssertionError("Orbax was reached despite damage")
 
-    monkeypatch.setattr(checkpoint.ocp, "CheckpointManager", no_orbax)
+    monkeypatch.setattr(saves.ocp, "CheckpointManager", no_orbax)
     names = [os.path.relpath(f, saved) for f in _files(os.path.join(saved, "1"))]
-    assert os.path.join("1", checkpoint.MANIFEST) in names
+    assert os.path.join("1", saves.MANIFEST) in names
     if how == "delete":  # a step without its manifest is legacy (tested below)
-        names.remove(os.path.join("1", checkpoint.MANIFEST))
+        names.remove(os.path.join("1", saves.MANIFEST))
     for i, name in enumerate(names):
         copy = str(tmp_path / f"c{i}")
         shutil.copytree(saved, copy)
         path = os.path.join(copy, name)
         _damage(path, how)
-        with pytest.raises(checkpoint.CheckpointError, match="damaged") as err:
-            checkpoint.restore(copy, 1)
+        with pytest.raises(saves.SaveError, match="damaged") as err:
+            saves.restore(copy, 1)
         assert path in str(err.value), (name, str(err.value))
 
 
 def test_intact_step_restores_exactly(saved):
-    assert checkpoint.verify(saved, 1) is True
-    state, meta = checkpoint.restore(saved, like=_state(0))
+    assert saves.verify(saved, 1) is True
+    state, meta = saves.restore(saved, like=_state(0))
     _assert_same(state, _state(1))
     assert meta == _meta(1)
-    state, meta, step = checkpoint.restore_latest(saved, log=pytest.fail)
+    state, meta, step = saves.restore_latest(saved, log=pytest.fail)
     assert step == 1 and meta == _meta(1)
     _assert_same(state, _state(1))
 
@@ -119,61 +121,81 @@ def test_intact_step_restores_exactly(saved):
 def test_legacy_step_without_manifest_restores_unchecked(saved, tmp_path):
     copy = str(tmp_path / "legacy")
     shutil.copytree(saved, copy)
-    os.remove(os.path.join(copy, "1", checkpoint.MANIFEST))
-    assert checkpoint.verify(copy, 1) is False
-    state, meta = checkpoint.restore(copy)
+    os.remove(os.path.join(copy, "1", saves.MANIFEST))
+    assert saves.verify(copy, 1) is False
+    state, meta = saves.restore(copy)
     _assert_same(state, _state(1))
     assert meta == _meta(1)
 
 
+def test_a_save_from_before_the_rename_restores(saved, tmp_path):
+    # Saves written when the module was `jaxmech.checkpoint` carry this manifest format
+    # (the literal, not the module's constant: renaming it would call them all damaged).
+    path = os.path.join(saved, "1", saves.MANIFEST)
+    with open(path) as fh:
+        assert json.load(fh)["format"] == "jaxmech-checkpoint-manifest/1"
+    state, meta = saves.restore(saved, 1, like=_state(0))
+    _assert_same(state, _state(1))
+    # ... and the format is checked, so another one would not be accepted silently
+    copy = str(tmp_path / "other_format")
+    shutil.copytree(saved, copy)
+    path = os.path.join(copy, "1", saves.MANIFEST)
+    with open(path) as fh:
+        body = json.load(fh)
+    with open(path, "w") as fh:
+        json.dump(body | {"format": "jaxmech-save-manifest/1"}, fh)
+    with pytest.raises(saves.SaveError, match="manifest is damaged"):
+        saves.restore(copy, 1)
+
+
 def test_manifests_stay_valid_across_later_saves_and_cleanup(tmp_path):
-    d = str(tmp_path / "ckpt")
+    d = str(tmp_path / "save")
     for step in (1, 2, 3):
-        checkpoint.save(d, step, _state(step), _meta(step), max_to_keep=2)
+        saves.save(d, step, _state(step), _meta(step), max_to_keep=2)
     assert sorted(os.listdir(d)) == ["2", "3"]  # max_to_keep still drops whole steps
-    assert checkpoint.latest_step(d) == 3
+    assert saves.latest_step(d) == 3
     # Orbax rewrote nothing of step 2 when saving step 3 or opening the manager again.
-    assert checkpoint.verify(d, 2) is True and checkpoint.verify(d, 3) is True
+    assert saves.verify(d, 2) is True and saves.verify(d, 3) is True
 
 
 def test_restore_latest_falls_back_past_a_damaged_step(tmp_path):
     d = str(tmp_path / "checkpoints" / "chunk_0000")
-    checkpoint.save(d, 1, _state(1), _meta(1))
-    checkpoint.save(d, 2, _state(2), _meta(2))
+    saves.save(d, 1, _state(1), _meta(1))
+    saves.save(d, 2, _state(2), _meta(2))
     bad = _data_file(d, 2)
     _flip(bad, "middle")
     lines = []
-    state, meta, step = checkpoint.restore_latest(d, like=_state(0), log=lines.append)
+    state, meta, step = saves.restore_latest(d, like=_state(0), log=lines.append)
     assert step == 1 and meta == _meta(1)
     _assert_same(state, _state(1))
     assert len(lines) == 1 and bad in lines[0] and "falling back to step 1" in lines[0]
-    assert checkpoint.latest_step(d) == 1  # out of Orbax's view
+    assert saves.latest_step(d) == 1  # out of Orbax's view
     # The same step number saves and restores again.
-    checkpoint.save(d, 2, _state(3), _meta(3))
-    state, meta, step = checkpoint.restore_latest(d, log=pytest.fail)
+    saves.save(d, 2, _state(3), _meta(3))
+    state, meta, step = saves.restore_latest(d, log=pytest.fail)
     assert step == 2 and meta == _meta(3)
     _assert_same(state, _state(3))
 
 
 def test_restore_latest_with_every_step_damaged_is_none(tmp_path):
-    d = str(tmp_path / "ckpt")
+    d = str(tmp_path / "save")
     bad = []
     for step in (1, 2):
-        checkpoint.save(d, step, _state(step), _meta(step))
+        saves.save(d, step, _state(step), _meta(step))
         bad.append(_data_file(d, step))
         _truncate(bad[-1])
     lines = []
-    assert checkpoint.restore_latest(d, log=lines.append) is None
+    assert saves.restore_latest(d, log=lines.append) is None
     assert len(lines) == 2
     assert bad[1] in lines[0] and "falling back to step 1" in lines[0]
     assert bad[0] in lines[1] and "no older step" in lines[1]
-    assert checkpoint.latest_step(d) is None
-    assert checkpoint.restore_latest(str(tmp_path / "none"), log=pytest.fail) is None
+    assert saves.latest_step(d) is None
+    assert saves.restore_latest(str(tmp_path / "none"), log=pytest.fail) is None
 
 
 def test_unraisable_filter_drops_only_closed_loop_noise():
     passed = []
-    hook = checkpoint._without_closed_loop_noise(passed.append)
+    hook = saves._without_closed_loop_noise(passed.append)
     for exc in (
         RuntimeError("Event loop is closed"),
         RuntimeError("something else"),
@@ -190,13 +212,13 @@ def test_orbax_failure_on_legacy_step_prints_one_clean_error(saved, tmp_path):
     # A legacy step is not checked, so Orbax itself fails on the truncated data file.
     copy = str(tmp_path / "legacy")
     shutil.copytree(saved, copy)
-    os.remove(os.path.join(copy, "1", checkpoint.MANIFEST))
+    os.remove(os.path.join(copy, "1", saves.MANIFEST))
     _truncate(_data_file(copy, 1))
-    code = "import sys\nfrom jaxmech import checkpoint\ncheckpoint.restore(sys.argv[1], 1)"
+    code = "import sys\nfrom jaxmech import saves\nsaves.restore(sys.argv[1], 1)"
     run = subprocess.run(
         [sys.executable, "-c", code, copy], capture_output=True, text=True, timeout=300
     )
     assert run.returncode != 0
     assert "Event loop is closed" not in run.stderr, run.stderr[-3000:]
     last = run.stderr.strip().splitlines()[-1]
-    assert last.startswith("jaxmech.checkpoint.CheckpointError: checkpoint step 1"), last
+    assert last.startswith("jaxmech.saves.SaveError: save step 1"), last
