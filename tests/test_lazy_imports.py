@@ -11,9 +11,10 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# the shared modules; `families.hf_vlm`, the checkpoint families' kit, comes with any of them
+# the shared modules; `families.hf_vlm` and `families.fields`, the checkpoint families' kit,
+# come with any of them
 SHARED = {"jaxmech.families.registry", "jaxmech.families.contract", "jaxmech.families.vlm_view",
-          "jaxmech.families.hf_vlm"}  # fmt: skip
+          "jaxmech.families.hf_vlm", "jaxmech.families.fields"}  # fmt: skip
 FOLDER = REPO / "tests" / "fixtures" / "internvl" / "internvl"
 
 HELP = """import runpy

@@ -149,7 +149,7 @@ def _scratch_bytes(depth: int, tmp_path) -> tuple[float, float]:
     ids = word_tokenizer(str(tmp_path))
     c = QwenVLConfig(vit_depth=depth, vit_width=64, vit_heads=2, vit_mlp=128, lm_vocab=128,
                      lm_width=512, lm_layers=depth, lm_heads=4, lm_kv_heads=2, lm_mlp=2048,
-                     lm_mrope_section=(16, 24, 24), tie_embeddings=True,
+                     lm_mrope_section=(16, 24, 24), tie_embeddings=True, patch_size=14,
                      image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                      vision_start_token_id=ids["<|vision_start|>"],
                      vision_end_token_id=ids["<|vision_end|>"])  # fmt: skip

@@ -6,9 +6,9 @@ positions, its image geometry and its chat template.
 * `checkpoint_family`: the `CheckpointFamily` record from a family's modules (`load`,
   `params`, `checks`, `model`, `processor`) and what is its own (describe, trainable,
   windows, ...); the fields every family fills alike are filled here.
-* `PatchGeometry`, `vit_fields`, `lm_fields`, `lm_layout`: a config's derived patch
-  sizes, the CLIP / SigLIP ViT's config fields read from a `vision_config`, the
-  Llama-layout LM's from a `text_config`, its `LMLayout`.
+* `vit_fields`, `lm_fields`, `lm_layout`: the CLIP / SigLIP ViT's config fields read
+  from a `vision_config`, the Llama-layout LM's from a `text_config` (the fields:
+  `families.fields`), its `LMLayout`.
 * `loaders`, `HUB_PREFIXES` / `PROJ_LM_PREFIXES`, `norm_map`, `mlp_map`,
   `clip_block_map`, `clip_block_shapes`: a family's `read_config` / `load_checkpoint`
   (`models.hub`), the stored-name prefixes of the `vision_tower` /
@@ -137,34 +137,6 @@ def _stored_leaves(load, config, names) -> dict:
         entry = m.get(load.canonical(n))
         out[n] = None if entry is None else (entry[0], entry[2])
     return out
-
-
-# ---- configs ---------------------------------------------------------------------------
-
-
-class PatchGeometry:
-    """The derived sizes of a config with `image_size`, `patch_size`, `vit_in_chans`,
-    `vit_width` and `vit_heads` fields (a mixin of the families' frozen dataclasses: it
-    adds no field)."""
-
-    @property
-    def grid(self) -> int:
-        """Patches per side of the ViT's square input."""
-        return self.image_size // self.patch_size
-
-    @property
-    def n_patches(self) -> int:
-        """P, the ViT's patches (a CLS token not counted)."""
-        return self.grid**2
-
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
-
-    @property
-    def patch_features(self) -> int:
-        """One flattened patch's length: C x patch x patch, channel first."""
-        return self.vit_in_chans * self.patch_size**2
 
 
 # ---- loading -----------------------------------------------------------------------------

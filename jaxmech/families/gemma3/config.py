@@ -26,71 +26,47 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, int_in
-from jaxmech.families import hf_vlm
+from jaxmech.families import fields, hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
-ACTIVATIONS = ("gelu_pytorch_tanh", "gelu", "quick_gelu", "silu")
 LAYER_TYPES = ("sliding_attention", "full_attention")
 ROPE_TYPES = ("default", "linear")
-SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "image_size",
-         "patch_size", "mm_tokens", "lm_vocab", "lm_width", "lm_layers", "lm_heads",
-         "lm_kv_heads", "lm_head_dim", "lm_mlp", "lm_window")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
-class Gemma3Config(hf_vlm.PatchGeometry):
-    """One checkpoint's architecture (module docstring); defaults: a tiny Gemma-3."""
+class Gemma3Config(fields.SquareVisionFields, fields.TextFields):
+    """One checkpoint's architecture (module docstring); defaults: a tiny Gemma-3 (the
+    shared fields': `families.fields`; the vision tower is a SigLIP, no CLS, no head)."""
 
-    # vision tower (SigLIP, no CLS, no head)
-    vit_depth: int = 2
-    vit_width: int = 32
-    vit_heads: int = 2
-    vit_mlp: int = 64
-    vit_in_chans: int = 3
-    image_size: int = 56
-    patch_size: int = 7
-    vit_eps: float = 1e-6
-    vit_act: str = "gelu_pytorch_tanh"
     # projector: average pooling to mm_tokens (a square), Gemma RMSNorm (vit_eps), x @ W
-    mm_tokens: int = 16
+    mm_tokens: int = 4
     # language model (Gemma-3)
-    lm_vocab: int = 80
-    lm_width: int = 32
-    lm_layers: int = 3
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
-    lm_head_dim: int = 16
-    lm_mlp: int = 64
-    lm_eps: float = 1e-6
+    lm_head_dim: int = 8
     lm_act: str = "gelu_pytorch_tanh"
-    lm_query_scale: float = 16.0  # query_pre_attn_scalar: scores scaled by its -1/2 power
+    lm_query_scale: float = 8.0  # query_pre_attn_scalar: scores scaled by its -1/2 power
     lm_window: int = 4096  # the sliding layers' window (a token sees W - 1 earlier ones)
-    lm_layer_types: tuple = ("sliding_attention", "sliding_attention", "full_attention")
+    lm_layer_types: tuple = ("sliding_attention", "full_attention")
     lm_local_theta: float = 10_000.0  # the sliding layers' rotary base
     lm_global_theta: float = 1_000_000.0  # the global layers'
     lm_local_factor: float = 1.0  # linear rotary scaling (1: none) of the sliding layers
     lm_global_factor: float = 1.0  # of the global layers (gemma-3-4b: 8)
-    tie_embeddings: bool = True
-    image_token_id: int = 74
-    boi_token_id: int = 72
-    eoi_token_id: int = 73
-    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
+    boi_token_id: int = 61
+    eoi_token_id: int = 62
 
     def __post_init__(self):
-        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_query_scale",
-                                               "lm_local_theta", "lm_global_theta",
-                                               "lm_local_factor", "lm_global_factor"))  # fmt: skip
-        for name in ("vit_act", "lm_act"):
-            choice(name, getattr(self, name), ACTIVATIONS)
-        for name in ("image_token_id", "boi_token_id", "eoi_token_id"):
+        self._check_vision()
+        self._check_text()
+        hf_config.check_positive(self, ("mm_tokens", "lm_head_dim", "lm_window"),
+                                 ("lm_query_scale", "lm_local_theta", "lm_global_theta",
+                                  "lm_local_factor", "lm_global_factor"))  # fmt: skip
+        choice("lm_act", self.lm_act, fields.ACTIVATIONS)
+        for name in ("boi_token_id", "eoi_token_id"):
             int_in(name, getattr(self, name), 0, self.lm_vocab - 1)
         if len(self.lm_layer_types) != self.lm_layers:
             fail("lm_layer_types", self.lm_layer_types, f"one type per layer ({self.lm_layers})")
         for t in self.lm_layer_types:
             choice("lm_layer_types", t, LAYER_TYPES)
-        if self.image_size % self.patch_size:
-            fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
         side = round(self.mm_tokens**0.5)
         if side * side != self.mm_tokens or self.grid % side:
             fail("mm_tokens", self.mm_tokens,
@@ -98,7 +74,7 @@ class Gemma3Config(hf_vlm.PatchGeometry):
         hf_config.check_heads(self)
 
     # grid (64 for gemma-3's 896 px at 14 px), n_patches, vit_head_dim, patch_features:
-    # `hf_vlm.PatchGeometry`
+    # `fields.SquareVisionFields`
 
     @property
     def token_grid(self) -> int:
@@ -187,9 +163,7 @@ def _vision_fields(raw: Mapping[str, Any]) -> dict:
 def from_hf(raw: Mapping[str, Any]) -> Gemma3Config:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is not a supported Gemma-3."""
-    if raw.get("model_type") != "gemma3":
-        raise ConfigError(f"config.json: model_type = {raw.get('model_type')!r} is not "
-                          "supported: allowed 'gemma3'")  # fmt: skip
+    fields.model_type(raw, ("gemma3",))
     text = TEXT_DEFAULTS | (raw.get("text_config") or {})
     tied = raw.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
     return Gemma3Config(

@@ -29,63 +29,43 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail
-from jaxmech.families import hf_vlm
+from jaxmech.families import fields, hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
 MODEL_TYPES = ("internvl",)
 ROPE_TYPES = ("default", "dynamic")
-ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "silu")
-# the config's sizes: ints >= 1 (`hf_config.check_positive`)
-SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "patch_size",
-         "image_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads", "lm_kv_heads",
-         "lm_head_dim", "lm_mlp", "lm_max_positions")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
-class InternVLConfig(hf_vlm.PatchGeometry):
-    """One checkpoint's architecture (module docstring); defaults: a tiny InternVL. Not a
-    `config.ModelConfig`: a checkpoint family is loaded, not trained."""
+class InternVLConfig(fields.SquareVisionFields, fields.RotaryTextFields):
+    """One checkpoint's architecture (module docstring); defaults: a tiny InternVL (the
+    shared fields': `families.fields`; `image_size`: the tile size the position table
+    was trained at). Not a `config.ModelConfig`: a checkpoint family is loaded, not
+    trained."""
 
-    # vision tower
-    vit_depth: int = 2
-    vit_width: int = 16
-    vit_heads: int = 2
-    vit_mlp: int = 32
-    vit_in_chans: int = 3
-    patch_size: int = 7
-    image_size: int = 56  # the tile size the position table was trained at
-    vit_eps: float = 1e-6
-    vit_act: str = "gelu"
     vit_qkv_bias: bool = True
     proj_act: str = "gelu"
     # language model (Qwen2)
-    lm_vocab: int = 64
-    lm_width: int = 32
-    lm_layers: int = 2
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
     lm_head_dim: int = 8
-    lm_mlp: int = 48
-    lm_eps: float = 1e-6
-    lm_rope_theta: float = 10000.0
     lm_rope_type: str = "default"
     lm_max_positions: int = 32768  # where "dynamic" rotary positions start to scale
-    tie_embeddings: bool = False
-    image_token_id: int = 61
-    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
 
     def __post_init__(self):
-        choice("vit_act", self.vit_act, ACTIVATIONS)
-        choice("proj_act", self.proj_act, ACTIVATIONS)
+        self._check_vision()
+        self._check_text()
+        choice("proj_act", self.proj_act, fields.ACTIVATIONS)
         choice("lm_rope_type", self.lm_rope_type, ROPE_TYPES)
-        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_rope_theta"))
+        hf_config.check_positive(self, ("lm_head_dim", "lm_max_positions"))
+        hf_config.check_heads(self)
+
+    def _check_image(self) -> None:
+        # the pixel shuffle joins 2 x 2 patches
         if self.image_size % self.patch_size or self.table_side % 2:
             fail("image_size", self.image_size,
                  f"an even number of patches of {self.patch_size} px per side")  # fmt: skip
-        hf_config.check_heads(self)
 
-    # vit_head_dim, patch_features (588 at patch 14): `hf_vlm.PatchGeometry`
+    # vit_head_dim, patch_features (588 at patch 14): `fields.SquareVisionFields`
 
     @property
     def table_side(self) -> int:
@@ -170,16 +150,13 @@ def _text_fields(text: Mapping[str, Any]) -> dict:
 def from_hf(raw: Mapping[str, Any]) -> InternVLConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is missing, not an InternVL -hf checkpoint, or not supported (module docstring)."""
-    model_type = raw.get("model_type")
-    if model_type == "internvl_chat":
+    if raw.get("model_type") == "internvl_chat":
         raise ConfigError(
             "config.json: model_type = 'internvl_chat' is the original OpenGVLab layout "
             "(fused qkv, remote code), which is not supported: use its -hf conversion "
             "(e.g. OpenGVLab/InternVL3-2B-hf, model_type 'internvl')"
         )
-    if model_type not in MODEL_TYPES:
-        raise ConfigError(f"config.json: model_type = {model_type!r} is not supported: "
-                          f"allowed {', '.join(map(repr, MODEL_TYPES))}")  # fmt: skip
+    fields.model_type(raw, MODEL_TYPES)
     _refuse(
         float(raw.get("downsample_ratio", 0.5)) != 0.5,
         f"downsample_ratio = {raw.get('downsample_ratio')} is not supported: allowed 0.5",

@@ -21,70 +21,41 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxmech.config import ConfigError, choice, fail, int_in
-from jaxmech.families import hf_vlm
+from jaxmech.config import ConfigError, choice, fail
+from jaxmech.families import fields, hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
-ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
-# the config's sizes: ints >= 1 (`hf_config.check_positive`)
-SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "image_size",
-         "patch_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads", "lm_kv_heads",
-         "lm_head_dim", "lm_mlp")  # fmt: skip
-
 
 @dataclasses.dataclass(frozen=True)
-class LlavaConfig(hf_vlm.PatchGeometry):
-    """One checkpoint's architecture (module docstring); defaults: a tiny LLaVA. Not a
-    `config.ModelConfig`: a checkpoint family is loaded, not trained."""
+class LlavaConfig(fields.SquareVisionFields, fields.RotaryTextFields):
+    """One checkpoint's architecture (module docstring); defaults: a tiny LLaVA (the
+    shared fields': `families.fields`). Not a `config.ModelConfig`: a checkpoint family
+    is loaded, not trained."""
 
-    # vision tower (CLIP ViT)
-    vit_depth: int = 2
-    vit_width: int = 32
-    vit_heads: int = 2
-    vit_mlp: int = 64
-    vit_in_chans: int = 3
-    image_size: int = 28  # the ViT's input side in pixels (its position table's extent)
-    patch_size: int = 7
-    vit_eps: float = 1e-5
-    vit_act: str = "quick_gelu"
     # the hidden state the projector reads (Hugging Face's index: 0 the embeddings after
     # pre_layrnorm, i the output of block i - 1; negative from the end)
     feature_layer: int = -2
-    # projector
-    proj_act: str = "gelu"
+    proj_act: str = "gelu"  # the projector's (Linear, act, Linear)
     proj_bias: bool = True
-    # language model (Llama)
-    lm_vocab: int = 64
-    lm_width: int = 32
-    lm_layers: int = 2
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
     lm_head_dim: int = 8
-    lm_mlp: int = 64
-    lm_eps: float = 1e-5
-    lm_rope_theta: float = 10000.0
     lm_act: str = "silu"
     lm_attention_bias: bool = False
     lm_mlp_bias: bool = False
-    tie_embeddings: bool = False
-    image_token_id: int = 60
-    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
 
     def __post_init__(self):
-        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_rope_theta"))
-        for name in ("vit_act", "proj_act", "lm_act"):
-            choice(name, getattr(self, name), ACTIVATIONS)
-        int_in("image_token_id", self.image_token_id, 0, self.lm_vocab - 1)
+        self._check_vision()
+        self._check_text()
+        hf_config.check_positive(self, ("lm_head_dim",))
+        for name in ("proj_act", "lm_act"):
+            choice(name, getattr(self, name), fields.ACTIVATIONS)
         if not -(self.vit_depth + 1) <= self.feature_layer <= self.vit_depth:
             fail("feature_layer", self.feature_layer,
                  f"a hidden-state index in [{-(self.vit_depth + 1)}, {self.vit_depth}]")  # fmt: skip
-        if self.image_size % self.patch_size:
-            fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
         hf_config.check_heads(self)
 
     # grid (24 for LLaVA-1.5's 336 px at 14 px), n_patches (the image tokens),
-    # vit_head_dim, patch_features: `hf_vlm.PatchGeometry`
+    # vit_head_dim, patch_features: `fields.SquareVisionFields`
 
     @property
     def feature_block(self) -> int:
@@ -144,9 +115,7 @@ def _text_fields(t: Mapping[str, Any]) -> dict:
 def from_hf(raw: Mapping[str, Any]) -> LlavaConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is not a supported LLaVA."""
-    if raw.get("model_type") != "llava":
-        raise ConfigError(f"config.json: model_type = {raw.get('model_type')!r} is not "
-                          "supported: allowed 'llava'")  # fmt: skip
+    fields.model_type(raw, ("llava",))
     text = TEXT_DEFAULTS | (raw.get("text_config") or {})
     if text.get("model_type", "llama") != "llama":
         raise ConfigError(f"config.json: text_config model_type = {text['model_type']!r} is "

@@ -16,14 +16,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from jaxmech.config import ConfigError, fail, int_in
-from jaxmech.families import hf_vlm
+from jaxmech.config import ConfigError, choice, fail, int_in
+from jaxmech.families import fields, hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
-
-SIZES = ("vit_depth", "vit_global_depth", "vit_width", "vit_heads", "vit_mlp", "image_size",
-         "patch_size", "max_tiles", "lm_vocab", "lm_width", "lm_layers", "lm_heads",
-         "lm_kv_heads", "lm_mlp")  # fmt: skip
 
 
 def aspect_ratios(max_tiles: int) -> tuple[tuple[int, int], ...]:
@@ -34,47 +30,27 @@ def aspect_ratios(max_tiles: int) -> tuple[tuple[int, int], ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MllamaConfig(hf_vlm.PatchGeometry):
-    """One checkpoint's architecture (module docstring); defaults: the fixture's tiny one."""
+class MllamaConfig(fields.SquareVisionFields, fields.RotaryTextFields):
+    """One checkpoint's architecture (module docstring); defaults: a tiny mllama (the
+    shared fields': `families.fields`; `vit_depth`: the local layers, `image_size`: one
+    tile's side, `lm_vocab`: the lm_head's rows, the embedding holds lm_vocab + 8)."""
 
-    # vision tower
-    vit_depth: int = 2  # local layers
     vit_global_depth: int = 1  # gated global layers
-    vit_width: int = 32
-    vit_heads: int = 2
-    vit_mlp: int = 64
-    image_size: int = 28  # one tile's side in pixels
-    patch_size: int = 7
     max_tiles: int = 4
-    vit_eps: float = 1e-5
-    vit_act: str = "gelu"
     intermediate: tuple = (0, 1)  # local layers whose outputs join the features
-    # language model (Llama with cross-attention layers)
-    lm_vocab: int = 64  # lm_head rows; the embedding holds lm_vocab + 8
-    lm_width: int = 32
-    lm_layers: int = 4
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
-    lm_mlp: int = 64
-    lm_eps: float = 1e-5
-    lm_rope_theta: float = 500000.0
     # "llama3" rotary scaling: (factor, low_freq_factor, high_freq_factor, original
     # context) or () for the default rotary
     lm_rope_llama3: tuple = ()
     lm_act: str = "silu"
-    cross_layers: tuple = (2,)
-    tie_embeddings: bool = False
-    image_token_id: int = 64
-    dtype: str = "float32"
+    cross_layers: tuple = (1,)  # the LM layers that cross-attend to the image
 
     def __post_init__(self):
-        hf_config.check_positive(self, SIZES, ("vit_eps", "lm_eps", "lm_rope_theta"))
-        for name in ("vit_act", "lm_act"):
-            if getattr(self, name) not in ("gelu", "silu", "quick_gelu", "gelu_pytorch_tanh"):
-                fail(name, getattr(self, name), "one of gelu, silu, quick_gelu, gelu_pytorch_tanh")
-        int_in("image_token_id", self.image_token_id, 0, self.lm_vocab + 7)
-        if self.image_size % self.patch_size:
-            fail("image_size", self.image_size, f"a multiple of patch_size = {self.patch_size}")
+        self._check_vision()
+        self._check_text()
+        hf_config.check_positive(self, ("vit_global_depth", "max_tiles"))
+        choice("lm_act", self.lm_act, fields.ACTIVATIONS)
+        if self.vit_in_chans != 3:  # the processor and the key map read RGB
+            fail("vit_in_chans", self.vit_in_chans, "3")
         for i in self.intermediate:
             int_in("intermediate", i, 0, self.vit_depth - 1)
         for i in self.cross_layers:
@@ -84,9 +60,12 @@ class MllamaConfig(hf_vlm.PatchGeometry):
         if self.lm_width % self.lm_heads or self.lm_heads % self.lm_kv_heads:
             fail("lm_heads", self.lm_heads, "dividing lm_width, a multiple of lm_kv_heads")
 
-    vit_in_chans = 3  # (not a field: RGB only, `from_hf`)
     # grid and n_patches (one tile's, no CLS), vit_head_dim, patch_features:
-    # `hf_vlm.PatchGeometry`
+    # `fields.SquareVisionFields`
+
+    @property
+    def embed_rows(self) -> int:
+        return self.lm_vocab + 8
 
     @property
     def tile_rows(self) -> int:
@@ -142,9 +121,7 @@ def _rope(text: Mapping[str, Any]) -> tuple[float, tuple]:
 def from_hf(raw: Mapping[str, Any]) -> MllamaConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is not a supported mllama."""
-    if raw.get("model_type") != "mllama":
-        raise ConfigError(f"config.json: model_type = {raw.get('model_type')!r} is not "
-                          "supported: allowed 'mllama'")  # fmt: skip
+    fields.model_type(raw, ("mllama",))
     v = VISION_DEFAULTS | (raw.get("vision_config") or {})
     t = TEXT_DEFAULTS | (raw.get("text_config") or {})
     tiles = int(v["max_num_tiles"])

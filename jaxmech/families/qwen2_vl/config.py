@@ -39,53 +39,32 @@ import dataclasses
 from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, float_in, int_in
-from jaxmech.families import hf_vlm
+from jaxmech.families import fields, hf_vlm
 from jaxmech.models import hf_config
 from jaxmech.models.hf_config import get
 
 VARIANTS = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
-ACTIVATIONS = ("quick_gelu", "silu", "gelu", "gelu_pytorch_tanh")
-# the config's sizes: ints >= 1 (`hf_config.check_positive`)
-SIZES = ("vit_depth", "vit_width", "vit_heads", "vit_mlp", "vit_in_chans", "patch_size",
-         "temporal_patch_size", "merge_size", "lm_vocab", "lm_width", "lm_layers", "lm_heads",
-         "lm_kv_heads", "lm_mlp")  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
-class QwenVLConfig:
-    """One checkpoint's architecture (module docstring); defaults: a tiny Qwen2-VL. Not a
-    `config.ModelConfig`: a checkpoint family is loaded, not trained, so its fields are
-    no training flags."""
+class QwenVLConfig(fields.VisionFields, fields.RotaryTextFields):
+    """One checkpoint's architecture (module docstring); defaults: a tiny Qwen2-VL (the
+    shared fields': `families.fields`; images of any size, cut into `patch_size`
+    patches, so no `image_size`). Not a `config.ModelConfig`: a checkpoint family is
+    loaded, not trained, so its fields are no training flags."""
 
     variant: str = "qwen2_vl"
     # vision tower
-    vit_depth: int = 2
-    vit_width: int = 32
-    vit_heads: int = 2
-    vit_mlp: int = 128
-    vit_in_chans: int = 3
-    patch_size: int = 14
     temporal_patch_size: int = 2
     merge_size: int = 2
     vit_window: int = 0  # patches per window side (Qwen2.5-VL: window_size / patch_size)
     vit_full_blocks: tuple[int, ...] = ()
     vit_rope_theta: float = 10000.0
-    vit_eps: float = 1e-6
-    vit_act: str = "quick_gelu"  # the ViT MLP's activation (Qwen2.5-VL: "silu", gated)
     # a video's M-RoPE time ids per second (Qwen2.5-VL's tokens_per_second); 0: one id
     # per temporal patch, whatever the frame rate (Qwen2-VL)
     vit_tokens_per_second: float = 0.0
     # language model
-    lm_vocab: int = 160
-    lm_width: int = 64
-    lm_layers: int = 2
-    lm_heads: int = 4
-    lm_kv_heads: int = 2
-    lm_mlp: int = 128
-    lm_eps: float = 1e-6
-    lm_rope_theta: float = 1000000.0
-    lm_mrope_section: tuple[int, ...] = (2, 3, 3)
-    tie_embeddings: bool = True
+    lm_mrope_section: tuple[int, ...] = (2, 1, 1)
     # Qwen3-VL's switches (the defaults: Qwen2 / 2.5-VL's)
     patch_bias: bool = False
     vit_pos_table: int = 0  # rows of a learned square position table (0: none)
@@ -96,25 +75,23 @@ class QwenVLConfig:
     lm_mrope_interleaved: bool = False
     chat_system: str = "You are a helpful assistant."  # "": the template adds none
     video_timestamps: bool = False  # each temporal patch its own "<t seconds>" block
-    # special tokens
-    image_token_id: int = 151
-    video_token_id: int = 152
-    vision_start_token_id: int = 149
-    vision_end_token_id: int = 150
-    dtype: str = "float32"  # the checkpoint's stored dtype (informational)
+    # special tokens besides image_token_id
+    video_token_id: int = 61
+    vision_start_token_id: int = 62
+    vision_end_token_id: int = 63
 
     def __post_init__(self):
         object.__setattr__(self, "vit_full_blocks", tuple(self.vit_full_blocks))
         object.__setattr__(self, "lm_mrope_section", tuple(self.lm_mrope_section))
         object.__setattr__(self, "vit_deepstack", tuple(self.vit_deepstack))
+        self._check_vision()
+        self._check_text()
         choice("variant", self.variant, VARIANTS)
-        choice("vit_act", self.vit_act, ACTIVATIONS)
-        hf_config.check_positive(self, SIZES)
+        hf_config.check_positive(self, ("temporal_patch_size", "merge_size"), ("vit_rope_theta",))
         int_in("vit_window", self.vit_window, 0)
         int_in("vit_pos_table", self.vit_pos_table, 0)
         int_in("lm_head_size", self.lm_head_size, 0)
         self._check_qwen3()
-        hf_config.check_positive(self, (), ("vit_rope_theta", "lm_rope_theta", "vit_eps", "lm_eps"))
         float_in("vit_tokens_per_second", self.vit_tokens_per_second, 0.0)
         self._check_heads()
         for i in self.vit_full_blocks:
@@ -154,10 +131,6 @@ class QwenVLConfig:
                 self.lm_mrope_section,
                 f"three sections summing to lm head_dim / 2 = {self.lm_head_dim // 2}",
             )
-
-    @property
-    def vit_head_dim(self) -> int:
-        return self.vit_width // self.vit_heads
 
     @property
     def lm_head_dim(self) -> int:
@@ -273,13 +246,7 @@ def _qwen3_text(text: Mapping[str, Any]) -> dict:
 def from_hf(raw: Mapping[str, Any]) -> QwenVLConfig:
     """The config of a checkpoint's `config.json` (as a dict); a ConfigError naming what
     is missing or not a Qwen2-VL / Qwen2.5-VL / Qwen3-VL."""
-    model_type = raw.get("model_type")
-    variant = model_type
-    if variant not in VARIANTS:
-        raise ConfigError(
-            f"config.json: model_type = {model_type!r} is not supported: "
-            f"allowed one of {', '.join(map(repr, VARIANTS))}"
-        )
+    variant = fields.model_type(raw, VARIANTS)
     text = {**raw, **(raw.get("text_config") or {})}
     vision = raw.get("vision_config") or {}
     width = int(text["hidden_size"])

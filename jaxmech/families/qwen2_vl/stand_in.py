@@ -174,9 +174,10 @@ def bench_config(ids: dict) -> QwenVLConfig:
     LM 8 layers of width 512, 8 / 2 heads, MLP 2048, the real 151936-word vocabulary),
     special ids from `ids`."""
     return QwenVLConfig(
-        vit_depth=4, vit_width=256, vit_heads=4, vit_mlp=1024,
-        lm_vocab=151936, lm_width=512, lm_layers=8, lm_heads=8, lm_kv_heads=2,
-        lm_mlp=2048, lm_mrope_section=(8, 12, 12), tie_embeddings=True,
+        vit_depth=4, vit_width=256, vit_heads=4, vit_mlp=1024, patch_size=14,
+        vit_act="quick_gelu", lm_vocab=151936, lm_width=512, lm_layers=8, lm_heads=8,
+        lm_kv_heads=2, lm_mlp=2048, lm_rope_theta=1e6, lm_mrope_section=(8, 12, 12),
+        tie_embeddings=True,
         image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
