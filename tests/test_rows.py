@@ -1,6 +1,7 @@
 """Low-precision LM blocks on a CPU held one array a block (`models.layout.Rows`,
-`models.scan.held_apart`): what the loader places, the same values as the stacked bf16
-path (bit for bit) and as the scanned one (within bf16 rounding), the same sites, and
+`models.scan.held_apart`): what the loader places, run one after another the same
+values as the stacked bf16 path (bit for bit), scanned (a switch picking each block's
+rows, the default) within bf16 rounding of it, the same sites, and
 in the compiled forward no copy of an MLP weight (the stacked path copies each one as
 its static slice). Under a traced `Resume.layer` the rows scan, a switch picking each
 block's (`models.scan._row`): a patching table compiles one block per group, not one
@@ -67,25 +68,37 @@ def test_a_bf16_load_on_a_cpu_places_each_block_apart(bf16):
         blocks["W_in"][0:1]
 
 
-def test_rows_forward_equals_the_stacked_bf16_forward_bit_for_bit(bf16):
+def test_rows_equal_the_stacked_bf16_forward_bit_for_bit_and_scan_within_rounding(
+    bf16, monkeypatch
+):
     """Every site and the logits, with an edit at the last layer (the sites before it
-    unedited): held apart, the blocks compute what the stacked bf16 path (static
-    slices, tied) computed. In the suite (two compiles of the fixture's forward, ~4 s
-    of CPU): every loaded bf16 model on a CPU now runs this path."""
+    unedited): held apart and run one after another, the blocks compute what the
+    stacked bf16 path (static slices, tied) computed, bit for bit; scanned (the default:
+    a switch picks each block's rows) the logits within a few bf16 ulps of that. In the
+    suite (three compiles of the fixture's forward, ~5 s of CPU): every loaded bf16
+    model on a CPU runs this path."""
     m, inputs = bf16
     delta = jnp.full((m.config.lm_width,), 0.25, jnp.bfloat16)
     edits = Edits(add={f"lm/resid_mid.{m.config.lm_layers - 1}": delta})
+    scanned = np.asarray(_forward(m, edits=edits)(m.params, inputs)[0], np.float32)
+    lowered = jax.make_jaxpr(lambda p: m.family.forward(p, inputs, config=m.config))(m.params)
+    assert any(e.primitive.name == "scan" for e in lowered.jaxpr.eqns)
+    monkeypatch.setattr(decoder, "in_place", lambda stacked: False)  # the blocks unrolled
     got, aux = _forward(m, edits=edits)(m.params, inputs)
     want, want_aux = _forward(m, edits=edits)(_stacked(m.params), inputs)
     np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
     assert set(aux) == set(want_aux) and len(aux) > 13 * m.config.lm_layers
     for k, v in want_aux.items():
         np.testing.assert_array_equal(np.asarray(aux[k], np.float32), np.asarray(v, np.float32))
+    want = np.asarray(want, np.float32)
+    ulp = 2.0**-7 * np.abs(want).max()  # bf16's spacing at the largest logit
+    assert np.abs(scanned - want).max() <= 4 * ulp, (np.abs(scanned - want).max(), ulp)
 
 
 def test_scanned_bf16_equals_rows_within_rounding(bf16, monkeypatch):
     """The scan (what an accelerator runs) on the stacked bf16 leaves against the rows'
-    unrolled blocks: the same ops, up to XLA's excess precision (a few bf16 ulps)."""
+    scan (a switch picking each block): the same ops, up to XLA's excess precision (a
+    few bf16 ulps)."""
     m, inputs = bf16
     got = _forward(m, capture=False)(m.params, inputs)[0]
     monkeypatch.setattr(decoder, "in_place", lambda stacked: True)
@@ -145,13 +158,16 @@ def test_apart_holds_low_precision_blocks_as_rows_only():
         for i in range(3):
             np.testing.assert_array_equal(np.asarray(w[i], np.float32),
                                           np.asarray(low[layout.BLOCKS][k][i], np.float32))  # fmt: skip
-    assert not scan.in_place(rows[layout.BLOCKS]) and scan.in_place(lm[layout.BLOCKS])
+    # rows scan (a switch picks each block's arrays); stacked bf16 leaves on a CPU do not
+    assert scan.in_place(rows[layout.BLOCKS]) and scan.in_place(lm[layout.BLOCKS])
+    assert not scan.in_place(low[layout.BLOCKS])
 
 
 def test_a_traced_resume_scans_the_rows_and_equals_the_static_one(bf16):
     """Under a traced `Resume.layer` (a patching table's `lax.map` over its layers) the
-    rows run as one scan, each block's weights picked by a switch: one block compiled,
-    not every block; its logits those of the static resume (unrolled) within rounding."""
+    rows run as one scan, each block's weights picked by a switch, the blocks before the
+    layer skipped: one block compiled, not every block; its logits those of the static
+    resume (the blocks from the layer on) within rounding."""
     m, inputs = bf16
     c, s0 = m.config, 5
     f = _forward(m, capture=["lm/resid_pre", *decoder.RESUME_SITES])
@@ -162,8 +178,6 @@ def test_a_traced_resume_scans_the_rows_and_equals_the_static_one(bf16):
         resume = decoder.Resume(y, s0, x_y, cache)
         return qwen.forward(p, inputs, config=c, last_row=True, resume=resume)[0]
 
-    eqns = jax.make_jaxpr(run, static_argnums=1)(m.params, 0, aux["lm/resid_pre.0"][:, s0:])
-    assert not any(e.primitive.name == "scan" for e in eqns.jaxpr.eqns)  # static: unrolled
     traced = jax.jit(run)
     assert "scan" in str(jax.make_jaxpr(run)(m.params, jnp.int32(0), aux["lm/resid_pre.0"][:, s0:]))
     for layer in range(c.lm_layers):
@@ -190,7 +204,7 @@ def _scratch(depth: int, folder: str, table: bool) -> tuple[float, float]:
     ids = word_tokenizer(folder)
     c = QwenVLConfig(vit_depth=1, vit_width=64, vit_heads=2, vit_mlp=128, lm_vocab=128,
                      lm_width=512, lm_layers=depth, lm_heads=4, lm_kv_heads=2, lm_mlp=2048,
-                     lm_mrope_section=(16, 24, 24), tie_embeddings=True,
+                     lm_mrope_section=(16, 24, 24), tie_embeddings=True, patch_size=14,
                      image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
                      vision_start_token_id=ids["<|vision_start|>"],
                      vision_end_token_id=ids["<|vision_end|>"])  # fmt: skip

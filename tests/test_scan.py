@@ -17,9 +17,12 @@ import pytest
 
 import jaxmech
 from jaxmech.families.gemma3 import model as gemma
+from jaxmech.families.internvl import model as internvl
+from jaxmech.families.llava import model as llava
+from jaxmech.families.mllama import model as mllama
 from jaxmech.families.qwen2_vl import model as qwen
 from jaxmech.families.qwen2_vl import positions as qpos
-from jaxmech.models import hub, layout
+from jaxmech.models import hub, layout, scan
 from jaxmech.models.decoder import (
     ACT,
     RESUME_SITES,
@@ -293,3 +296,232 @@ def _scans(jaxpr) -> int:
                 inner = getattr(sub, "jaxpr", sub)
                 n += _scans(inner) if hasattr(inner, "eqns") else 0
     return n
+
+
+# The ViTs (`models.scan.run_blocks`): their per-block weights (`vit/block_{i}`) read as
+# rows, one scan over the blocks. The unrolled reference is the loop that runs where
+# `scans_part` says no (low-precision weights on a CPU), chosen here by patching it.
+VITS = {
+    "qwen2_vl": (QWEN, "single0.png", qwen),
+    "qwen2_5_vl": (os.path.join(FIX, "qwen2_vl", "qwen2_5_vl"), "single0.png", qwen),
+    "qwen3_vl": (os.path.join(FIX, "qwen3_vl", "qwen3_vl"), "single0.png", qwen),
+    "llava": (os.path.join(FIX, "llava", "llava"), "single0.png", llava),
+    "gemma3": (GEMMA, "single0.png", gemma),
+    "internvl": (os.path.join(FIX, "internvl", "internvl"), "batch0.png", internvl),
+    "mllama": (os.path.join(FIX, "mllama", "mllama"), "single0.png", mllama),
+}
+# float32, the same ops fused otherwise: seen <= 4.1e-6 (Gemma-3's logits, ~ 2^-18:
+# a few ulps of values ~ 1-10)
+VIT_TOL = 1e-5
+
+
+@functools.cache
+def _vit_fixture(name):
+    folder, image, model = VITS[name]
+    return *_enc(folder, [image], "Is the red circle left of the blue square?"), model
+
+
+def _vit_forward(name, edits, scanned: bool, monkeypatch, capture=True):
+    """(logits, aux, how many scans the program runs) of a ViT fixture's forward."""
+    m, enc, model = _vit_fixture(name)
+    if not scanned:
+        monkeypatch.setattr(scan, "scans_part", lambda *a: False)
+    f = jax.jit(lambda p, e: model.forward(p, enc.inputs, e, config=m.config, capture=capture))
+    logits, aux = f(m.params, edits)
+    n_scans = _scans(jax.make_jaxpr(f)(m.params, edits).jaxpr)
+    monkeypatch.undo()
+    return logits, aux, n_scans
+
+
+# in the suite: DeepStack taps, a position table, windows off (Qwen3-VL) and the
+# projector's tap before the last block (LLaVA); the others (~ 5 s each) in the slow set
+IN_SUITE = ("qwen3_vl", "llava")
+
+
+@pytest.mark.parametrize(
+    "name", [n if n in IN_SUITE else pytest.param(n, marks=pytest.mark.slow) for n in VITS]
+)
+def test_vit_scanned_equals_unrolled(name, monkeypatch):
+    """Every family's ViT under the scan: every site and the logits as the unrolled
+    blocks', with an edit at one block too; that edit leaves the blocks before it as
+    they were and adds exactly its value there."""
+    plain, plain_aux, n_plain = _vit_forward(name, NO_EDITS, True, monkeypatch)
+    shape = plain_aux["vit/resid_mid.1"].shape  # every family's ViT has 2+ blocks
+    delta = 0.5 * jax.random.normal(jax.random.PRNGKey(2), shape)
+    edits = Edits(add={"vit/resid_mid.1": delta})
+    got, aux, n_scans = _vit_forward(name, edits, True, monkeypatch)
+    want, want_aux, n_unrolled = _vit_forward(name, edits, False, monkeypatch)
+    assert n_scans == n_plain == n_unrolled + 1  # the ViT's one scan (and the LM's)
+    assert set(aux) == set(want_aux)
+    _close(got, want, VIT_TOL)
+    for k, v in want_aux.items():
+        _close(aux[k], v, VIT_TOL)
+    block_0 = [k for k in aux if k.startswith("vit/") and k.endswith(".0")]
+    assert len(block_0) >= 10
+    for k in block_0 + ["vit/resid_pre.1", "vit/attn_out.1"]:
+        _close(aux[k], plain_aux[k], 0)
+    _close(aux["vit/resid_mid.1"], plain_aux["vit/resid_mid.1"] + delta, 0)
+    assert np.abs(np.asarray(aux["vit/mlp_out.1"] - plain_aux["vit/mlp_out.1"])).max() > 1e-4
+
+
+def _vit_only(name, edits, scanned: bool, monkeypatch):
+    """(the image features, the DeepStack features; every ViT site) of a Qwen fixture's
+    ViT alone (no LM to compile)."""
+    m, enc, _ = _vit_fixture(name)
+    if not scanned:
+        monkeypatch.setattr(scan, "scans_part", lambda *a: False)
+
+    @jax.jit
+    def f(p, e):
+        site = Sites(e, True)
+        return qwen.vision(p, enc.inputs, m.config, e, site), site.aux
+
+    out = f(m.params, edits)
+    monkeypatch.undo()
+    return out
+
+
+@pytest.mark.parametrize("name", [pytest.param("qwen2_vl", marks=pytest.mark.slow), "qwen3_vl"])
+def test_a_vit_position_edit_at_one_block_acts_there_only(name, monkeypatch):
+    """A per-block ViT position edit (`Edits.vit_rows` [n, P], one row a block; with a
+    position table, row 0 the table's) moving block 1's rows only, by a fractional
+    amount: scanned as unrolled, block 0's rotary inputs as without it, block 1's not."""
+    m, enc, _ = _vit_fixture(name)
+    c, rows = m.config, np.asarray(enc.inputs.rows_BxP[0], np.float32)
+    table = int(bool(c.vit_pos_table))
+    edit = np.tile(rows, (table + c.vit_depth, 1))
+    edit[table + 1] += 1.5
+    edits = Edits(vit_rows=jnp.asarray(edit))
+    plain = _vit_only(name, NO_EDITS, True, monkeypatch)[1]
+    got, aux = _vit_only(name, edits, True, monkeypatch)
+    want, want_aux = _vit_only(name, edits, False, monkeypatch)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        _close(a, b, VIT_TOL)
+    for k, v in want_aux.items():
+        _close(aux[k], v, VIT_TOL)
+    _close(aux["vit/rot_q.0"], plain["vit/rot_q.0"], 0)
+    _close(aux["vit/q.1"], plain["vit/q.1"], 0)  # block 1's input: as before
+    assert np.abs(np.asarray(aux["vit/rot_q.1"] - plain["vit/rot_q.1"])).max() > 1e-3
+
+
+def _qwen_vit_ops(depth: int, stacked: bool, compiled: bool = False):
+    """(ops, scans) of the Qwen2-VL fixture's ViT at `depth` blocks (random weights),
+    per block (`vit/block_{i}`) or stacked (`layout.BLOCKS`): the jaxpr's top-level
+    equations, or with `compiled` the compiled HLO's instructions and loops."""
+    import dataclasses
+
+    from jaxmech.families.qwen2_vl import params as qparams
+
+    m, enc, _ = _vit_fixture("qwen2_vl")
+    c = dataclasses.replace(m.config, vit_depth=depth)
+    p = qparams.init_params(c, jax.random.PRNGKey(0))
+    if stacked:
+        blocks = [p["vit"].pop(f"block_{i}") for i in range(depth)]
+        p["vit"][layout.BLOCKS] = jax.tree_util.tree_map(lambda *w: jnp.stack(w), *blocks)
+
+    def f(p):
+        return qwen.vision(p, enc.inputs, c, NO_EDITS, Sites(NO_EDITS, False))
+
+    if compiled:
+        text = jax.jit(f).lower(p).compile().as_text()
+        return sum(" = " in line for line in text.splitlines()), text.count(" while(")
+    eqns = jax.make_jaxpr(f)(p).jaxpr.eqns
+    return len(eqns), sum(e.primitive.name == "scan" for e in eqns)
+
+
+def test_one_vit_block_body_however_many_blocks():
+    """The ViT's program does not grow with its blocks: one scan and the same number of
+    operations for 2 and 6 blocks, stored per block (read through a switch) or stacked;
+    compiled, a stacked ViT's HLO is the same size at both depths."""
+    for stacked in (False, True):
+        assert _qwen_vit_ops(2, stacked) == _qwen_vit_ops(6, stacked)
+        assert _qwen_vit_ops(6, stacked)[1] == 1
+    assert _qwen_vit_ops(2, True, True) == _qwen_vit_ops(6, True, True)
+
+
+def test_a_stacked_vit_scans_as_one_stored_per_block():
+    """A ViT stored stacked (`layout.BLOCKS`, read in place) gives what the same weights
+    stored per block (read through a switch) give, bit for bit."""
+    m, enc, _ = _vit_fixture("qwen3_vl")
+    c, vit = m.config, m.params["vit"]
+    blocks = [vit[f"block_{i}"] for i in range(c.vit_depth)]
+    rest = {k: v for k, v in vit.items() if not k.startswith("block_")}
+    stacked = rest | {layout.BLOCKS: jax.tree_util.tree_map(lambda *w: jnp.stack(w), *blocks)}
+
+    @jax.jit
+    def f(vit):
+        site = Sites(NO_EDITS, ["vit/pattern", "vit/resid_post"])
+        return qwen.vision({**m.params, "vit": vit}, enc.inputs, c, NO_EDITS, site), site.aux
+
+    for a, b in zip(jax.tree_util.tree_leaves(f(vit)), jax.tree_util.tree_leaves(f(stacked))):
+        _close(a, b, 0)
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU backend's rule")
+def test_a_low_precision_vit_on_a_cpu_scans_too():
+    """ViT blocks are stored apart (`block_{i}`), so bf16 ones on a CPU scan as float32
+    ones do, each step's block picked by a switch (`scan.in_place` on rows): no stacked
+    bf16 leaf is sliced (XLA's CPU backend would convert it whole)."""
+    m, enc, _ = _vit_fixture("qwen2_vl")
+
+    def scans(dtype):
+        p = jax.tree_util.tree_map(lambda w: w.astype(dtype), m.params)
+        f = lambda p: qwen.vision(p, enc.inputs, m.config, NO_EDITS, Sites(NO_EDITS, False))  # noqa: E731
+        return _scans(jax.make_jaxpr(f)(p).jaxpr)
+
+    assert scans(jnp.bfloat16) == 1 and scans(jnp.float32) == 1
+
+
+@pytest.mark.slow  # ~6 s (two gradient compiles); the fine-tune tests train through it
+def test_vit_gradients_through_the_scan_equal_the_unrolled(monkeypatch):
+    """The fine-tunes differentiate the ViT's per-block leaves (through the scan's
+    switch): the gradient of a feature sum for block 1's MLP and block 0's query weights
+    (the rest frozen, as `finetune` does) equals the unrolled blocks'."""
+    m, enc, _ = _vit_fixture("qwen2_vl")
+    c = m.config
+    trained = {(1, "W_in"), (1, "W_out"), (0, "W_Q")}
+
+    def loss(w):
+        vit = dict(m.params["vit"])
+        for i in range(c.vit_depth):
+            b = jax.tree_util.tree_map(jax.lax.stop_gradient, vit[f"block_{i}"])
+            vit[f"block_{i}"] = b | {k: w[f"{i}/{k}"] for j, k in trained if j == i}
+        site = Sites(NO_EDITS, False)
+        feats = qwen.vision({**m.params, "vit": vit}, enc.inputs, c, NO_EDITS, site)[0]
+        return jnp.sum(jnp.sin(feats))
+
+    w = {f"{i}/{k}": m.params["vit"][f"block_{i}"][k] for i, k in trained}
+    got = jax.jit(jax.grad(loss))(w)
+    monkeypatch.setattr(scan, "scans_part", lambda *a: False)
+    want = jax.jit(jax.grad(loss))(w)
+    for k in w:
+        assert np.abs(np.asarray(want[k])).max() > 0
+        _close(got[k], want[k], VIT_TOL)
+
+
+def test_mllama_gated_global_layers_scanned_equal_unrolled(monkeypatch):
+    """Llama-3.2-Vision's gated global ViT layers (the fixture has one: unrolled) at 3
+    layers under the scan (random weights, gates non-zero) as unrolled, every site."""
+    import dataclasses
+
+    from jaxmech.families.mllama import params as mparams
+
+    m, enc, _ = _vit_fixture("mllama")
+    c = dataclasses.replace(m.config, vit_global_depth=3)
+    p = mparams.init_params(c, jax.random.PRNGKey(3))
+    for i in range(3):  # tanh gates away from 0, so each branch counts
+        p["vit"][f"global_block_{i}"] |= {"gate_attn": jnp.full((1,), 0.5 + i),
+                                          "gate_ffn": jnp.full((1,), -0.7)}  # fmt: skip
+
+    def run(p):
+        site = Sites(NO_EDITS, True)
+        return mllama.vision(p, enc.inputs, c, NO_EDITS, site), site.aux
+
+    got, aux = jax.jit(run)(p)
+    assert _scans(jax.make_jaxpr(run)(p).jaxpr) == 2  # the local stack's, the global's
+    monkeypatch.setattr(scan, "scans_part", lambda *a: False)
+    want, want_aux = jax.jit(run)(p)
+    assert set(aux) == set(want_aux) and "vit_global/resid_post.2" in aux
+    _close(got, want, VIT_TOL)
+    for k, v in want_aux.items():
+        _close(aux[k], v, VIT_TOL)

@@ -316,15 +316,12 @@ def stack(lm, x, n_layers: int, first, site, block, after_block, cache, last_row
     on their own (with their `after_block`), the last one too under `last_row` (it runs
     the last row only), the others under one `lax.scan` (`models.scan.scan_blocks`).
     `first` may be traced (`Resume`): every block then runs, those before it skipped.
-    Low-precision weights on a CPU run unrolled (`models.scan.in_place`), but for their
-    rows (`layout.Rows`) under a traced `first`: scanned, each block's read by a switch."""
+    Stacked low-precision weights on a CPU run unrolled (`models.scan.in_place`); rows
+    (`layout.Rows`, what a loaded model holds there) scan, each block's read by a switch."""
     static = is_static(first)
     end = n_layers - 1 if last_row else n_layers
     lo = first if static else 0
-    # else all unrolled; rows (`layout.Rows`) under a traced `first` scan all the same:
-    # unrolled, every block would run for every layer (`where`) and compile apart
-    scan_rows = not static and has_rows(lm[layout.BLOCKS])
-    n_apart = n_apart if in_place(lm[layout.BLOCKS]) or scan_rows else end
+    n_apart = n_apart if in_place(lm[layout.BLOCKS]) else end
     for i in range(lo, min(n_apart, end)):
         y = after_block(i, block(block_after(lm, i, x), x, site, i, cache(i), layer=i), False)
         x = y if static else jnp.where(i >= first, y, x)

@@ -72,8 +72,9 @@ def lm_shapes(lay: LMLayout) -> dict:
 
 # A part's blocks stacked: `part[BLOCKS]` is {name: [L, ...]}, block i's weights at
 # index i of every leaf, so `jax.lax.scan` runs one compiled block over all of them
-# (`models.scan`). The loaded families' LMs are stacked; their ViTs and the trained toy
-# families keep one subtree `block_{i}` per block.
+# (`models.scan`). The loaded families' LMs are stacked; their ViTs (scanned through a
+# switch, `models.scan.block_stack`) and the trained toy families keep one subtree
+# `block_{i}` per block.
 BLOCKS = "blocks"
 
 

@@ -17,8 +17,13 @@ Inside the scan body a block names its sites with `LAYER` in place of its index
   `Sites.aux` under the per-layer names.
 
 Low-precision weights on a CPU are held as `layout.Rows` (one array a block,
-`held_apart`) and run unrolled; under a traced `Resume.layer` they scan too, each
-step's block picked by a `lax.switch` (`_row`).
+`held_apart`) and scan all the same, each step's block picked by a `lax.switch`
+(`_row`); only stacked low-precision leaves on a CPU run unrolled (`in_place`).
+
+The ViTs keep one subtree `block_{i}` per block (the authors' fine-tune trains some
+blocks' leaves, `train_only` patterns selecting whole leaves); `run_blocks` scans them
+all the same, reading each leaf's per-block arrays as `layout.Rows` through the switch
+(`block_stack`: nothing copied but the running block).
 
 Axis names (`jaxmech.shapes`): L scanned blocks, K captured layers of one point.
 """
@@ -73,15 +78,17 @@ class LayerSites:
 
 
 def in_place(stacked) -> bool:
-    """Whether a scan can read these stacked weights one block at a time. Not so for
-    low-precision weights on XLA's CPU backend (`held_apart`): it runs a bf16 / f16
-    dynamic slice in float32, converting the whole stacked leaf before the loop (every
-    block's float32 copy at once, what `models.order.tie` prevents; seen in the
-    compiled HLO, with or without the tie; slicing the bits as uint16 makes a whole copy
-    of them instead). Nor for leaves held as `layout.Rows` (`has_rows`). Those blocks
-    run unrolled (`models.decoder.stack`)."""
+    """Whether a scan can read these block weights one block at a time. Stacked
+    low-precision leaves on XLA's CPU backend cannot (`held_apart`): it runs a bf16 /
+    f16 dynamic slice in float32, converting the whole stacked leaf before the loop
+    (every block's float32 copy at once; seen in the compiled HLO, with or without
+    `models.order.tie`; slicing the bits as uint16 makes a whole copy of them instead):
+    those blocks run unrolled (`models.decoder.stack`). Leaves held as `layout.Rows`
+    can: a step picks its block's arrays by a switch (`_row`), copying that block alone
+    (at Qwen2-VL-2B in bf16 the forward's time unchanged, 9.09 vs 9.03 s unrolled, its
+    compile 1.8 s instead of 8.3)."""
     if has_rows(stacked):
-        return False
+        return True
     return jax.default_backend() != "cpu" or not low_precision(stacked)
 
 
@@ -112,6 +119,72 @@ def apart(part: dict) -> dict:
     if not split:
         return part
     return {**part, layout.BLOCKS: blocks | {k: layout.Rows(list(blocks[k])) for k in split}}
+
+
+def _per_block(part, i: int, prefix: str) -> dict:
+    return layout.block(part, i) if prefix == "block_" else part[f"{prefix}{i}"]
+
+
+def block_stack(part, n: int, prefix: str = "block_") -> dict:
+    """A part's n blocks as `scan_blocks` reads them, nothing copied: its stacked leaves
+    (`layout.BLOCKS`) where it has them, else each leaf's per-block arrays
+    (`{prefix}{i}`, the ViTs' storage) as `layout.Rows` (a scan step reads its block by
+    a switch, `_row`: a copy of that block alone)."""
+    if prefix == "block_" and layout.is_stacked(part):
+        return part[layout.BLOCKS]
+    blocks = [_per_block(part, i, prefix) for i in range(n)]
+    return {k: layout.Rows([b[k] for b in blocks]) for k in blocks[0]}
+
+
+def scans_part(part, n: int, prefix: str = "block_") -> bool:
+    """Whether a part's n blocks (stacked or `{prefix}{i}`) run under `scan_blocks`: not
+    for one block (nothing to share), nor for stacked low-precision weights on XLA's CPU
+    backend (`in_place`); blocks stored apart (`{prefix}{i}`) scan as rows."""
+    if n < 2:
+        return False
+    return in_place(block_stack(part, n, prefix))
+
+
+class Tapped:
+    """The forward's `Sites` as a scan sees it, also capturing `taps` (site names) for
+    the caller: values the forward reads after the scan (e.g. the blocks' outputs a
+    projector reads), kept out of the forward's aux unless its capture asks for them."""
+
+    def __init__(self, outer, taps):
+        self.outer, self.taps, self.edits, self.aux = outer, set(taps), outer.edits, {}
+
+    def wants(self, name: str) -> bool:
+        return name in self.taps or self.outer.wants(name)
+
+    def __call__(self, name: str, x):
+        x = self.outer(name, x)
+        if name in self.taps:
+            self.aux[name] = x
+        return x
+
+
+def run_blocks(part, n: int, x, layers: range, block, site, xs=None, taps=(),
+               prefix: str = "block_"):  # fmt: skip
+    """(x after blocks `layers` of a part of n blocks, {tap: its value}): `block(w, x,
+    site, i, xs_i)` each (i the index in site names: an int, or `LAYER` under the scan;
+    xs_i its per-layer inputs, `xs[k]` for the k-th of `layers` (a list of like
+    pytrees; Python values pass as they are unrolled, as arrays scanned), or None),
+    under one `scan_blocks` where `scans_part`, else one after another as stored.
+    `taps`: site names also returned (`Tapped`)."""
+    tapped = Tapped(site, taps)
+    if not scans_part(part, n, prefix) or len(layers) < 2:
+        for k, i in enumerate(layers):
+            e = None if xs is None else xs[k]
+            x = block(_per_block(part, i, prefix), x, tapped, i, e)
+        return x, tapped.aux
+
+    def body(w, x, s, i, e):
+        return block(w, x, s, LAYER, e)
+
+    stacked_xs = None if xs is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
+    x = scan_blocks(block_stack(part, n, prefix), x, layers, body, tapped, stacked_xs)
+    site.aux.update({k: v for k, v in tapped.aux.items() if site.wants(k)})
+    return x, tapped.aux
 
 
 def _row(stacked: dict, i) -> dict:

@@ -58,7 +58,6 @@ import numpy as np
 from jaxmech.families import hf_vlm
 from jaxmech.families.gemma3.checks import check_edits, check_inputs
 from jaxmech.families.gemma3.config import Gemma3Config
-from jaxmech.models import layout
 from jaxmech.models.attention import rotate
 from jaxmech.models.decoder import (
     ACT,
@@ -81,6 +80,7 @@ from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding, continued_ids
 from jaxmech.models.positions import edited_ids, read_table, rotary_angles
 from jaxmech.models.precision import einsum, matmul
+from jaxmech.models.scan import run_blocks
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "gemma_norm", "image_features", "lm_masks",
            "vision"]  # fmt: skip
@@ -124,9 +124,11 @@ def vision(params, inputs: Inputs, c: Gemma3Config, edits: Edits, site) -> jax.A
     x = einsum("bpf,fe->bpe", pixels, vit["W_patch"]) + vit["b_patch"]
     x = site("vit/embed", x + _position_rows(vit, edits, c))
     mask = jnp.ones((x.shape[0], x.shape[1], x.shape[1]), bool)
-    for i in range(c.vit_depth):
-        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps,
-                          ACT[c.vit_act])  # fmt: skip
+
+    def block(w, x, s, i, _):
+        return block_forward(w, x, None, mask, s, "vit", i, c.vit_eps, ACT[c.vit_act])
+
+    x, _ = run_blocks(vit, c.vit_depth, x, range(c.vit_depth), block, site)  # one scan
     x = site("vit/final", layer_norm(x, vit["ln_post_w"], vit["ln_post_b"], c.vit_eps))
     pooled = site("proj/pooled", pool(x, c))
     p = params["proj"]

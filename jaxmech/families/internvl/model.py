@@ -55,12 +55,12 @@ from jaxmech.families import hf_vlm
 from jaxmech.families.internvl import positions
 from jaxmech.families.internvl.checks import check_edits, check_inputs
 from jaxmech.families.internvl.config import InternVLConfig
-from jaxmech.models import layout
 from jaxmech.models.decoder import ACT, Resume, Sites, after, block_forward, inv_freq, layer_norm
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding
 from jaxmech.models.positions import read_table
 from jaxmech.models.precision import matmul
+from jaxmech.models.scan import run_blocks
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "position_codes", "vision"]
 
@@ -110,9 +110,11 @@ def vision(params, inputs: Inputs, c: InternVLConfig, edits: Edits, site) -> jax
     x = site("vit/embed", jnp.concatenate([cls, patches], 1))
     x = x + site("vit/pos", position_codes(vit, side, edits))
     full = jnp.ones((1, P + 1, P + 1), bool)  # every token sees every token of its tile
-    for i in range(c.vit_depth):
-        x = block_forward(layout.block(vit, i), x, None, full, site, "vit", i, c.vit_eps,
-                          ACT[c.vit_act])  # fmt: skip
+
+    def block(w, x, s, i, _):
+        return block_forward(w, x, None, full, s, "vit", i, c.vit_eps, ACT[c.vit_act])
+
+    x, _ = run_blocks(vit, c.vit_depth, x, range(c.vit_depth), block, site)  # one scan
     h = site("proj/in", positions.pixel_shuffle(x[:, 1:], side))
     out = projector(params["proj"], h, c)
     return site("proj/out", out.reshape(B, T * out.shape[1], out.shape[2]))

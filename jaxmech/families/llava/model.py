@@ -47,11 +47,11 @@ from jaxmech.families import hf_vlm
 from jaxmech.families.llava import positions
 from jaxmech.families.llava.checks import check_edits, check_inputs
 from jaxmech.families.llava.config import LlavaConfig
-from jaxmech.models import layout
 from jaxmech.models.decoder import ACT, Resume, Sites, after, block_forward, inv_freq, layer_norm
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding
 from jaxmech.models.precision import einsum, matmul
+from jaxmech.models.scan import run_blocks
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "vision"]
 
@@ -79,12 +79,17 @@ def vision(params, inputs: Inputs, c: LlavaConfig, edits: Edits, site) -> jax.Ar
     x = site("vit/embed", jnp.concatenate([cls.astype(patches.dtype), patches], 1))
     x = layer_norm(x, vit["ln_pre_w"], vit["ln_pre_b"], c.vit_eps)
     mask = jnp.ones((x.shape[0], x.shape[1], x.shape[1]), bool)
-    hidden = [x]
-    for i in range(vit_blocks_run(site.capture, c)):
-        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps,
-                          ACT[c.vit_act])  # fmt: skip
-        hidden.append(x)
-    return site("proj/out", projector(params["proj"], hidden[c.feature_block][:, 1:], c))
+
+    def block(w, x, s, i, _):
+        return block_forward(w, x, None, mask, s, "vit", i, c.vit_eps, ACT[c.vit_act])
+
+    # the blocks to the projector's under one scan (`models.scan.run_blocks`), its
+    # features the output of block feature_block - 1 (a tap where later ones run too)
+    n, f = vit_blocks_run(site.capture, c), c.feature_block
+    taps = [f"vit/resid_post.{f - 1}"] if 0 < f < n else []
+    out, tapped = run_blocks(vit, c.vit_depth, x, range(n), block, site, taps=taps)
+    feats = x if f == 0 else tapped[taps[0]] if taps else out
+    return site("proj/out", projector(params["proj"], feats[:, 1:], c))
 
 
 def vit_blocks_run(capture, c: LlavaConfig) -> int:

@@ -83,6 +83,7 @@ from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding
 from jaxmech.models.positions import edited_ids, rotary_angles
 from jaxmech.models.precision import einsum, matmul
+from jaxmech.models.scan import run_blocks
 
 __all__ = ["Inputs", "decoding", "forward", "vision"]
 
@@ -157,19 +158,26 @@ def vision(params, inputs: Inputs, c: MllamaConfig, edits: Edits, site) -> jax.A
     x = jnp.pad(x, ((0, 0), (0, 0), (0, R - P - 1), (0, 0))).reshape(B, T * R, E)
     mask = _vit_mask(jnp.asarray(inputs.tiles_BxT, bool), c)
     act = ACT[c.vit_act]
-    kept = {}
-    for i in range(c.vit_depth):
-        x = block_forward(layout.block(vit, i), x, None, mask, site, "vit", i, c.vit_eps, act)
-        kept[i] = x
+
+    def local(w, x, s, i, _):
+        return block_forward(w, x, None, mask, s, "vit", i, c.vit_eps, act)
+
+    def gated(w, x, s, i, _):  # the gates as layer scales tanh(gate)
+        b = dict(w)
+        b["ls1"], b["ls2"] = (_gate(b.pop(n)).astype(x.dtype) for n in ("gate_attn", "gate_ffn"))
+        return block_forward(b, x, None, mask, s, "vit_global", i, c.vit_eps, act)
+
+    # each stack under one scan (`models.scan.run_blocks`), the intermediate outputs
+    # the projector reads tapped
+    taps = [f"vit/resid_post.{i}" for i in c.intermediate]
+    x, kept = run_blocks(vit, c.vit_depth, x, range(c.vit_depth), local, site, taps=taps)
     x = layer_norm(x, vit["ln_post_w"], vit["ln_post_b"], c.vit_eps).reshape(B, T, R, E)
     post = _gate(vit["post_tile_gate"]) * vit["post_tile"][aspect][:, :, None]
     x = (x + post.astype(x.dtype)).reshape(B, T * R, E)
-    for i in range(c.vit_global_depth):
-        b = dict(vit[f"global_block_{i}"])
-        b["ls1"], b["ls2"] = (_gate(b.pop(n)).astype(x.dtype) for n in ("gate_attn", "gate_ffn"))
-        x = block_forward(b, x, None, mask, site, "vit_global", i, c.vit_eps, act)
+    n = c.vit_global_depth
+    x, _ = run_blocks(vit, n, x, range(n), gated, site, prefix="global_block_")
     unpad = lambda h: h.reshape(B, T, R, -1)[:, :, : P + 1]  # noqa: E731
-    inter = jnp.stack([unpad(kept[i]) for i in c.intermediate], -1).reshape(B, T, P + 1, -1)
+    inter = jnp.stack([unpad(kept[t]) for t in taps], -1).reshape(B, T, P + 1, -1)
     feats = site("vit/out", jnp.concatenate([unpad(x), inter], -1))
     feats, p = after(feats, params["proj"])
     out = matmul(feats.reshape(B, T * (P + 1), -1), p["W"]) + p["b"]

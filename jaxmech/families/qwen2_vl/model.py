@@ -63,7 +63,6 @@ import jax.numpy as jnp
 from jaxmech.families.qwen2_vl import positions
 from jaxmech.families.qwen2_vl.checks import check_edits, check_inputs
 from jaxmech.families.qwen2_vl.config import QwenVLConfig
-from jaxmech.models import layout
 from jaxmech.models.checks import check_resume
 from jaxmech.models.decoder import (
     ACT,
@@ -80,6 +79,7 @@ from jaxmech.models.decoder import (
 from jaxmech.models.edits import NO_EDITS, Edits
 from jaxmech.models.generate import Decoding, continued_ids
 from jaxmech.models.precision import einsum, matmul
+from jaxmech.models.scan import run_blocks
 
 __all__ = ["Inputs", "Resume", "decoding", "forward", "image_features", "language_model",
            "vision"]  # fmt: skip
@@ -139,24 +139,35 @@ def _embed(vit, inputs: Inputs, c: QwenVLConfig, table_rc, site):
 
 
 def vision(params, inputs: Inputs, c: QwenVLConfig, edits: Edits, site):
-    """([B, I, D] the merged image features, [[B, I, D]] the DeepStack features)."""
+    """([B, I, D] the merged image features, [[B, I, D]] the DeepStack features): the
+    blocks under one `lax.scan` where the weights allow (`models.scan.run_blocks`; each
+    block's positions and window choice its per-layer inputs), the DeepStack mergers
+    reading their blocks' outputs after it."""
     vit = params["vit"]
     table_rc, block_rc = _vit_positions(inputs, edits, c)
     x = _embed(vit, inputs, c, table_rc, site)
     freq = positions.inv_freq(c.vit_head_dim // 2, c.vit_rope_theta)
     full = inputs.frame_BxP[:, :, None] == inputs.frame_BxP[:, None, :]
     windowed = inputs.window_BxP[:, :, None] == inputs.window_BxP[:, None, :]
-    stack = []
-    for i, (rows, cols) in enumerate(block_rc):
-        mask = windowed if c.vit_window and i not in c.vit_full_blocks else full
+
+    def block(w, x, s, i, rc_window):  # i: the index in site names (int or LAYER)
+        (rows, cols), window = rc_window
+        if isinstance(window, bool):
+            mask = windowed if window else full
+        else:  # a scanned block's choice, traced
+            mask = jnp.where(window, windowed, full)
         angles = positions.vit_angles(rows, cols, freq)
-        x = block_forward(
-            layout.block(vit, i), x, angles, mask, site, "vit", i, c.vit_eps, ACT[c.vit_act]
-        )
-        if i in c.vit_deepstack:
-            k = c.vit_deepstack.index(i)
-            m = params["deepstack"][f"merger_{k}"]
-            stack.append(site(f"vit/deepstack.{k}", merger(m, x, c, post_shuffle=True)))
+        return block_forward(w, x, angles, mask, s, "vit", i, c.vit_eps, ACT[c.vit_act])
+
+    taps = [f"vit/resid_post.{i}" for i in c.vit_deepstack]
+    # per block: its (rows, cols) and whether it attends within windows
+    window = [bool(c.vit_window) and i not in c.vit_full_blocks for i in range(c.vit_depth)]
+    x, tapped = run_blocks(vit, c.vit_depth, x, range(c.vit_depth), block, site,
+                           list(zip(block_rc, window)), taps)  # fmt: skip
+    stack = []
+    for k, name in enumerate(taps):
+        m = params["deepstack"][f"merger_{k}"]
+        stack.append(site(f"vit/deepstack.{k}", merger(m, tapped[name], c, post_shuffle=True)))
     return site("merger/out", merger(params["merger"], x, c)), stack
 
 
