@@ -26,7 +26,7 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
-from jaxmech.heartbeat import heartbeat
+from jaxmech.heartbeat import heartbeat, status_bytes
 
 
 def compiled_bytes(compiled) -> int:
@@ -151,22 +151,11 @@ def check_weights_fit(n_bytes: float, budget: Budget, dtype: str, what: str,
     )
 
 
-def _status_bytes(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def held_bytes() -> float:
     """Bytes held now: this process's resident memory on CPU, the device's in use on an
     accelerator (0 where neither says)."""
     if jax.default_backend() == "cpu":
-        return float(_status_bytes("VmRSS") or 0)
+        return float(status_bytes("VmRSS") or 0)
     stats = jax.devices()[0].memory_stats() or {}
     return float(stats.get("bytes_in_use", 0))
 
@@ -177,7 +166,7 @@ def peak_bytes() -> float:
     if jax.default_backend() == "cpu":
         import resource
 
-        hwm = _status_bytes("VmHWM")
+        hwm = status_bytes("VmHWM")
         return float(
             hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         )

@@ -1,5 +1,6 @@
 """`heartbeat`: a line every few seconds while a long call runs, none after it."""
 
+import re
 import time
 
 import jax
@@ -15,6 +16,9 @@ def test_a_long_block_beats_and_a_short_one_does_not():
         time.sleep(0.3)
     n = len(lines)
     assert n >= 2 and all(line.startswith("  table: still running (") for line in lines)
+    # each line says the process's memory now and at its peak (Linux's /proc)
+    m = re.search(r"resident ([0-9.]+) GB, peak ([0-9.]+) GB\)$", lines[-1])
+    assert m and 0 < float(m[1]) <= float(m[2])
     time.sleep(0.15)
     assert len(lines) == n  # the beat stops with the block
     quiet = []

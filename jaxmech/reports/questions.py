@@ -161,7 +161,7 @@ def chunk_progress(log, batch: int):
 def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: str, log):
     """Log, before a checkpoint's table computes, its estimated time: `forwards` full
     forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
-    0 is lowered, not compiled) at XLA's count of one forward's FLOPs over this
+    0 is traced, not compiled) at one forward's FLOPs (`sizing.program_cost`) over this
     machine's matmul rate (`sizing.matmul_rate`, a rate the forward does not beat on
     CPU: float32's, or bf16's where the params' products run in it, `models.precision`),
     compile not included. Only where the subject asks for it (`estimates_time`: a
@@ -171,11 +171,13 @@ def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: s
     import jax.numpy as jnp
 
     from jaxmech.models.precision import choose
-    from jaxmech.sizing import matmul_rate
+    from jaxmech.sizing import matmul_rate, program_cost
 
     one = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], inputs)
     fn = jax.jit(lambda p, x: view.forward(p, x)[0])
-    flops = fn.lower(model_outline(run.params), one).cost_analysis()["flops"]
+    # counted on the jaxpr: XLA's cost analysis counts a scanned block's body once
+    cost = program_cost(fn.trace(model_outline(run.params), one).jaxpr)
+    flops = cost["flops"] + cost["flops_low"]
     dtype = min((x.dtype for x in jax.tree_util.tree_leaves(run.params)
                  if jnp.issubdtype(x.dtype, jnp.floating)), key=lambda d: np.dtype(d).itemsize)  # fmt: skip
     rate = matmul_rate(1024, 5, dtype if choose(dtype)[0] else np.float32)

@@ -63,6 +63,7 @@ from jaxmech.analysis import temporal_ids as tid
 from jaxmech.analysis.steering import add_forward, at_word
 from jaxmech.data.inputs import pictures
 from jaxmech.data.spec import mirror_height
+from jaxmech.families.vlm_view import model_outline
 from jaxmech.memory import remembered
 from jaxmech.reports.common import cell_interval, fmt_interval, probe_rows, view_of
 from jaxmech.reports.questions import (
@@ -122,8 +123,7 @@ def setup(run) -> dict:
     view = view_of(run)
     video_clock(view)
     grid = view.grid
-    first = jax.tree_util.tree_map(lambda x: x[0], run.params)
-    n = view.n_lm_blocks(first)
+    n = view.n_lm_blocks(model_outline(run.params))
     if grid.h < 2:
         raise ValueError(f"grid = {grid.h} x {grid.w}: a video needs at least 2 frames (rows)")
     before, after = (int(t) for t in np.asarray(view.answer_words)[1])
@@ -209,7 +209,7 @@ def mirror_swap(view, params_K, inputs, rev_inputs, spans, layers, words, run=No
     call = pa.table_call_for(view, params_K, twins, groups, sites)
     rows = plan = store = at = None
     if run is not None:
-        n_blocks = view.n_lm_blocks(jax.tree_util.tree_map(lambda x: x[0], params_K))
+        n_blocks = view.n_lm_blocks(model_outline(params_K))
         tail = sum((n_blocks - y) / n_blocks for y in sites) * len(groups)
         log_estimate(run, view, inputs, B * (2 + tail),
                      f"{len(sites)} layers x {len(groups)} groups x {B} questions", log)  # fmt: skip
