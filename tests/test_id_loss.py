@@ -282,16 +282,17 @@ def test_finetune_killed_then_rerun_matches_an_uninterrupted_one(vlm_base, finet
         np.testing.assert_array_equal(x, y)
 
 
+@pytest.mark.slow  # ~14 s: `train_only` is static, so its own program; in the suite a
+# checkpoint's frozen leaves stay bit-equal through the same `train.path_mask`
+# (test_qwen2_vl_view.py::test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen)
 def test_train_only_keeps_the_frozen_parameters_bit_equal():
     """With the ID loss on and only the projector and one ViT matrix training (the authors'
     recipe freezes the LM), a further segment of training leaves every other parameter
     bit for bit where it was (both states from the training program: its init rounds
-    differently from another program's); a pattern matching nothing, or an empty one, is
-    refused before any compute. ~14 s: `train_only` is static, so its own program."""
+    differently from another program's)."""
     from jaxmech.train import param_paths
 
-    cfg = tiny_vlm_config(steps=20, eval_every=10, id_site=1, train_only="proj/*+vit/block_0/W_V")
-    settings = stack_settings([cfg.replace(id_weight=w).settings() for w in (0.0, 1.0)] * 2)
+    cfg, settings = _train_only_config()
     first = train_models(cfg, settings, n_chunks=1)[0]
     second = train_models(cfg, settings, state=first, n_chunks=1)[0]
     a, b = first.params, second.params
@@ -300,6 +301,15 @@ def test_train_only_keeps_the_frozen_parameters_bit_equal():
     ):
         trained = path.startswith("proj/") or path == "vit/block_0/W_V"
         assert (np.abs(np.asarray(x) - np.asarray(y)).max() > 0) == trained, path
+
+
+def _train_only_config():
+    cfg = tiny_vlm_config(steps=20, eval_every=10, id_site=1, train_only="proj/*+vit/block_0/W_V")
+    return cfg, stack_settings([cfg.replace(id_weight=w).settings() for w in (0.0, 1.0)] * 2)
+
+
+def test_a_train_only_pattern_matching_nothing_is_refused_before_compute():
+    cfg, settings = _train_only_config()
     with pytest.raises(ConfigError, match="train_only = 'lm/nothing'"):
         train_models(cfg.replace(train_only="lm/nothing"), settings)
     with pytest.raises(ConfigError, match="train_only = 'proj/\\*\\+'"):

@@ -86,9 +86,12 @@ def test_relations_a_flip_does_not_swap_are_left_out_and_said():
         # slow: patching on photographs stays in the suite through test_authors_patching
         pytest.param("patching", "coco_spatial", marks=pytest.mark.slow),
         ("counterfactuals", "cvbench"),  # What'sUp A's: `test_the_counterfactual_table_has_...`
-        # slow: the jaxmech protocol on photographs stays through diagnostics and the authors' steering
+        # slow (~16 s each: a compile of the steering program on photographs); in the
+        # suite the authors' steering asks photographs' questions in
+        # test_steering.py::test_the_authors_steering_asks_questions_without_boxes, and a
+        # report's dataset record is the counterfactual and diagnostics cases'
         pytest.param("steering", "manifest", marks=pytest.mark.slow),
-        ("steering", "manifest:authors"),
+        pytest.param("steering", "manifest:authors", marks=pytest.mark.slow),
         ("diagnostics", "coco_spatial"),
     ],  # fmt: skip
 )
