@@ -100,10 +100,9 @@ def has_rows(tree) -> bool:
 
 def held_apart(dtype) -> bool:
     """Whether stacked block weights of `dtype` are held as `layout.Rows` (one array a
-    block): low-precision ones on XLA's CPU backend, which runs their blocks unrolled
-    (`in_place`) and copies each static slice of a stacked bf16 leaf, one more pass
-    over every weight a forward (the Qwen2-VL-2B stand-in's bf16 forward 1.19x the
-    reference's, 1.07x with a leaf a block; BUILD_NOTES.md, Speed)."""
+    block): low-precision ones on XLA's CPU backend, which cannot scan a stacked bf16
+    leaf in place (`in_place`) and copies each static slice of one, one more pass over
+    every weight a forward; held apart, the rows scan through a switch."""
     narrow = jnp.issubdtype(dtype, jnp.inexact) and jnp.dtype(dtype).itemsize < 4
     return narrow and jax.default_backend() == "cpu"
 
