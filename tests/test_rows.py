@@ -232,15 +232,16 @@ def _scratch(depth: int, folder: str, table: bool) -> tuple[float, float]:
     return float(compiled.memory_analysis().temp_size_in_bytes), float(block)
 
 
-@pytest.mark.slow  # ~3.5 s; test_no_mlp_weight_is_copied_with_bf16_products keeps the no-copy property
-def test_the_rows_forward_holds_no_block_copy(tmp_path, monkeypatch):
-    """With bf16 products the plain forward over rows copies no block's weights: its
-    scratch is under one block's bytes and flat with depth (the stacked path's was a
-    block's copies: 8.0 MB against a block's 7.9; rows 1.7 MB). Compile only."""
+@pytest.mark.slow  # ~3.5 s; test_no_mlp_weight_is_copied_with_bf16_products keeps the no-copy property of the entry
+def test_the_rows_forward_holds_one_block_copy_at_a_time(tmp_path, monkeypatch):
+    """With bf16 products the plain forward over rows scans them, the switch copying the
+    running block's weights (the price of one compiled block): its scratch is flat with
+    depth and about one block's bytes (3 or 6 blocks: 8.5 MB against a block's 7.9; the
+    stacked bf16 path's grew with depth, a copy of every block). Compile only."""
     monkeypatch.setenv("JAXMECH_BF16_PRODUCTS", "on")
-    small, block = _scratch(2, str(tmp_path / "a"), table=False)
+    small, block = _scratch(3, str(tmp_path / "a"), table=False)
     large, _ = _scratch(6, str(tmp_path / "b"), table=False)
-    assert large - small < 0.1 * block and large < 0.5 * block, (small, large, block)
+    assert abs(large - small) < 0.1 * block and large < 1.25 * block, (small, large, block)
 
 
 @pytest.mark.slow  # ~5.5 s; test_a_traced_resume_scans_the_rows_and_equals_the_static_one keeps the scan
