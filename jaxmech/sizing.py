@@ -146,7 +146,7 @@ def matmul_rate(n: int = 2048, repeats: int = 10, dtype=jnp.float32) -> float:
     """Best-of matmul throughput (FLOP/s) of an n x n x n product on this backend, in
     float32 or, for a narrower `dtype`, its products with float32 accumulation (as
     `models.precision` writes them): the training bench's yardstick and a table's time
-    estimate's (`reports.questions.log_estimate`, `reports.driver.compiled_call`)."""
+    estimate's (`product_seconds`)."""
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(dtype)
     f = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     f(a).block_until_ready()
@@ -175,6 +175,20 @@ def program_cost(jaxpr) -> dict:
     out = {"flops": 0.0, "flops_low": 0.0, "equations": 0}
     _add_cost(getattr(jaxpr, "jaxpr", jaxpr), 1.0, out)
     return out
+
+
+def product_seconds(cost: dict) -> tuple[float, str]:
+    """(seconds, the rates used, as text) of a `program_cost`'s products at this
+    machine's matmul rates (`matmul_rate`): its "flops" at float32's, its "flops_low" at
+    bf16's with float32 accumulation (measured only where the program has such
+    products): a time the program's other work does not let it beat on CPU."""
+    rate = matmul_rate(1024, 5)
+    secs, rates = cost["flops"] / rate, f"{rate / 1e9:.0f} GFLOP/s float32"
+    if cost["flops_low"]:
+        low = matmul_rate(1024, 5, jnp.bfloat16)
+        secs += cost["flops_low"] / low
+        rates += f", {low / 1e9:.0f} bf16"
+    return secs, rates
 
 
 def _sub_jaxprs(value):

@@ -35,7 +35,7 @@ from jaxmech.chunks import run_chunks
 from jaxmech.families.vlm_view import Spans, VLMView, model_outline
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
-from jaxmech.models.scan import has_rows, in_place
+from jaxmech.models.scan import in_place
 
 GROUPS = ("image", "question", "objects", "last", "text", "all")
 
@@ -150,7 +150,7 @@ def _patched_logits(view: VLMView, params, inputs, layers, groups_GxBxS, plan, o
         x = jnp.where(mask_BxS[:, :, None], twin_aux[name], orig_aux[name])
         return x[:, s0:]
 
-    traced_ok = in_place(params) or has_rows(params)  # rows: scanned by a switch
+    traced_ok = in_place(params)  # rows too: scanned by a switch
     if plan is not None and view.resume_any_layer and len(layers) > 1 and traced_ok:
         return _resumed_per_group(view, params, inputs, layers, groups_GxBxS, plan,
                                   orig_aux, twin_aux, in_turn)  # fmt: skip

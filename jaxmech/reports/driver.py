@@ -450,22 +450,14 @@ def compiled_call(fn, args: tuple, what: str, log=print, estimate: bool = False)
 def estimate_line(jaxpr, what: str) -> str:
     """The estimated compute and compile times of the program `jaxpr` (one line, for
     before it is compiled): its products' FLOPs (`sizing.program_cost`, loops counted
-    whole) over this machine's matmul rates (`sizing.matmul_rate`: float32, and bf16
-    with float32 accumulation where the program has such products), a rate the
-    program's other work does not let it beat on CPU; the compile apart: its equations
+    whole) over this machine's matmul rates (`sizing.product_seconds`); the compile
+    apart: its equations
     x `sizing.COMPILE_S_PER_EQUATION` (measured on a 2-core CPU; less where the
     compilation cache holds the program)."""
-    import jax.numpy as jnp
-
-    from jaxmech.sizing import COMPILE_S_PER_EQUATION, matmul_rate, program_cost
+    from jaxmech.sizing import COMPILE_S_PER_EQUATION, product_seconds, program_cost
 
     cost = program_cost(jaxpr)
-    rate = matmul_rate(1024, 5)
-    secs, rates = cost["flops"] / rate, f"{rate / 1e9:.0f} GFLOP/s float32"
-    if cost["flops_low"]:
-        low = matmul_rate(1024, 5, jnp.bfloat16)
-        secs += cost["flops_low"] / low
-        rates += f", {low / 1e9:.0f} bf16"
+    secs, rates = product_seconds(cost)
     flops = (cost["flops"] + cost["flops_low"]) / 1e9
     compile_s = cost["equations"] * COMPILE_S_PER_EQUATION
     return (f"  {what}: estimate ~{_duration(secs)} computing ({flops:.4g} GFLOP of products "

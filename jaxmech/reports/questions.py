@@ -161,29 +161,22 @@ def chunk_progress(log, batch: int):
 def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: str, log):
     """Log, before a checkpoint's table computes, its estimated time: `forwards` full
     forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
-    0 is traced, not compiled) at one forward's FLOPs (`sizing.program_cost`) over this
-    machine's matmul rate (`sizing.matmul_rate`, a rate the forward does not beat on
-    CPU: float32's, or bf16's where the params' products run in it, `models.precision`),
-    compile not included. Only where the subject asks for it (`estimates_time`: a
-    checkpoint; a toy's tables take seconds)."""
+    0 is traced, not compiled) at one forward's FLOPs (`sizing.program_cost`: a scanned
+    block counted per block, where XLA's cost analysis counts its body once) over this
+    machine's matmul rates (`sizing.product_seconds`), compile not included. Only where
+    the subject asks for it (`estimates_time`: a checkpoint; a toy's tables take
+    seconds)."""
     if not run.subject.estimates_time:
         return
-    import jax.numpy as jnp
-
-    from jaxmech.models.precision import choose
-    from jaxmech.sizing import matmul_rate, program_cost
+    from jaxmech.sizing import product_seconds, program_cost
 
     one = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], inputs)
     fn = jax.jit(lambda p, x: view.forward(p, x)[0])
-    # counted on the jaxpr: XLA's cost analysis counts a scanned block's body once
     cost = program_cost(fn.trace(model_outline(run.params), one).jaxpr)
     flops = cost["flops"] + cost["flops_low"]
-    dtype = min((x.dtype for x in jax.tree_util.tree_leaves(run.params)
-                 if jnp.issubdtype(x.dtype, jnp.floating)), key=lambda d: np.dtype(d).itemsize)  # fmt: skip
-    rate = matmul_rate(1024, 5, dtype if choose(dtype)[0] else np.float32)
-    secs = forwards * flops / rate
+    secs, rates = product_seconds(cost)
     log(f"  estimate: {what} = {forwards:.0f} forwards of {flops / 1e9:.3g} GFLOP at this "
-        f"machine's {rate / 1e9:.0f} GFLOP/s matmul rate: ~{_duration(secs)} (compile not "
+        f"machine's {rates} matmul rates: ~{_duration(forwards * secs)} (compile not "
         "included)")  # fmt: skip
 
 
