@@ -301,6 +301,10 @@ def _devices_text(devices: int) -> str:
 
 
 CPU_MAX_ROWS = 16  # more per call are not faster on CPU (BUILD_NOTES.md, Memory)
+# On CPU a chunk's rows are also capped to about this many seconds of estimated compute:
+# more rows per call buy no speed there, and a finished chunk is rows reported and kept
+# (at Qwen2-VL-2B's size one patching question is ~30 s: the first row comes after one)
+CPU_CHUNK_SECONDS = 30.0
 
 
 def _rows_within(room: float, per_row: float, most: int) -> int:
@@ -312,7 +316,7 @@ def _rows_within(room: float, per_row: float, most: int) -> int:
 
 
 def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
-              log=print, devices: int = 1) -> Plan:  # fmt: skip
+              log=print, devices: int = 1, row_seconds: float | None = None) -> Plan:  # fmt: skip
     """The rows per call of a program over rows (a table's questions) within `budget`.
 
     `compile_at(b)` compiles it for b rows; XLA's memory analysis of it, less
@@ -329,9 +333,18 @@ def plan_rows(compile_at, n: int, budget: Budget, resident_args: float = 0.0,
     `devices`: how many devices the program runs on (sharded weights). XLA's analysis
     is one device's: on an accelerator the budget is one device's memory too (and
     `held_bytes` the first device's); on CPU every device is the host's memory, so a
-    row costs `devices` times its per-device bytes."""
+    row costs `devices` times its per-device bytes.
+
+    `row_seconds`: one row's estimated compute (e.g. `questions.log_estimate` over n);
+    on CPU the rows are at most those done in `CPU_CHUNK_SECONDS` (at least one)."""
     share = devices if jax.default_backend() == "cpu" else 1
     most = min(n, CPU_MAX_ROWS) if jax.default_backend() == "cpu" else n
+    if jax.default_backend() == "cpu" and row_seconds and most > 1:
+        in_time = max(int(CPU_CHUNK_SECONDS // row_seconds), 1)
+        if in_time < most:
+            most = in_time
+            log(f"  memory: at most {most} question(s) per call on CPU (~{row_seconds:.0f} s "
+                f"each by the estimate: a chunk within ~{CPU_CHUNK_SECONDS:.0f} s)")  # fmt: skip
 
     def cost(b: int) -> float:
         log(f"  memory: sizing the call (compiling it for {b} question(s))")

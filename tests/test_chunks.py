@@ -115,6 +115,21 @@ def test_a_small_table_s_sizing_compile_is_its_own_program(monkeypatch):
     assert calls == [4, 1] and again.rows < 4 and again.bytes() <= tight.bytes
 
 
+def test_on_cpu_a_chunk_holds_about_chunk_seconds_of_estimated_compute(monkeypatch):
+    """A row estimated at a third of `CPU_CHUNK_SECONDS` gets 3 rows per call (compiled
+    once, at 3), a row over it one, whatever the memory would allow; rows estimated
+    fast, or no estimate, leave the plan to the memory; the cap is logged."""
+    monkeypatch.setattr(memory, "held_bytes", lambda: 1e9)
+    big, lines = memory.Budget(1e12, "test"), []
+    chunk = memory.CPU_CHUNK_SECONDS
+    for row_s, rows in [(chunk / 3, 3), (2 * chunk, 1), (chunk / 100, 8), (None, 8)]:
+        calls, lines = [], []
+        at = memory.remembered(lambda b, calls=calls: calls.append(b) or _compile_at(b))
+        plan = memory.plan_rows(at, 8, big, log=lines.append, row_seconds=row_s)
+        assert plan.rows == rows and calls == [rows], (row_s, plan, calls)
+        assert any("per call on CPU" in t for t in lines) == (rows < 8)
+
+
 def test_plan_rows_fits_the_compiled_program_beside_what_is_held(monkeypatch):
     """The rows planned are the largest power of two whose cost (XLA's analysis of the
     program for one row, beyond its resident arguments, per row) fits the budget

@@ -131,14 +131,14 @@ def batch_logp(run: LoadedRun, batch, log) -> dict:
     if protocol_of(run) == "authors":
         groups = authors_groups(groups, ex.spans)
     twins = {TWIN: twin}
-    log_estimate(run, view, ex.inputs, n * (2 + len(layers) * len(groups)),
-                 f"{len(layers)} layers x {len(groups)} groups x {n} questions, one twin "
-                 "(a patched run counted whole: an over-count)", log)  # fmt: skip
+    secs = log_estimate(run, view, ex.inputs, n * (2 + len(layers) * len(groups)),
+                        f"{len(layers)} layers x {len(groups)} groups x {n} questions, one twin "
+                        "(a patched run counted whole: an over-count)", log)  # fmt: skip
     call = table_call_for(view, run.params, twins, groups, layers, shared)
     # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
     at = remembered(table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B,
                                      ex.other_B))  # fmt: skip
-    rows, plan = rows_per_call(run, at, n, log)
+    rows, plan = rows_per_call(run, at, n, log, secs)
     store = table_store(run, "attribute_swapping", layers=list(layers),
                         protocol=protocol_of(run), **batch.key)  # fmt: skip
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,

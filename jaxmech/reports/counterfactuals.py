@@ -181,8 +181,9 @@ def _batch_margins(run: LoadedRun, batch, names, log, word_rows=None) -> dict:
     swapped = batch.twins["swap"]
     n = len(ex.answer_B)
     one_at_a_time = run.subject.question_chunk
-    log_estimate(run, view, ex.inputs, n * (len(names) + 1),
-                 f"{len(names)} conditions x {n} questions + the swapped question", log)  # fmt: skip
+    secs = log_estimate(run, view, ex.inputs, n * (len(names) + 1),
+                        f"{len(names)} conditions x {n} questions + the swapped question",
+                        log)  # fmt: skip
 
     @jax.jit
     def chunk(params_K, versions, answer, other, sw_inputs, sw_answer, sw_other, ids, sw_ids):
@@ -211,7 +212,7 @@ def _batch_margins(run: LoadedRun, batch, names, log, word_rows=None) -> dict:
 
     # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
     at = remembered(lambda b: chunk.lower(*args(np.arange(b) % n)).compile())
-    batch_rows, plan = rows_per_call(run, at, n, log)
+    batch_rows, plan = rows_per_call(run, at, n, log, secs)
     words_key = {} if words is None else {"words": [int(w) for w in words]}
     store = table_store(run, "counterfactuals", names=names, **batch.key, **words_key)
 

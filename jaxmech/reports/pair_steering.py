@@ -106,11 +106,11 @@ def steer_batch(run: LoadedRun, batch, s: ts.Setup, delta, log) -> dict:
     minus, n = minus_of(s, view.grid, ex), len(np.asarray(ex.answer_B))
     first = int(np.min(np.asarray(ex.spans.x_B)))
     fn = ps.table_fn(view, s.sites, s.id_sites, words, first, s.scale)
-    log_estimate(run, view, ex.inputs, n * (1 + 4 * len(s.sites)),
-                 f"pair: {n} questions x 2 interventions x {len(s.sites)} layers x 2 (ID, "
-                 "noise), each run counted whole", log)  # fmt: skip
+    secs = log_estimate(run, view, ex.inputs, n * (1 + 4 * len(s.sites)),
+                        f"pair: {n} questions x 2 interventions x {len(s.sites)} layers x 2 (ID, "
+                        "noise), each run counted whole", log)  # fmt: skip
     at = remembered(ps.compile_at(fn, run.params, delta, ex, a, b, minus))
-    rows, plan = rows_per_call(run, at, n, log)
+    rows, plan = rows_per_call(run, at, n, log, secs)
     store = table_store(run, "pair_steering", sites=list(s.sites), id_sites=list(s.id_sites),
                         scale=s.scale, **batch.key)  # fmt: skip
     lp = ps.pair_table(view, run.params, delta, ex, a, b, minus, fn, batch=rows,

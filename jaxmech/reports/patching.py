@@ -105,15 +105,15 @@ def _batch_logp(run: LoadedRun, batch, log) -> dict:
     plan = resume_plan(view, groups, shared) or [(0, False)] * len(groups)
     rows = sum((S - s0) / S for s0, _ in plan)
     tail = sum((n_blocks - y) / n_blocks for y in layers) * rows
-    log_estimate(run, view, ex.inputs, n * len(twins) * (1 + tail) + n,
-                 f"{len(layers)} layers x {len(groups)} groups x {len(twins)} twins x {n} "
-                 "questions (a patched run counted as the share of LM blocks and rows it "
-                 "runs)", log)  # fmt: skip
+    secs = log_estimate(run, view, ex.inputs, n * len(twins) * (1 + tail) + n,
+                        f"{len(layers)} layers x {len(groups)} groups x {len(twins)} twins x {n} "
+                        "questions (a patched run counted as the share of LM blocks and rows it "
+                        "runs)", log)  # fmt: skip
     t0 = time.perf_counter()
     # the plan's sizing compile is kept: where its rows are the chunk's, the table's own
     at = remembered(table_compile_at(call, run.params, ex.inputs, twins, groups, ex.answer_B,
                                      ex.other_B))  # fmt: skip
-    batch_rows, plan = rows_per_call(run, at, n, log)
+    batch_rows, plan = rows_per_call(run, at, n, log, secs)
     store = table_store(run, "patching", layers=layers, **batch.key)
     logp = patch_table(view, run.params, ex.inputs, twins, groups, ex.answer_B, ex.other_B,
                        batch=batch_rows, progress=chunk_progress(log, batch_rows), call=call,

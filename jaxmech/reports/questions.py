@@ -72,10 +72,12 @@ def protocol_of(run: LoadedRun) -> str:
     return run.subject.protocol
 
 
-def rows_per_call(run: LoadedRun, compile_at, n: int, log=print):
+def rows_per_call(run: LoadedRun, compile_at, n: int, log=print, seconds: float | None = None):
     """(rows per compiled call of a table over `n` questions, its `memory.Plan` or
-    None): the subject's (`subjects` docstring)."""
-    return run.subject.rows_per_call(run, compile_at, n, log)
+    None): the subject's (`subjects` docstring). `seconds`: the table's estimated
+    compute (`log_estimate`), which on CPU caps the rows per call
+    (`memory.CPU_CHUNK_SECONDS`)."""
+    return run.subject.rows_per_call(run, compile_at, n, log, seconds)
 
 
 def probe_rows(run: LoadedRun, log=print) -> int | None:
@@ -158,16 +160,17 @@ def chunk_progress(log, batch: int):
     return progress
 
 
-def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: str, log):
-    """Log, before a checkpoint's table computes, its estimated time: `forwards` full
-    forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
+def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: str,
+                 log) -> float | None:  # fmt: skip
+    """A checkpoint's table's estimated seconds, logged before it computes: `forwards`
+    full forwards (or their equivalent) of one question `inputs` (leaves leading with B; row
     0 is traced, not compiled) at one forward's FLOPs (`sizing.program_cost`: a scanned
     block counted per block, where XLA's cost analysis counts its body once) over this
     machine's matmul rates (`sizing.product_seconds`), compile not included. Only where
     the subject asks for it (`estimates_time`: a checkpoint; a toy's tables take
-    seconds)."""
+    seconds: None)."""
     if not run.subject.estimates_time:
-        return
+        return None
     from jaxmech.sizing import product_seconds, program_cost
 
     one = jax.tree_util.tree_map(lambda x: np.asarray(x)[:1], inputs)
@@ -178,6 +181,7 @@ def log_estimate(run: LoadedRun, view: VLMView, inputs, forwards: float, what: s
     log(f"  estimate: {what} = {forwards:.0f} forwards of {flops / 1e9:.3g} GFLOP at this "
         f"machine's {rates} matmul rates: ~{_duration(forwards * secs)} (compile not "
         "included)")  # fmt: skip
+    return forwards * secs
 
 
 def _duration(secs: float) -> str:

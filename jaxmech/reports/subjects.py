@@ -18,7 +18,7 @@ A report never tests which kind of subject it has; it asks:
   over_questions                  intervals over questions (one model) or over models
   question_chunk                  questions per compiled call of a per-question table
                                   (None: all at once)
-  rows_per_call(run, compile_at, n, log) -> (rows, memory.Plan or None)
+  rows_per_call(run, compile_at, n, log, seconds) -> (rows, memory.Plan or None)
   probe_rows(run, log) -> probe scenes per chunk (None: all at once)
   store(table, **what) -> chunks.ChunkStore or None   where finished chunks are kept
   with_chunks(folder) -> subject  the subject keeping its chunks in `folder`
@@ -144,7 +144,7 @@ class TrainedSubject(NamedTuple):
         n_pair_labels; the validation labels' IDs agree with them only in part)."""
         return range(1, int(np.min(np.asarray(run.settings.n_pair_labels))) + 1)
 
-    def rows_per_call(self, run, compile_at, n: int, log=print):
+    def rows_per_call(self, run, compile_at, n: int, log=print, seconds=None):
         return n, None  # a run's tables are one call
 
     def probe_rows(self, run, log=print):
@@ -228,16 +228,18 @@ class CheckpointSubject(NamedTuple):
         """The first half of its labels (the other half's IDs are compared with them)."""
         return range(1, self.vlm_view.n_labels // 2 + 1)
 
-    def rows_per_call(self, run, compile_at, n: int, log=print):
+    def rows_per_call(self, run, compile_at, n: int, log=print, seconds=None):
         """(rows per compiled call of a table over `n` questions, its `memory.Plan` or
         None): `batch`, or where that is None the most whose compiled program
         (`compile_at(b)`) fits in the memory budget beside what is held
         (`memory.plan_rows`, logged; the weights are counted once, sharded ones by one
-        device's shards). Raises `memory.MemoryBudgetError` when one does not fit."""
+        device's shards), on CPU within ~`memory.CPU_CHUNK_SECONDS` of the table's
+        estimated `seconds`. Raises `memory.MemoryBudgetError` when one does not fit."""
         if self.batch is not None:
             return min(self.batch, n), None
         plan = plan_rows(compile_at, n, self.budget or memory_budget(), device_bytes(run.params),
-                         log, devices=tree_devices(run.params))  # fmt: skip
+                         log, devices=tree_devices(run.params),
+                         row_seconds=seconds / n if seconds else None)  # fmt: skip
         log(f"  memory: {plan.text()}")
         return plan.rows, plan
 

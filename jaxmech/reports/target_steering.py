@@ -232,12 +232,12 @@ def steer_set(run: LoadedRun, view, qs: QSet, s: Setup, delta, key: dict, log) -
     n, T = len(np.asarray(ex.answer_B)), len(s.targets)
     first = int(np.min(np.asarray(ex.spans.x_B)))
     fn = ar.table_fn(view, s.sites, s.id_sites, qs.words, first, s.scale)
-    log_estimate(run, view, ex.inputs, n * (1 + 2 * T * resumed_share(view, run, s, ex)),
-                 f"{qs.name}: {n} questions x {T} targets x {len(s.sites)} layers x 2 (ID, "
-                 "noise), a steered run counted as the share of LM blocks and rows it runs",
-                 log)  # fmt: skip
+    secs = log_estimate(run, view, ex.inputs, n * (1 + 2 * T * resumed_share(view, run, s, ex)),
+                        f"{qs.name}: {n} questions x {T} targets x {len(s.sites)} layers x 2 (ID, "
+                        "noise), a steered run counted as the share of LM blocks and rows it runs",
+                        log)  # fmt: skip
     at = remembered(ar.compile_at(fn, run.params, delta, ex, s.targets, minus))
-    rows, plan = rows_per_call(run, at, n, log)
+    rows, plan = rows_per_call(run, at, n, log, secs)
     store = table_store(run, "arbitrary_steering", questions=qs.name, sites=list(s.sites),
                         id_sites=list(s.id_sites), targets=s.targets.tolist(), scale=s.scale,
                         **key)  # fmt: skip

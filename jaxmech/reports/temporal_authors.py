@@ -211,11 +211,12 @@ def mirror_swap(view, params_K, inputs, rev_inputs, spans, layers, words, run=No
     if run is not None:
         n_blocks = view.n_lm_blocks(model_outline(params_K))
         tail = sum((n_blocks - y) / n_blocks for y in sites) * len(groups)
-        log_estimate(run, view, inputs, B * (2 + tail),
-                     f"{len(sites)} layers x {len(groups)} groups x {B} questions", log)  # fmt: skip
+        secs = log_estimate(run, view, inputs, B * (2 + tail),
+                            f"{len(sites)} layers x {len(groups)} groups x {B} questions",
+                            log)  # fmt: skip
         at = remembered(pa.table_compile_at(call, params_K, inputs, twins, groups, before,
                                             after))  # fmt: skip
-        rows, plan = rows_per_call(run, at, B, log)
+        rows, plan = rows_per_call(run, at, B, log, secs)
         store = table_store(run, "temporal_mirror_swap", layers=tuple(sites))
     lp = pa.patch_table(view, params_K, inputs, twins, groups, before, after, batch=rows,
                         progress=rows and chunk_progress(log, rows), call=call, store=store,
