@@ -71,6 +71,8 @@ flags.DEFINE_string("universal_ids", None, "--protocol=authors: npz of universal
                     "(layers, cells_Cx2, universal_LxCxD) for weights above 0")  # fmt: skip
 flags.DEFINE_integer("epochs", 1, "--protocol=authors: epochs over their training folder")
 flags.DEFINE_integer("batch_size", 15, "--protocol=authors: their --batch_size")
+flags.DEFINE_string("remat", "on", "--checkpoint: rematerialise each scanned ViT / LM block "
+                    "in the training step's backward (on, off; or a policy: full, dots)")  # fmt: skip
 define_checkpoint_flags(own_out=False)
 FLAGS = flags.FLAGS
 
@@ -91,7 +93,13 @@ def on_checkpoint():
 
     if not FLAGS.out:
         raise app.UsageError("--checkpoint needs --out (the results folder)")
+    from jaxmech.finetune import remat_setting
+
     weights = _weights(FLAGS.weights)
+    try:
+        remat_setting(FLAGS.remat)  # refused before the weights are read
+    except ValueError as e:
+        raise app.UsageError(f"--{e}") from None
     setup_runtime()
     if FLAGS.protocol == "authors":
         return on_checkpoint_authors(weights)
@@ -101,7 +109,8 @@ def on_checkpoint():
         raise app.UsageError(str(e)) from None
     lr = FLAGS.lr if FLAGS["lr"].present else 5e-5  # the authors' rate for a checkpoint
     site = FLAGS.id_site if FLAGS["id_site"].present else None  # None: the authors' layer
-    run_id_loss(run, FLAGS.out, weights, site, FLAGS.steps, lr, FLAGS.train_only or None)
+    run_id_loss(run, FLAGS.out, weights, site, FLAGS.steps, lr, FLAGS.train_only or None,
+                FLAGS.remat)  # fmt: skip
 
 
 def on_checkpoint_authors(weights):
@@ -117,7 +126,7 @@ def on_checkpoint_authors(weights):
                         layer=FLAGS.id_site if FLAGS["id_site"].present else 11)  # fmt: skip
         model = jaxmech.load(FLAGS.checkpoint, dtype=FLAGS.dtype)
         run_authors_finetune(model, FLAGS.out, FLAGS.train_dir, weights, recipe,
-                             FLAGS.universal_ids)  # fmt: skip
+                             FLAGS.universal_ids, FLAGS.remat)  # fmt: skip
     except ValueError as e:
         raise app.UsageError(str(e)) from None
 

@@ -14,6 +14,8 @@ universal ID at that site, extracted before fine-tuning from probes of every sha
 (`targets`), as the toy's fine-tune does. The ID-loss weight is an argument of the
 compiled program, so every weight shares one compile; `trained_leaves` /
 `with_leaves` keep and restore what a fine-tune changed (a resumable store's entry).
+`with_remat` gives a model whose scanned blocks are rematerialised under a gradient
+(both fine-tunes' `remat` option: "on" is `REMAT_ON`).
 
 The report that runs it (per weight, evaluated before and after, resumable):
 `reports.id_finetune`.
@@ -22,6 +24,8 @@ Axis names (`jaxmech.shapes`): B questions, P probe pairs, L cells, D LM width.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +36,32 @@ from jaxmech.analysis import spatial_ids as si
 from jaxmech.data.spec import SceneSpec
 from jaxmech.families.vlm_view import resid_site, rows_at
 from jaxmech.models.id_loss import id_cos  # the same cosine as the toy's loss
+from jaxmech.models.scan import REMAT
 from jaxmech.train import path_mask
+
+# the scanned blocks' remat policy `remat="on"` means (`models.scan.REMAT`), chosen by
+# measurement: BUILD_NOTES, section 8, "Remat under the fine-tunes"
+REMAT_ON = "full"
+REMAT_OPTIONS = ("on", "off") + tuple(k for k in REMAT if k != "off")
+
+
+def remat_setting(remat: str) -> str:
+    """The `models.scan.REMAT` policy name of a fine-tune's `remat` option: "on" (`REMAT_ON`),
+    "off", or a policy's own name; a ValueError naming `remat` otherwise."""
+    if remat not in REMAT_OPTIONS:
+        raise ValueError(f"remat = {remat!r}: expected one of "
+                         + ", ".join(map(repr, REMAT_OPTIONS)))  # fmt: skip
+    return REMAT_ON if remat == "on" else remat
+
+
+def with_remat(model, remat: str, log=print):
+    """`model` (a `model.Model` with a family config) whose forward rematerialises each
+    scanned block under a gradient as `remat` asks (`remat_setting`; the config's
+    `remat` field), the choice logged."""
+    policy = remat_setting(remat)
+    kept = "keeps its activations for" if policy == "off" else "runs again in"
+    log(f"remat: {remat} ({policy}): each scanned ViT / LM block {kept} the backward")
+    return dataclasses.replace(model, config=dataclasses.replace(model.config, remat=policy))
 
 
 def targets(view, params, site: int, batch: int) -> jax.Array:

@@ -4,7 +4,7 @@ values as the stacked bf16 path (bit for bit), scanned (a switch picking each bl
 rows, the default) within bf16 rounding of it, the same sites, and
 in the compiled forward no copy of an MLP weight (the stacked path copies each one as
 its static slice). Under a traced `Resume.layer` the rows scan, a switch picking each
-block's (`models.scan._row`): a patching table compiles one block per group, not one
+block's (`models.scan.block_row`): a patching table compiles one block per group, not one
 unrolled LM per layer and group, its values and scratch as the per-layer path's."""
 
 from __future__ import annotations

@@ -261,15 +261,17 @@ def direction_corners(d_B, grid_h: int, grid_w: int):
 
 def steered_replies(view: VLMView, params, ex, site: int, delta_LxD, source_B, target_B,
                     max_new_tokens: int, clean, scale: float = AUTHORS_SCALE,
-                    norms=None):  # fmt: skip
+                    norms=None, model: int | None = None):  # fmt: skip
     """The greedy replies (`view.generate`'s `Generation`) with the authors' steering at
     `site` on the prompt's forward (their hooks: X's word moved `scale` x its own norm
     towards `target_B`, Y's the other way, `authors_margins`' ID vectors); `clean`: the
     examples' `unsteered` forward, whose residual gives the norms; `norms`: (X's, Y's)
-    [B] norms to use instead (the authors' over prompt and reply: `reports.steering`)."""
-    resid = clean[1][f"lm/resid_pre.{site}"]
+    [B] norms to use instead (the authors' over prompt and reply: `reports.steering`;
+    `clean` then unread, may be None); `model`: an index into params stacked over
+    models (`view.generate`'s)."""
     words = (ex.spans.x_B, ex.spans.y_B)
     if norms is None:  # each word's state in the prompt
+        resid = clean[1][f"lm/resid_pre.{site}"]
         norms = [jnp.linalg.norm(rows_at(resid, w), axis=-1) for w in words]
     add = sum(
         at_word(sign * authors_vectors(delta_LxD, source_B, target_B, n, scale), w,
@@ -277,7 +279,8 @@ def steered_replies(view: VLMView, params, ex, site: int, delta_LxD, source_B, t
         for sign, w, n in zip((1.0, -1.0), words, norms)
     )  # fmt: skip
     edits = Edits(add={f"lm/resid_pre.{site}": add})
-    return view.generate(params, ex.inputs, max_new_tokens=max_new_tokens, edits=edits)
+    return view.generate(params, ex.inputs, max_new_tokens=max_new_tokens, edits=edits,
+                         model=model)  # fmt: skip
 
 
 def sign_flips(plain_B, steered_B) -> jax.Array:

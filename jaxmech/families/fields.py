@@ -21,6 +21,7 @@ from typing import Any, Mapping
 
 from jaxmech.config import ConfigError, choice, fail, int_in
 from jaxmech.models import hf_config
+from jaxmech.models.scan import REMAT
 
 # the MLP activations the families' forwards implement (Hugging Face's names)
 ACTIVATIONS = ("gelu", "gelu_pytorch_tanh", "quick_gelu", "silu")
@@ -99,6 +100,10 @@ class TextFields:
     tie_embeddings: bool = False  # the output head is the embedding's transpose
     image_token_id: int = 60  # the token the image's features replace
     dtype: str = "float32"  # the checkpoint's stored dtype (informational)
+    # what each scanned block (ViT and LM) keeps for a backward (`models.scan.REMAT`):
+    # values unchanged, memory under a gradient only; a fine-tune sets it
+    # (`dataclasses.replace`), from_hf never does
+    remat: str = "off"
 
     @property
     def embed_rows(self) -> int:
@@ -106,10 +111,11 @@ class TextFields:
         return self.lm_vocab
 
     def _check_text(self) -> None:
-        """Sizes >= 1, eps > 0, an image token the embedding has (a ConfigError naming
-        the field)."""
+        """Sizes >= 1, eps > 0, an image token the embedding has, a known `remat` (a
+        ConfigError naming the field)."""
         hf_config.check_positive(self, TEXT_SIZES, ("lm_eps",))
         int_in("image_token_id", self.image_token_id, 0, self.embed_rows - 1)
+        choice("remat", self.remat, tuple(REMAT))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -287,7 +287,7 @@ def lm_start(params, inputs, edits, config, capture, resume, *, checks, vision, 
     check_inputs, check_edits = checks
     check_inputs(inputs, config)
     check_edits(edits, inputs, config)
-    site = Sites(edits, capture)
+    site = Sites(edits, capture, config.remat)
     lm = params["lm"]
     if resume is not None:
         check_resume(resume, inputs.tokens_BxS, config.lm_layers, config.lm_width)

@@ -48,10 +48,11 @@ family's own modules. A family's view:
                                   from a run whose intermediates `aux` hold the sites
                                   `cache_sites` (a causal LM's key / value cache); a
                                   patch then costs only the rows and blocks after it
-  generate(params, inputs, *, max_new_tokens, edits=None, logits=False)
+  generate(params, inputs, *, max_new_tokens, edits=None, logits=False, model=None)
                                 optional (None: not offered): greedy replies to rendered
                                   `inputs` (a `models.generate.Generation`), `edits` on
-                                  the prompt's forward only; a checkpoint's is
+                                  the prompt's forward only, `model` an index into
+                                  params stacked over models; a checkpoint's is
                                   `generate_rendered` bound to its family's `decoding`
   render_images(images, questions, words) -> (inputs, spans)
                                 optional (None: drawn scenes only): photographs (uint8
@@ -169,16 +170,18 @@ def placed(inputs, spans: Spans):
 
 
 def generate_rendered(decoding, config, folder: str, decode, params, inputs, *,
-                      max_new_tokens: int, edits=None, logits: bool = False):  # fmt: skip
+                      max_new_tokens: int, edits=None, logits: bool = False,
+                      model: int | None = None):  # fmt: skip
     """Greedy replies (`models.generate.generate`: a `Generation`, the folder's
     end-of-sequence and pad ids) to a view's rendered batch `inputs`, `decode(inputs)`
     first (its uint8 pixel codes to the model's pixels, as the view's forward does);
     `edits` act on the prompt's forward only (the authors' steering hooks); `logits`:
-    each step's logits too. A checkpoint view's `generate`, bound to the family's
-    `decoding`, config, folder and decode."""
+    each step's logits too; `model`: an index into params stacked over models (read
+    inside the compiled calls, `models.generate.generate`). A checkpoint view's
+    `generate`, bound to the family's `decoding`, config, folder and decode."""
     encoded = types.SimpleNamespace(inputs=decode(inputs))  # what `generate` reads of one
     return gen.generate(decoding, config, params, encoded, max_new_tokens=max_new_tokens,
-                        edits=edits, logits=logits, folder=folder)  # fmt: skip
+                        edits=edits, logits=logits, folder=folder, model=model)  # fmt: skip
 
 
 def with_reply(inputs, tokens_BxN):

@@ -39,7 +39,7 @@ from jaxmech.models.attention import rotate
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
 from jaxmech.models.precision import choose, einsum, matmul
-from jaxmech.models.scan import LAYER, has_rows, in_place, scan_blocks
+from jaxmech.models.scan import LAYER, has_rows, in_place, remat_of, scan_blocks
 
 POINTS = (
     "resid_pre",
@@ -69,10 +69,11 @@ def block_sites(part: str, n_blocks: int, points=POINTS) -> list[str]:
 class Sites:
     """Applies the edits at each named site and keeps what `capture` asks for: True
     (every site), False (none) or names (a full name like "lm/resid_pre.3", or a name
-    without its block like "lm/resid_pre" for every block)."""
+    without its block like "lm/resid_pre" for every block). `remat`: what its scanned
+    blocks keep for a backward (`models.scan.REMAT`; the config's `remat`)."""
 
-    def __init__(self, edits: Edits, capture):
-        self.edits, self.capture, self.aux = edits, capture, {}
+    def __init__(self, edits: Edits, capture, remat: str = "off"):
+        self.edits, self.capture, self.aux, self.remat = edits, capture, {}, remat
 
     def wants(self, name: str) -> bool:
         """Whether the capture asks for site `name`."""
@@ -333,7 +334,8 @@ def stack(lm, x, n_layers: int, first, site, block, after_block, cache, last_row
         def body(w, x, s, i, c):
             return block(w, x, s, LAYER, c, layer=i)
 
-        x = scan_blocks(lm[layout.BLOCKS], x, scanned, body, site, xs, None if static else first)
+        x = scan_blocks(lm[layout.BLOCKS], x, scanned, body, site, xs, None if static else first,
+                        remat_of(site))  # fmt: skip
     if last_row:
         i = n_layers - 1
         x = after_block(i, block(block_after(lm, i, x), x, site, i, cache(i), True, layer=i), True)

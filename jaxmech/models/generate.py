@@ -1,10 +1,11 @@
 """Greedy generation for the checkpoint families, with a key / value cache of fixed size.
 
     prefill   the family's forward on the prompts (one compiled program): the logits of
-              the first new token and every LM block's rotated keys and values, padded
-              to L = S + max_new_tokens rows
+              the first new token and every LM block's rotated keys and values, stacked
+              per block and padded to S + max_new_tokens rows
     step      one generated token through the LM blocks against the cache (one compiled
-              program, the same for every step: the token's slot and position are data)
+              program, the same for every step: the token's slot and position are data;
+              its blocks under one `lax.scan`, the cache their per-block inputs)
 
 A family supplies what is its own through `decoding(config) -> Decoding`: its forward, the
 LM's block count, norm eps and activation, and the rotary angles of generated token k.
@@ -24,7 +25,8 @@ cache's L slots (those not yet written masked) and then the new row, the same ke
 full forward in another order.
 
 Axis names (`jaxmech.shapes`): B sequences, S prompt tokens, N new tokens, L = S + N cache
-slots, D width, R rotary pairs, V vocabulary.
+slots, Y LM blocks, D width, Hkv key / value heads, Dh head width, R rotary pairs, V
+vocabulary.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxmech.models import layout
 from jaxmech.models.decoder import (
     ACT,
     RESUME_SITES,
@@ -48,8 +51,9 @@ from jaxmech.models.decoder import (
     unembed,
 )
 from jaxmech.models.edits import NO_EDITS
+from jaxmech.models.scan import LAYER, block_row, in_place
 
-__all__ = ["Decoding", "Generation", "continued_ids", "decode_step", "generate",
+__all__ = ["Decoding", "Generation", "cached_blocks", "continued_ids", "decode_step", "generate",
            "generation_ids", "judge_reply", "reply_text", "sequences", "text_verdict"]  # fmt: skip
 
 
@@ -64,7 +68,8 @@ class Decoding(NamedTuple):
       `step` (0: the first new token; a traced int32 scalar) of each row of `inputs`.
     step: optional, a family's own `decode_step(params, inputs, token_B, cache, valid_BxL,
       step)` (same contract) where its LM blocks are not `models.decoder`'s (Gemma-3's:
-      post norms, sliding-window layers); None: `decode_step`'s blocks.
+      post norms, sliding-window layers; its blocks through `cached_blocks` too); None:
+      `decode_step`'s blocks.
     """
 
     forward: Callable
@@ -98,29 +103,74 @@ def continued_ids(pos, step):
     return jnp.max(pos.reshape(pos.shape[0], -1), 1).astype(jnp.int32) + 1 + step
 
 
-@functools.partial(jax.jit, static_argnames=("family_decoding", "config", "n_new"))
-def _prefill(params, inputs, edits, family_decoding, config, n_new: int):
-    """(logits [B, V] float32 of the first new token, the cache: per block (keys, values)
-    [B, S + n_new, Hkv, Dh], the rows past S zero; valid_BxL, the prompt's real tokens)."""
+def _model_of(params, model: int | None):
+    """`params` (model None), or model `model`'s of params stacked over models: sliced
+    inside a compiled call, where it copies nothing."""
+    return params if model is None else jax.tree_util.tree_map(lambda x: x[model], params)
+
+
+@functools.partial(jax.jit, static_argnames=("family_decoding", "config", "n_new", "model"))
+def _prefill(params, inputs, edits, family_decoding, config, n_new: int, model=None):
+    """(logits [B, V] float32 of the first new token, the cache: (keys, values) each
+    [Y, B, S + n_new, Hkv, Dh], block i's at index i, the rows past S zero; valid_BxL,
+    the prompt's real tokens)."""
     d = family_decoding(config)
+    params = _model_of(params, model)
     logits, aux = d.forward(params, inputs, edits, config=config, capture=RESUME_SITES,
                             last_row=True)  # fmt: skip
-    pad = lambda x: jnp.pad(x, ((0, 0), (0, n_new)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
+    # stacked per block: the step's blocks scan over them (`cached_blocks`)
     cache = tuple(
-        tuple(pad(aux[f"{name}.{i}"]) for name in RESUME_SITES) for i in range(d.n_layers)
-    )
+        jnp.pad(jnp.stack([aux[f"{name}.{i}"] for i in range(d.n_layers)]),
+                ((0, 0), (0, 0), (0, n_new), (0, 0), (0, 0)))
+        for name in RESUME_SITES
+    )  # fmt: skip
     valid = jnp.pad(jnp.asarray(inputs.valid_BxS, bool), ((0, 0), (0, n_new)))
     # made here, not on the host, so the step's inputs are alike at every step (committed
     # arrays, one compiled step)
     return logits.astype(jnp.float32), cache, valid
 
 
+def cached_blocks(lm, x, cache, slot, n_layers: int, block):
+    """(x [B, 1, D] after the LM's blocks, the cache with each block's keys and values
+    of this row written at `slot`): one generated row through stacked blocks
+    `lm["blocks"]` against `cache` = (keys, values) each [Y, B, S + N, Hkv, Dh].
+    `block(weights, x, site, i, cache_i, layer)` runs one block (i its index in site
+    names: an int, or `models.scan.LAYER` under the scan; `layer` an int or traced)
+    reading (keys, values) `cache_i` [B, S + N, Hkv, Dh] and recording `RESUME_SITES`.
+
+    One `lax.scan` over the blocks with the cache as its per-block inputs and the new
+    row's keys and values as its outputs (one compiled block, as the forward's
+    `models.decoder.stack`); stacked low-precision weights on a CPU run unrolled
+    (`models.scan.in_place`), rows (`layout.Rows`) scan, each block's read by a switch."""
+    blocks = lm[layout.BLOCKS]
+    if in_place(blocks):
+        # the step has no edits: a plain `Sites` records a scanned block's keys and values
+        # under their `LAYER` names, returned as the scan's outputs [Y, B, 1, Hkv, Dh]
+        def step(x, inp):
+            i, cache_i = inp
+            site = Sites(NO_EDITS, RESUME_SITES)
+            y = block(block_row(blocks, i), x, site, LAYER, cache_i, i)
+            return y.astype(x.dtype), tuple(site.aux[f"{n}.{LAYER}"] for n in RESUME_SITES)
+
+        x, new = jax.lax.scan(step, x, (jnp.arange(n_layers, dtype=jnp.int32), cache))
+    else:
+        site = Sites(NO_EDITS, RESUME_SITES)
+        for i in range(n_layers):
+            x = block(block_after(lm, i, x), x, site, i, tuple(c[i] for c in cache), i)
+        new = [jnp.stack([site.aux[f"{n}.{i}"] for i in range(n_layers)]) for n in RESUME_SITES]
+    return x, tuple(
+        jax.lax.dynamic_update_slice_in_dim(c, n.astype(c.dtype), slot, 2)
+        for c, n in zip(cache, new)
+    )
+
+
 def decode_step(params, inputs, token_B, cache, valid_BxL, step, d: Decoding):
     """One generated token through the LM: (logits [B, V] float32 of the next token, the
     cache with this token's keys and values written at slot S + step, valid_BxL with
     that slot set). `token_B` is generated token `step` (a traced int32 scalar);
-    `valid_BxL` marks the slots a new token attends to (the prompt's real tokens and
-    the tokens generated before it)."""
+    `cache` (keys, values) each [Y, B, S + N, Hkv, Dh] (`_prefill`'s); `valid_BxL`
+    marks the slots a new token attends to (the prompt's real tokens and the tokens
+    generated before it)."""
     if d.step is not None:  # the family's own blocks (`Decoding.step`)
         return d.step(params, inputs, token_B, cache, valid_BxL, step)
     lm = params["lm"]
@@ -129,19 +179,13 @@ def decode_step(params, inputs, token_B, cache, valid_BxL, step, d: Decoding):
     angles = d.angles(inputs, step)
     B = x.shape[0]
     mask = jnp.concatenate([valid_BxL, jnp.ones((B, 1), bool)], 1)[:, None, :]  # cache, self
-    site = Sites(NO_EDITS, RESUME_SITES)
-    for i in range(d.n_layers):
-        x = block_forward(block_after(lm, i, x), x, angles, mask, site, "lm", i, d.eps, ACT[d.act],
-                          cache=cache[i])  # fmt: skip
-    logits = unembed(lm, rms_norm(x, lm["lnf_w"], d.eps)[:, 0]).astype(jnp.float32)
+
+    def block(w, x, site, i, cache_i, layer):
+        return block_forward(w, x, angles, mask, site, "lm", i, d.eps, ACT[d.act], cache=cache_i)
+
     slot = S + step
-    cache = tuple(
-        tuple(
-            jax.lax.dynamic_update_slice_in_dim(c, site.aux[f"{name}.{i}"].astype(c.dtype), slot, 1)
-            for c, name in zip(cache[i], RESUME_SITES)
-        )
-        for i in range(d.n_layers)
-    )
+    x, cache = cached_blocks(lm, x, cache, slot, d.n_layers, block)
+    logits = unembed(lm, rms_norm(x, lm["lnf_w"], d.eps)[:, 0]).astype(jnp.float32)
     return logits, cache, valid_BxL.at[:, slot].set(True)
 
 
@@ -151,10 +195,11 @@ def _choose(logits_BxV, done_B, eos_E, pad):
     return token, done_B | (token[:, None] == eos_E[None, :]).any(1)
 
 
-@functools.partial(jax.jit, static_argnames=("family_decoding", "config"))
+@functools.partial(jax.jit, static_argnames=("family_decoding", "config", "model"))
 def _step(params, inputs, token_B, done_B, cache, valid_BxL, step, eos_E, pad,
-          family_decoding, config):  # fmt: skip
+          family_decoding, config, model=None):  # fmt: skip
     d = family_decoding(config)
+    params = _model_of(params, model)
     logits, cache, valid_BxL = decode_step(params, inputs, token_B, cache, valid_BxL, step, d)
     token_B, done_B = _choose(logits, done_B, eos_E, pad)
     return token_B, done_B, logits, cache, valid_BxL
@@ -215,9 +260,19 @@ def _check(encoded, max_new_tokens, greedy, edits):
     return inputs
 
 
+def _check_model(params, model) -> None:
+    if model is None:
+        return
+    K = jax.tree_util.tree_leaves(params)[0].shape[0]
+    if not isinstance(model, (int, np.integer)) or isinstance(model, bool) or not 0 <= model < K:
+        raise ValueError(f"model = {model!r}: expected None (one model's params) or the index "
+                         f"of a model of the params stacked over {K}")  # fmt: skip
+
+
 def generate(family_decoding, config, params, encoded, *, max_new_tokens: int,
              greedy: bool = True, eos_token_id=None, pad_token_id=None, edits=None,
-             logits: bool = False, folder: str | None = None) -> Generation:  # fmt: skip
+             logits: bool = False, folder: str | None = None,
+             model: int | None = None) -> Generation:  # fmt: skip
     """Greedy generation after each prompt of `encoded`, as the reference's `generate`
     with do_sample=False (module docstring): the family's `FAMILY.generate` with its
     `decoding` bound, `jaxmech.Model.generate`.
@@ -237,12 +292,17 @@ def generate(family_decoding, config, params, encoded, *, max_new_tokens: int,
         only); `lm_pos_ids` refused.
       logits: also return each step's logits [B, N, V] (host memory B N V floats).
       folder: the checkpoint folder the default ids are read from.
+      model: None (`params` one model's), or an index k: `params` stacked over models
+        ([K, ...] leaves, a report's `LoadedRun.params`), model k's read inside the
+        compiled prefill and step (an eager `x[k]` copies every weight: 4.1 GB at
+        Qwen2-VL-2B's size).
 
     Returns a `Generation`. Raises ValueError naming the argument for an `encoded` that
     is not a processor's output or not left-padded, max_new_tokens < 1, greedy=False,
-    bad ids.
+    bad ids, a `model` outside the stacked models.
     """
     inputs = _check(encoded, max_new_tokens, greedy, edits)
+    _check_model(params, model)
     default_eos, default_pad = generation_ids(folder) if folder else ([], 0)
     eos = default_eos if eos_token_id is None else _ids(eos_token_id, "eos_token_id")
     if pad_token_id is not None and len(_ids(pad_token_id, "pad_token_id")) != 1:
@@ -253,8 +313,9 @@ def generate(family_decoding, config, params, encoded, *, max_new_tokens: int,
     B, S = inputs.tokens_BxS.shape
     eos_E, pad_ = jnp.asarray(eos, jnp.int32).reshape(-1), jnp.int32(pad)
     out = np.full((B, N), pad, np.int32)
+    model = None if model is None else int(model)  # a static argument: one per index
     first_logits, cache, valid = _prefill(params, inputs, NO_EDITS if edits is None else edits,
-                                          family_decoding, config, N)  # fmt: skip
+                                          family_decoding, config, N, model)  # fmt: skip
     token, done = _first(first_logits, eos_E, pad_)
     step_logits = [first_logits]
     out[:, 0] = np.asarray(token)
@@ -263,7 +324,7 @@ def generate(family_decoding, config, params, encoded, *, max_new_tokens: int,
             break
         token, done, lg, cache, valid = _step(params, inputs, token, done, cache, valid,
                                               jnp.int32(k - 1), eos_E, pad_, family_decoding,
-                                              config)  # fmt: skip
+                                              config, model)  # fmt: skip
         out[:, k] = np.asarray(token)
         if logits:
             step_logits.append(lg)

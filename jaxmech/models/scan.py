@@ -18,7 +18,7 @@ Inside the scan body a block names its sites with `LAYER` in place of its index
 
 Low-precision weights on a CPU are held as `layout.Rows` (one array a block,
 `held_apart`) and scan all the same, each step's block picked by a `lax.switch`
-(`_row`); only stacked low-precision leaves on a CPU run unrolled (`in_place`).
+(`block_row`); only stacked low-precision leaves on a CPU run unrolled (`in_place`).
 
 The ViTs keep one subtree `block_{i}` per block (the authors' fine-tune trains some
 blocks' leaves, `train_only` patterns selecting whole leaves); `run_blocks` scans them
@@ -38,6 +38,30 @@ from jaxmech.models.edits import apply_named
 from jaxmech.models.order import low_precision
 
 LAYER = "*"  # a block's index in its site names inside a scan body
+
+# what a scanned block keeps for the backward (`scan_blocks(remat=)`; a config's `remat`,
+# `families.fields.TextFields`): "off" everything its VJP reads (its activations and,
+# for blocks read by a switch, a copy of each block's weights); "full" its input alone,
+# the block run again in the backward; "dots" also its products without batch axes
+# (x W, not attention's q k), the rest run again
+REMAT = {
+    "off": None,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def remat_policy(remat: str):
+    """`REMAT[remat]` (None: no remat); a ValueError naming `remat` if unknown."""
+    if remat not in REMAT:
+        raise ValueError(f"remat = {remat!r}: expected one of {', '.join(map(repr, REMAT))}")
+    return REMAT[remat]
+
+
+def remat_of(site) -> str:
+    """The `REMAT` name a forward's sites ask of its scans (`models.decoder.Sites`'s
+    `remat`; "off" for a recorder without one)."""
+    return getattr(site, "remat", "off")
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -84,7 +108,7 @@ def in_place(stacked) -> bool:
     (every block's float32 copy at once; seen in the compiled HLO, with or without
     `models.order.tie`; slicing the bits as uint16 makes a whole copy of them instead):
     those blocks run unrolled (`models.decoder.stack`). Leaves held as `layout.Rows`
-    can: a step picks its block's arrays by a switch (`_row`), copying that block alone
+    can: a step picks its block's arrays by a switch (`block_row`), copying that block alone
     (at Qwen2-VL-2B in bf16 the forward's time unchanged, 9.09 vs 9.03 s unrolled, its
     compile 1.8 s instead of 8.3)."""
     if has_rows(stacked):
@@ -128,7 +152,7 @@ def block_stack(part, n: int, prefix: str = "block_") -> dict:
     """A part's n blocks as `scan_blocks` reads them, nothing copied: its stacked leaves
     (`layout.BLOCKS`) where it has them, else each leaf's per-block arrays
     (`{prefix}{i}`, the ViTs' storage) as `layout.Rows` (a scan step reads its block by
-    a switch, `_row`: a copy of that block alone)."""
+    a switch, `block_row`: a copy of that block alone)."""
     if prefix == "block_" and layout.is_stacked(part):
         return part[layout.BLOCKS]
     blocks = [_per_block(part, i, prefix) for i in range(n)]
@@ -151,6 +175,7 @@ class Tapped:
 
     def __init__(self, outer, taps):
         self.outer, self.taps, self.edits, self.aux = outer, set(taps), outer.edits, {}
+        self.remat = remat_of(outer)
 
     def wants(self, name: str) -> bool:
         return name in self.taps or self.outer.wants(name)
@@ -181,12 +206,13 @@ def run_blocks(part, n: int, x, layers: range, block, site, xs=None, taps=(),
         return block(w, x, s, LAYER, e)
 
     stacked_xs = None if xs is None else jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
-    x = scan_blocks(block_stack(part, n, prefix), x, layers, body, tapped, stacked_xs)
+    x = scan_blocks(block_stack(part, n, prefix), x, layers, body, tapped, stacked_xs,
+                    remat=tapped.remat)  # fmt: skip
     site.aux.update({k: v for k, v in tapped.aux.items() if site.wants(k)})
     return x, tapped.aux
 
 
-def _row(stacked: dict, i) -> dict:
+def block_row(stacked: dict, i) -> dict:
     """Block i's weights (i an int or traced) of stacked leaves, read in place; of
     `layout.Rows`, row i (a traced i: chosen by one `lax.switch`, a copy of the block's
     weights, the price of one compiled block over rows)."""
@@ -202,7 +228,7 @@ def _row(stacked: dict, i) -> dict:
     return out | jax.lax.switch(i, pick)
 
 
-def _edited_layers(edits, layers) -> dict:
+def edited_layers(edits, layers) -> dict:
     """{point: [layers]}: the scanned layers each point has an edit at."""
     out: dict = {}
     for name in list(edits.replace) + list(edits.add):
@@ -226,14 +252,17 @@ def _wanted(outer, bases, layers) -> tuple[frozenset, dict]:
 
 
 def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=None,
-                remat: bool = False):  # fmt: skip
+                remat: str = "off"):  # fmt: skip
     """x after `body(block, x, site, i, xs_i)` for each block i of `layers` in turn, one
     `lax.scan` over the stacked weights `stacked` ({name: [L_all, ...]}, rows `layers`
     read). `body` names its sites with `LAYER` (module docstring); `outer` is the
     forward's `Sites` (edits read, captures written to its aux). `xs`: per-layer inputs
     (a pytree, leading axis len(layers)), or None. `skip_before` (an int or a traced
     one): blocks i < skip_before pass x unchanged (their captured sites hold zeros).
-    `remat`: the body under `jax.checkpoint` (memory under a gradient only)."""
+    `remat`: what each step keeps for a backward (`REMAT`: "off", or the step under
+    `jax.checkpoint` with that policy: memory under a gradient only; values equal up to
+    float rounding, the compiled program being another)."""
+    policy = remat_policy(remat)
     if len(layers) == 0:
         return x
     layer_ids = jnp.arange(layers.start, layers.stop, dtype=jnp.int32)
@@ -244,15 +273,15 @@ def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=Non
         body(w0, x0, LayerSites(outer, 0, {}, frozenset(), {}, None, shapes), layer_ids[0], e0)
         return {k: v for k, v in shapes.items()}
 
-    w_0 = _row(stacked, layers.start)
+    w_0 = block_row(stacked, layers.start)
     found = jax.eval_shape(shape_pass, w_0, x, xs_0)
     every, some = _wanted(outer, list(found), list(layers))
-    edited = _edited_layers(outer.edits, layers)
+    edited = edited_layers(outer.edits, layers)
     bufs0 = {b: jnp.zeros((len(ls),) + found[b].shape, found[b].dtype) for b, ls in some.items()}
     kept = {b: found[b] for b in every}
 
     def run(x, bufs, i, e):
-        w = _row(stacked, i)  # in the taken branch: a skipped block reads nothing
+        w = block_row(stacked, i)  # in the taken branch: a skipped block reads nothing
         s = LayerSites(outer, i, edited, every, some, bufs)
         y = body(w, x, s, i, e)
         return y, s.bufs, s.keep
@@ -268,7 +297,10 @@ def scan_blocks(stacked, x, layers: range, body, outer, xs=None, skip_before=Non
                                          lambda: (x, bufs, zeros))  # fmt: skip
         return (y.astype(x.dtype), bufs), keep
 
-    step = jax.checkpoint(step) if remat else step
+    if policy is not None:
+        # prevent_cse off: inside a scan the loop already keeps XLA from merging the
+        # backward's rerun with the forward (JAX's advice for remat under scan)
+        step = jax.checkpoint(step, policy=policy, prevent_cse=False)
     (x, bufs), ys = jax.lax.scan(step, (x, bufs0), (layer_ids, xs))
     for b in every:
         for k, lay in enumerate(layers):

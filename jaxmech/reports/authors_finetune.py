@@ -14,7 +14,8 @@ Writes OUT/authors_finetune/summary.json (the recipe, their selection: names, to
 budget; the held-out pairs; per weight and step: loss, LM loss, ID loss, learning
 rate, gradient norm before clipping) and trained_w{weight}.npz (the trained tensors
 under the checkpoint's names, in jaxmech's layout). Their evaluations (COCO-Spatial
-and the held-out pairs, by generation) are not run here.
+and the held-out pairs, by generation) are not run here. Each step rematerialises the
+scanned ViT / LM blocks in its backward (`remat`, default "on": `finetune.with_remat`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 
 from jaxmech import finetune_authors as fa
 from jaxmech.data.datasets import authors_grid
+from jaxmech.finetune import remat_setting, with_remat
 from jaxmech.train import param_paths
 
 
@@ -65,15 +67,16 @@ def prepare(model, recipe: Recipe):
 
 
 def finetune(model, its, recipe: Recipe, weight: float, table=None, order_seed=None,
-             keep_grads: bool = False, log=print):  # fmt: skip
+             keep_grads: bool = False, remat: str = "on", log=print):  # fmt: skip
     """(trained params, per-step records) of one run of their fine-tune on `its`
     (`authors_grid.items`): weight 0 their baseline, else with the ID loss towards
     `table` ({(x, y): [D]}, `finetune_authors.id_table`). `order_seed`: the batches'
     order (None: the listing's; theirs is unseeded). `keep_grads`: each step's record
-    holds the trained leaves' gradients (numpy, `tree_leaves` order)."""
+    holds the trained leaves' gradients (numpy, `tree_leaves` order). `remat`: the
+    step's scanned blocks rematerialised (`finetune.remat_setting`: "on", "off")."""
     if weight > 0 and not table:
         raise ValueError(f"weight = {weight}: the ID loss needs universal IDs (table)")
-    view = model.view(wording="authors")
+    view = with_remat(model, remat, log).view(wording="authors")
     _, _, mask = prepare(model, recipe)
     train, _, _ = authors_grid.split_pairs(its, recipe.holdout_frac, recipe.holdout_seed)
     grouped = weight > 0
@@ -103,12 +106,15 @@ def finetune(model, its, recipe: Recipe, weight: float, table=None, order_seed=N
 
 
 def run_authors_finetune(model, out: str, train_dir: str, weights, recipe: Recipe,
-                         universal: str | None = None, log=print) -> dict:  # fmt: skip
+                         universal: str | None = None, remat: str = "on",
+                         log=print) -> dict:  # fmt: skip
     """Their fine-tune of `model` once per weight of `weights` (module docstring), files
-    in `out/authors_finetune/`. ValueError naming `weights` below 0, or `universal`
-    where a weight > 0 has none, before any compute."""
+    in `out/authors_finetune/`; `remat` as `finetune`'s. ValueError naming `weights`
+    below 0, `universal` where a weight > 0 has none, or a bad `remat`, before any
+    compute."""
     from jaxmech.results import write_json
 
+    remat_setting(remat)
     if any(w < 0 for w in weights):
         raise ValueError(f"weights = {list(weights)}: expected 0 (their baseline) or above")
     if any(w > 0 for w in weights) and not universal:
@@ -126,7 +132,7 @@ def run_authors_finetune(model, out: str, train_dir: str, weights, recipe: Recip
                "holdout": [list(p) for p in held], "runs": {}}  # fmt: skip
     paths = {p: n for n, (p, _) in leaves.items()}
     for w in weights:
-        params, records = finetune(model, its, recipe, w, table, log=log)
+        params, records = finetune(model, its, recipe, w, table, remat=remat, log=log)
         summary["runs"][str(w)] = records
         flat = dict(zip(param_paths(params), jax.tree_util.tree_leaves(params)))
         np.savez(os.path.join(folder, f"trained_w{w}.npz"),

@@ -12,7 +12,9 @@ its target and the training loop are `jaxmech.finetune`'s.
 Each weight fine-tunes from the same params on the same batches (paired), so the
 difference to weight 0 is the loss's effect. Evaluated before and after on held-out
 pair questions: accuracy (the answer word's logit over the other word's), and the
-ID cosine on held-out probe pairs.
+ID cosine on held-out probe pairs. The training step rematerialises each scanned ViT /
+LM block in its backward (`remat`, default "on": `finetune.with_remat`; a lower peak,
+the same numbers within float rounding).
 
 Writes into OUT/id_loss/: curves.csv (weight, step, loss, answer, id), table.csv
 (weight, when, accuracy, id_cos), summary.json; each weight's finished fine-tune (its
@@ -36,9 +38,11 @@ from jaxmech.finetune import (
     make_finetune,
     pair_probes,
     probe_cos,
+    remat_setting,
     targets,
     trained_leaves,
     with_leaves,
+    with_remat,
 )
 from jaxmech.reports.common import LoadedRun, probe_rows, write_csv, write_json
 from jaxmech.train import path_mask
@@ -73,6 +77,14 @@ def curve_rows(weight: float, curve: dict) -> list[dict]:
             for t, (x, y, z) in enumerate(zip(curve["loss"], curve["answer"], curve["id"]))]  # fmt: skip
 
 
+def remat_view(subject, view, remat: str, log=print):
+    """The checkpoint subject's `view` again (its grid, size, wording, pictures or
+    video) from its model's config with `remat` set (`finetune.with_remat`, logged)."""
+    model = with_remat(subject.model, remat, log)
+    video = view.video_clock is not None
+    return model.view(tuple(view.grid), view.size, video=video, wording=subject.protocol)
+
+
 def make_eval(view, test, probes, site: int, target):
     """`params -> {accuracy, id_cos}`, compiled once: accuracy on held-out questions
     (margin > 0) and the mean ID cosine on held-out probe pairs."""
@@ -90,13 +102,17 @@ def make_eval(view, test, probes, site: int, target):
 
 
 def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int | None = None, steps: int = 200,
-                lr: float = 5e-5, train_only: str | None = None, log=print) -> dict:  # fmt: skip
+                lr: float = 5e-5, train_only: str | None = None, remat: str = "on",
+                log=print) -> dict:  # fmt: skip
     """The ID-loss fine-tunes of a checkpoint (`common.open_checkpoint`), one per weight,
     evaluated before and after; files in `out/id_loss/` (module docstring). `site` None:
-    the authors' (`authors_site`); `train_only` None: theirs (the family's `trainable`).
-    Returns the tables, the summary and each weight's fine-tuned params."""
+    the authors' (`authors_site`); `train_only` None: theirs (the family's `trainable`);
+    `remat`: the training step's scanned blocks rematerialised (`finetune.remat_setting`:
+    "on", "off"; a ValueError naming it before any compute). Returns the tables, the
+    summary and each weight's fine-tuned params."""
     from jaxmech.reports.common import plots_dir
 
+    remat_setting(remat)
     folder = plots_dir(out, "id_loss")
     subject = run.subject.with_chunks(os.path.join(folder, "chunks"))
     if subject.store("id_loss") is None or getattr(run.family, "trainable", None) is None:
@@ -115,7 +131,8 @@ def run_id_loss(run: LoadedRun, out: str, weights=(0.0, 1.0), site: int | None =
     probes, held = pair_probes(view, 4, 1), pair_probes(view, 2, 2)
     target = targets(view, params, site, probe_rows(run, log))
     evaluate = make_eval(view, test, held, site, target)
-    run_steps = make_finetune(view, params, site, target, cfg)
+    # only the training step differentiates; evaluation and targets keep the plain view
+    run_steps = make_finetune(remat_view(subject, view, remat, log), params, site, target, cfg)
     table = [{"weight": w, "when": "before", **evaluate(params)} for w in weights[:1]]
     table = [{**table[0], "weight": w} for w in weights]  # one start for every weight
     curves, tuned_by_weight = [], {}

@@ -260,10 +260,11 @@ class Replies:
     `probe_rows` questions at a time."""
 
     def __init__(self, run: LoadedRun, view, ex, max_new_tokens: int):
-        import jax
-
         self.view, self.n = view, max_new_tokens
-        self.params = jax.tree_util.tree_map(lambda x: x[0], run.params)
+        # the run's params stacked over its one model [1, ...], model 0 read inside each
+        # compiled call (`generate`, `reply_states`: model=0): an eager `x[0]` would
+        # copy every weight (4.1 GB at Qwen2-VL-2B)
+        self.params_K = run.params
         self.tok = checkpoint_tokenizer(run)
         B, size = len(ex.answer_B), probe_rows(run) or len(ex.answer_B)
         self.chunks = [take_examples(ex, np.arange(i, min(i + size, B))) for i in range(0, B, size)]  # fmt: skip
@@ -273,7 +274,7 @@ class Replies:
         self.words = [p if f else p[::-1] for p, f in zip(pairs, first)]  # (correct, wrong)
         texts, self.generations = [], []
         for c in self.chunks:
-            g = view.generate(self.params, c.inputs, max_new_tokens=self.n)
+            g = view.generate(self.params_K, c.inputs, max_new_tokens=self.n, model=0)
             texts += [reply_text(self.tok, q) for q in self.sequences(c, g)]
             self.generations.append(g)
         self.texts, self.control = texts, self.verdicts(texts)
@@ -295,14 +296,13 @@ class Replies:
         src, dst, _ = (np.asarray(x) for x in self.corners)
         rows = np.cumsum([0] + [len(c.answer_B) for c in self.chunks])
         texts = {y: [] for y in sites}
-        states = reply_states(self.view, sites)
+        states = reply_states(self.view, sites, model=0)
         for c, control, lo, hi in zip(self.chunks, self.generations, rows[:-1], rows[1:]):
-            clean = st.unsteered(self.view, self.params, c)  # the prompt at every site
-            norms = reply_norms(states, self.params, c, control)
-            for y in sites:
-                g = st.steered_replies(self.view, self.params, c, y, delta_YxLxD[y],
-                                       src[lo:hi], dst[lo:hi], self.n, clean,
-                                       norms=norms[y])  # fmt: skip
+            norms = reply_norms(states, self.params_K, c, control)
+            for y in sites:  # their norms given: no clean forward of the prompt needed
+                g = st.steered_replies(self.view, self.params_K, c, y, delta_YxLxD[y],
+                                       src[lo:hi], dst[lo:hi], self.n, None, norms=norms[y],
+                                       model=0)  # fmt: skip
                 texts[y] += [reply_text(self.tok, q) for q in self.sequences(c, g)]
         verdicts = [self.control] + [self.verdicts(texts[y]) for y in sites]
         for y, v in zip(sites, verdicts[1:]):
@@ -312,17 +312,20 @@ class Replies:
         return {"reply_flip": (v[1:] != v[:1])[None], "verdict": v[None]}
 
 
-def reply_states(view, sites):
+def reply_states(view, sites, model: int | None = None):
     """A compiled (params, inputs, fed_BxN) -> {y: [B, S + N, D] `lm/resid_pre.{y}`} for
     each site y: the residual of the prompts `inputs` with the tokens `fed_BxN`
     appended (`vlm_view.with_reply`), rows causal, as a cached generation of them
-    computed it. One program per shape: the report's chunks share it."""
+    computed it. `model`: an index into params stacked over models, read inside the
+    compiled call (no eager copy of the weights). One program per shape: the report's
+    chunks share it."""
     import jax
 
     # these sites only: every block's states over a 250-token reply are GBs at 7B
     names = tuple(f"lm/resid_pre.{y}" for y in sites)
 
     def states(params, inputs, fed_BxN):
+        params = params if model is None else jax.tree_util.tree_map(lambda x: x[model], params)
         aux = view.forward(params, with_reply(inputs, fed_BxN), capture=names)[1]
         return {y: aux[name] for y, name in zip(sites, names)}
 

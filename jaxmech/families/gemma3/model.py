@@ -61,11 +61,9 @@ from jaxmech.families.gemma3.config import Gemma3Config
 from jaxmech.models.attention import rotate
 from jaxmech.models.decoder import (
     ACT,
-    RESUME_SITES,
     Resume,
     Sites,
     after,
-    block_after,
     block_forward,
     inv_freq,
     is_static,
@@ -77,7 +75,7 @@ from jaxmech.models.decoder import (
     unembed,
 )
 from jaxmech.models.edits import NO_EDITS, Edits
-from jaxmech.models.generate import Decoding, continued_ids
+from jaxmech.models.generate import Decoding, cached_blocks, continued_ids
 from jaxmech.models.positions import edited_ids, read_table, rotary_angles
 from jaxmech.models.precision import einsum, matmul
 from jaxmech.models.scan import run_blocks
@@ -214,6 +212,15 @@ def rotary(c: Gemma3Config, kind: str) -> np.ndarray:
     return (inv_freq(c.lm_head_dim, theta) / np.float32(factor)).astype(np.float32)
 
 
+def pick(c: Gemma3Config, table, layer):
+    """A layer's entry of a {layer type: array} table (`layer` an int or traced)."""
+    if is_static(layer):
+        return table[c.lm_layer_types[layer]]
+    sliding = np.array([k == "sliding_attention" for k in c.lm_layer_types])
+    return jnp.where(jnp.asarray(sliding)[layer], table["sliding_attention"],
+                     table["full_attention"])  # fmt: skip
+
+
 def run_lm(lm, x, pos_BxS, masks, c: Gemma3Config, site, resume=None, last_row=False):
     """[B, S, D] the final-normed residual stream ([B, T, D] rows start.. when resumed;
     [B, 1, D] the last row with `last_row`): the blocks under one `lax.scan`
@@ -222,17 +229,10 @@ def run_lm(lm, x, pos_BxS, masks, c: Gemma3Config, site, resume=None, last_row=F
     first, s0 = (0, 0) if resume is None else (resume.layer, resume.start)
     angles = {kind: rotary_angles(pos_BxS, rotary(c, kind))[:, s0:] for kind in masks}
     masks = {kind: m[:, s0:] for kind, m in masks.items()}
-    sliding = np.array([k == "sliding_attention" for k in c.lm_layer_types])
-
-    def pick(table, layer):  # the layer's entry of a {kind: array} table
-        if is_static(layer):
-            return table[c.lm_layer_types[layer]]
-        local = jnp.asarray(sliding)[layer]
-        return jnp.where(local, table["sliding_attention"], table["full_attention"])
 
     def block(w, x, site_, i, cache_i, q_last=False, layer=None):
-        return gemma_block(w, x, pick(angles, layer), pick(masks, layer), site_, i, c, cache_i,
-                           q_last)  # fmt: skip
+        return gemma_block(w, x, pick(c, angles, layer), pick(c, masks, layer), site_, i, c,
+                           cache_i, q_last)  # fmt: skip
 
     cache = functools.partial(resume_cache, resume)
     x = stack(lm, x, c.lm_layers, first, site, block, lambda i, x, q: x, cache, last_row)
@@ -284,19 +284,14 @@ def decode_step(c: Gemma3Config, params, inputs: Inputs, token_B, cache, valid_B
     index = jnp.concatenate([jnp.arange(L), jnp.full((1,), slot)])
     masks = {"full_attention": seen[:, None, :],
              "sliding_attention": (seen & (index > slot - c.lm_window))[:, None, :]}  # fmt: skip
-    site = Sites(NO_EDITS, RESUME_SITES)
-    for i in range(c.lm_layers):
-        kind = c.lm_layer_types[i]
-        angles = rotary_angles(pos, rotary(c, kind))
-        x = gemma_block(block_after(lm, i, x), x, angles, masks[kind], site, i, c, cache[i])
+    angles = {kind: rotary_angles(pos, rotary(c, kind)) for kind in masks}
+
+    def block(w, x, site, i, cache_i, layer):
+        return gemma_block(w, x, pick(c, angles, layer), pick(c, masks, layer), site, i, c,
+                           cache_i)  # fmt: skip
+
+    x, cache = cached_blocks(lm, x, cache, slot, c.lm_layers, block)  # one scan, as the forward
     logits = unembed(lm, gemma_norm(x, lm["lnf_w"], c.lm_eps)[:, 0]).astype(jnp.float32)
-    cache = tuple(
-        tuple(
-            jax.lax.dynamic_update_slice_in_dim(k, site.aux[f"{name}.{i}"].astype(k.dtype), slot, 1)
-            for k, name in zip(cache[i], RESUME_SITES)
-        )
-        for i in range(c.lm_layers)
-    )
     return logits, cache, valid_BxL.at[:, slot].set(True)
 
 

@@ -49,8 +49,13 @@ Position edits: `Edits.vit_rows / vit_cols` ([P]) read both per-patch tables at 
 `Edits.image_order` ([I]) makes cross-attention key slot i read vision token
 image_order[i] (the tile mask stays with the slot).
 
-Partial runs: `last_row=True` runs the last layer for the last row only. `resume` is
-refused (no key / value cache through the cross-attention layers).
+The LM's layers run under one `lax.scan`, a switch on each layer's kind (`layers`: one
+self-attention and one cross-attention body compiled however many layers); edits and
+captures stay per site name.
+
+Partial runs: `last_row=True` runs the last layer for the last row only (on its own,
+after the scan). `resume` is refused (no key / value cache through the cross-attention
+layers).
 
 Axis names (`jaxmech.shapes`): B sequences, T tiles, P patches of a tile, I vision
 tokens, S LM tokens, E / D vision / LM width, H heads, Dh head width, V vocabulary.
@@ -67,6 +72,7 @@ from jaxmech.families import hf_vlm
 from jaxmech.families.mllama import positions
 from jaxmech.families.mllama.checks import check_edits, check_inputs
 from jaxmech.families.mllama.config import MllamaConfig
+from jaxmech.families.mllama.layers import scan_kinds
 from jaxmech.models import layout
 from jaxmech.models.decoder import (
     ACT,
@@ -233,7 +239,7 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Mllam
     edits = NO_EDITS if edits is None else edits
     check_inputs(inputs, c)
     check_edits(edits, inputs, c)
-    site = Sites(edits, capture)
+    site = Sites(edits, capture, c.remat)
     lm = params["lm"]
     x = site("lm/embed", lm["E"][inputs.tokens_BxS])
     B, S, D = x.shape
@@ -251,14 +257,23 @@ def forward(params, inputs: Inputs, edits: Edits | None = None, *, config: Mllam
     angles = rotary_angles(edited_ids(inputs.pos_BxS, edits.lm_pos_ids),
                            positions.lm_inv_freq(c))  # fmt: skip
     causal = lm_mask(jnp.asarray(inputs.valid_BxS, bool))
-    for i in range(c.lm_layers):
-        q_last = last_row and i == c.lm_layers - 1
-        if i in c.cross_layers:
-            vis_i = site(f"lm/vision.{i}", vis)
-            x = cross_layer(layout.block(lm, i), x, vis_i, allowed, row, site, i, c, q_last)
-        else:
-            x = block_forward(layout.block(lm, i), x, angles, causal, site, "lm", i, c.lm_eps,
-                              ACT[c.lm_act], None, q_last)  # fmt: skip
+
+    def self_block(w, x, s, i, q_last=False):
+        return block_forward(w, x, angles, causal, s, "lm", i, c.lm_eps, ACT[c.lm_act], None,
+                             q_last)  # fmt: skip
+
+    def cross_block(w, x, s, i, q_last=False):
+        return cross_layer(w, x, s(f"lm/vision.{i}", vis), allowed, row, s, i, c, q_last)
+
+    # one scan, the layer's kind switched (`layers`); the last layer on its own under
+    # `last_row` (it runs the last row only)
+    kind_of = tuple("cross" if i in c.cross_layers else "self" for i in range(c.lm_layers))
+    bodies = {"self": self_block, "cross": cross_block}
+    end = c.lm_layers - 1 if last_row else c.lm_layers
+    x = scan_kinds(lm, x, range(end), kind_of, bodies, site)
+    if last_row:
+        i = c.lm_layers - 1
+        x = bodies[kind_of[i]](layout.block(lm, i), x, site, i, q_last=True)
     x = site("lm/final", rms_norm(x, lm["lnf_w"], c.lm_eps))
     return logits_at(lm, x, rows, None, last_row), site.aux
 

@@ -242,7 +242,7 @@ def forward(
     edits = NO_EDITS if edits is None else edits
     check_inputs(inputs, config)
     check_edits(edits, inputs, config)
-    site = Sites(edits, capture)
+    site = Sites(edits, capture, config.remat)
     lm = params["lm"]
     stack = []
     if resume is not None:
