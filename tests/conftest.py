@@ -188,3 +188,11 @@ def texts(fig) -> str:
         legend = ax.get_legend()
         out += [t.get_text() for t in legend.get_texts()] if legend else []
     return "\n".join(out)
+
+
+def block_scan(eqn) -> bool:
+    """Whether a jaxpr equation is a scan over blocks (or layers), not the attention
+    core's map over heads (`models.attention_core`, on a CPU)."""
+    from jaxmech.models.attention_core import SCOPE
+
+    return eqn.primitive.name == "scan" and SCOPE not in str(eqn.source_info.name_stack)

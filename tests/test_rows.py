@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import block_scan
 
 import jaxmech
 from jaxmech.families.qwen2_vl import model as qwen
@@ -82,7 +83,7 @@ def test_rows_equal_the_stacked_bf16_forward_bit_for_bit_and_scan_within_roundin
     edits = Edits(add={f"lm/resid_mid.{m.config.lm_layers - 1}": delta})
     scanned = np.asarray(_forward(m, edits=edits)(m.params, inputs)[0], np.float32)
     lowered = jax.make_jaxpr(lambda p: m.family.forward(p, inputs, config=m.config))(m.params)
-    assert any(e.primitive.name == "scan" for e in lowered.jaxpr.eqns)
+    assert any(block_scan(e) for e in lowered.jaxpr.eqns)
     monkeypatch.setattr(decoder, "in_place", lambda stacked: False)  # the blocks unrolled
     got, aux = _forward(m, edits=edits)(m.params, inputs)
     want, want_aux = _forward(m, edits=edits)(_stacked(m.params), inputs)
@@ -105,7 +106,7 @@ def test_scanned_bf16_equals_rows_within_rounding(bf16, monkeypatch):
     jaxpr = jax.make_jaxpr(lambda p: m.family.forward(p, inputs, config=m.config))(
         _stacked(m.params)
     )
-    assert any(e.primitive.name == "scan" for e in jaxpr.jaxpr.eqns)
+    assert any(block_scan(e) for e in jaxpr.jaxpr.eqns)
     want = _forward(m, capture=False)(_stacked(m.params), inputs)[0]
     got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
     ulp = 2.0**-7 * np.abs(want).max()  # bf16's spacing at the largest logit
@@ -265,7 +266,7 @@ def test_a_bf16_patching_table_on_rows_resumes_every_layer_in_one_program(bf16):
 
     patch, view, plan = fixture_table(bf16[0])
     maps = [e for e in jax.make_jaxpr(lambda: patch(view))().jaxpr.eqns
-            if e.primitive.name == "scan" and _scans(e.params["jaxpr"].jaxpr)]  # fmt: skip
+            if block_scan(e) and _scans(e.params["jaxpr"].jaxpr)]  # fmt: skip
     assert len(maps) == len(plan)  # per group, a lax.map over the layers of a scanned LM
 
 

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import block_scan
 
 import jaxmech
 from jaxmech.families.gemma3 import model as gemma
@@ -175,7 +176,7 @@ def test_one_block_body_however_many_blocks():
         f = lambda lm, x: run_lm(lm, x, angles, valid, n, 1e-6, Sites(NO_EDITS, capture),  # noqa: E731
                                  last_row=last_row)  # fmt: skip
         jaxpr = jax.make_jaxpr(f)(lm, x)
-        scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+        scans = [e for e in jaxpr.jaxpr.eqns if block_scan(e)]
         return len(jaxpr.jaxpr.eqns), len(scans)
 
     assert ops(2) == ops(6) and ops(6)[1] == 1
@@ -282,7 +283,7 @@ def test_the_patching_table_resumes_every_layer_in_one_program():
     np.testing.assert_allclose(got["patched"], want["patched"], atol=1e-5)
     assert np.abs(np.asarray(got["patched"] - got["orig"])).max() > 1e-4  # patches act
     eqns = jax.make_jaxpr(lambda: patch(view))().jaxpr.eqns
-    maps = [e for e in eqns if e.primitive.name == "scan" and _scans(e.params["jaxpr"].jaxpr)]
+    maps = [e for e in eqns if block_scan(e) and _scans(e.params["jaxpr"].jaxpr)]
     assert len(maps) == len(plan)  # per group, a lax.map over the layers of a resumed LM
 
 
@@ -290,7 +291,7 @@ def _scans(jaxpr) -> int:
     """How many scans a jaxpr holds at any depth."""
     n = 0
     for e in jaxpr.eqns:
-        n += e.primitive.name == "scan"
+        n += block_scan(e)
         for p in e.params.values():
             for sub in p if isinstance(p, (list, tuple)) else [p]:
                 inner = getattr(sub, "jaxpr", sub)
@@ -426,7 +427,7 @@ def _qwen_vit_ops(depth: int, stacked: bool, compiled: bool = False):
         text = jax.jit(f).lower(p).compile().as_text()
         return sum(" = " in line for line in text.splitlines()), text.count(" while(")
     eqns = jax.make_jaxpr(f)(p).jaxpr.eqns
-    return len(eqns), sum(e.primitive.name == "scan" for e in eqns)
+    return len(eqns), sum(block_scan(e) for e in eqns)
 
 
 def test_one_vit_block_body_however_many_blocks():

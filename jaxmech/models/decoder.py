@@ -36,6 +36,7 @@ import numpy as np
 from jaxmech.models import layout
 from jaxmech.models.attention import layer_norm as attention_layer_norm
 from jaxmech.models.attention import rotate
+from jaxmech.models.attention_core import by_head, core_by_head, staged
 from jaxmech.models.edits import Edits
 from jaxmech.models.order import low_precision, tie
 from jaxmech.models.precision import choose, einsum, matmul
@@ -80,6 +81,12 @@ class Sites:
         return self.capture is True or bool(
             self.capture and (name in self.capture or name.split(".")[0] in self.capture)
         )
+
+    def edits_at(self, name: str) -> bool:
+        return name in self.edits.replace or name in self.edits.add
+
+    def captures(self, name: str) -> bool:
+        return self.wants(name)
 
     def __call__(self, name: str, x):
         x = self.edits(name, x)
@@ -151,12 +158,16 @@ def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=No
     B, N, H, E = q.shape
     C = k.shape[2]
     qg = q.reshape(B, N, C, H // C, E)
-    scores = einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
-    scores = at("attn_scores", scores * E**-0.5)
-    logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
-    pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
-    pg = pattern.reshape(B, C, H // C, N, k.shape[1])
-    z = at("z", einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E))
+    if by_head():  # on a CPU, one head at a time (`models.attention_core`)
+        z = core_by_head(qg, k, v, mask_BxNxN, E**-0.5, at if staged(site, part, i) else None)
+    else:
+        scores = einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
+        scores = at("attn_scores", scores * E**-0.5)
+        logits = jnp.where(mask_BxNxN[:, None], scores.astype(jnp.float32), -jnp.inf)
+        pattern = at("pattern", jax.nn.softmax(logits, -1).astype(v.dtype))
+        pg = pattern.reshape(B, C, H // C, N, k.shape[1])
+        z = einsum("bcgqk,bkce->bqcge", pg, v).reshape(B, N, H, E)
+    z = at("z", z)
     out = einsum("bqhe,hed->bqd", z, block["W_O"])
     return out + block["b_O"] if "b_O" in block else out
 

@@ -64,6 +64,21 @@ def remat_of(site) -> str:
     return getattr(site, "remat", "off")
 
 
+def edited_at(site, name: str) -> bool:
+    """Whether a forward's site recorder (`models.decoder.Sites`, `LayerSites`, ...)
+    has an edit at site `name`; a recorder that cannot say is taken to (so a block that
+    would compute an unedited point another way computes it as named)."""
+    ask = getattr(site, "edits_at", None)
+    return True if ask is None else bool(ask(name))
+
+
+def captured_at(site, name: str) -> bool:
+    """Whether a forward's site recorder captures site `name` (one that cannot say: it
+    does)."""
+    ask = getattr(site, "captures", None)
+    return True if ask is None else bool(ask(name))
+
+
 def _split(name: str) -> tuple[str, str]:
     base, _, layer = name.rpartition(".")
     return base, layer
@@ -80,6 +95,15 @@ class LayerSites:
         self.outer, self.i, self.edited = outer, i, edited
         self.every, self.layers_of, self.bufs = every, layers_of, dict(bufs or {})
         self.keep, self.shapes = {}, shapes
+
+    # whether some scanned layer edits / captures this point (the shape pass records
+    # every point: it does)
+    def edits_at(self, name: str) -> bool:
+        return self.shapes is not None or _split(name)[0] in self.edited
+
+    def captures(self, name: str) -> bool:
+        base = _split(name)[0]
+        return self.shapes is not None or base in self.every or base in self.layers_of
 
     def __call__(self, name: str, x):
         base, layer = _split(name)
@@ -179,6 +203,12 @@ class Tapped:
 
     def wants(self, name: str) -> bool:
         return name in self.taps or self.outer.wants(name)
+
+    def edits_at(self, name: str) -> bool:
+        return edited_at(self.outer, name)
+
+    def captures(self, name: str) -> bool:
+        return name in self.taps or captured_at(self.outer, name)
 
     def __call__(self, name: str, x):
         x = self.outer(name, x)

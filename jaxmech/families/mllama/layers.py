@@ -29,7 +29,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxmech.models import layout
-from jaxmech.models.scan import LAYER, LayerSites, block_row, edited_layers, remat_of, remat_policy
+from jaxmech.models.scan import (
+    LAYER,
+    LayerSites,
+    block_row,
+    captured_at,
+    edited_at,
+    edited_layers,
+    remat_of,
+    remat_policy,
+)
 
 
 class _Slotted:
@@ -39,6 +48,12 @@ class _Slotted:
 
     def __init__(self, inner: LayerSites, i, bufs: dict, slots: dict):
         self.inner, self.i, self.bufs, self.slots = inner, i, dict(bufs), slots
+
+    def edits_at(self, name: str) -> bool:
+        return edited_at(self.inner, name)
+
+    def captures(self, name: str) -> bool:
+        return name.rpartition(".")[0] in self.bufs or captured_at(self.inner, name)
 
     def __call__(self, name: str, x):
         x = self.inner(name, x)
