@@ -40,7 +40,7 @@ from jaxmech.models.scan import REMAT
 from jaxmech.train import path_mask
 
 # the scanned blocks' remat policy `remat="on"` means (`models.scan.REMAT`), chosen by
-# measurement: BUILD_NOTES, section 8, "Remat under the fine-tunes"
+# measurement (BUILD_NOTES, section 8, "Remat")
 REMAT_ON = "full"
 REMAT_OPTIONS = ("on", "off") + tuple(k for k in REMAT if k != "off")
 

@@ -69,15 +69,24 @@ def _forward(name, by_head: bool, monkeypatch, capture=True, edits=NO_EDITS):
     m = jaxmech.load(FOLDERS[name])
     image = os.path.join(os.path.dirname(FOLDERS[name]), IMAGE.get(name, "single0.png"))
     enc = m.encode([image], ["Is the red circle left of the blue square?"])
-    if not by_head:
-        monkeypatch.setattr(decoder, "by_head", lambda: False)
+    if by_head:  # every block, however small its heads' scores
+        monkeypatch.setattr(attention_core, "MIN_SCORES", 0)
+    else:
+        monkeypatch.setattr(decoder, "by_head", lambda n: False)
     f = jax.jit(lambda p, x, e: m.family.forward(p, x, edits=e, config=m.config, capture=capture))
     out = f(m.params, enc.inputs, edits)
     monkeypatch.undo()
     return out
 
 
-@pytest.mark.parametrize("name", sorted(FOLDERS))
+# in the suite: a rotary ViT with windows and a grouped-query LM (Qwen2-VL), a CLIP ViT
+# with biases (LLaVA), tiles and cross-attention layers (Llama-3.2-Vision); the others
+# slow (~5 s each: three compiles of a whole forward)
+IN_SUITE = ("qwen2_vl", "llava", "mllama")
+
+
+@pytest.mark.parametrize("name", [n if n in IN_SUITE else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(FOLDERS)])  # fmt: skip
 def test_a_forward_by_head_equals_the_batched_one(name, monkeypatch):
     """Every family's logits and every site (the ViT's and the LM's scores and
     patterns too) as with the batched core; capturing every site leaves the logits bit
@@ -106,18 +115,16 @@ def test_edits_or_captures_at_the_scores_or_pattern_stage_the_core(monkeypatch):
     layer = scan.LayerSites(Sites(edits, False), 0, scan.edited_layers(edits, range(4)),
                             frozenset(), {}, None)  # fmt: skip
     assert attention_core.staged(layer, "lm", scan.LAYER)
-    assert attention_core.by_head()
+    big = attention_core.MIN_SCORES
+    assert attention_core.by_head(big) and not attention_core.by_head(big - 1)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    assert not attention_core.by_head()
+    assert not attention_core.by_head(big)
 
 
 def test_an_edit_at_a_scanned_core_point_edits_the_batched_core(monkeypatch):
     """Under the LM's scan an add at one layer's `attn_scores` acts there (the scan
     runs the batched core, whose arrays the edit names), as with every core batched."""
-    m = jaxmech.load(FOLDERS["qwen2_vl"])
-    image = os.path.join(os.path.dirname(FOLDERS["qwen2_vl"]), "single0.png")
-    enc = m.encode([image], ["Is the red circle left of the blue square?"])
-    _, aux = m.forward(enc.inputs, capture=["lm/attn_scores"])
+    _, aux = _forward("qwen2_vl", True, monkeypatch, capture=["lm/attn_scores"])
     delta = jnp.zeros_like(aux["lm/attn_scores.1"]).at[..., 0].set(3.0)
     edits = Edits(add={"lm/attn_scores.1": delta})
     got, got_aux = _forward("qwen2_vl", True, monkeypatch, edits=edits)
@@ -125,3 +132,16 @@ def test_an_edit_at_a_scanned_core_point_edits_the_batched_core(monkeypatch):
     np.testing.assert_allclose(got, want, atol=TOL)
     np.testing.assert_allclose(got_aux["lm/attn_scores.1"], aux["lm/attn_scores.1"] + delta,
                                atol=TOL)  # fmt: skip
+
+
+def test_no_op_edits_at_the_staged_core_change_nothing(monkeypatch):
+    """Zeros added at every block's scores and pattern (the core then staged), by
+    head: the plain run's logits and every site bit for bit."""
+    plain, plain_aux = _forward("qwen2_vl", True, monkeypatch)
+    zeros = {k: jnp.zeros_like(v) for k, v in plain_aux.items()
+             if k.split("/")[1].split(".")[0] in attention_core.STAGED_POINTS}  # fmt: skip
+    assert any(k.startswith("vit/") for k in zeros) and any(k.startswith("lm/") for k in zeros)
+    got, aux = _forward("qwen2_vl", True, monkeypatch, edits=Edits(add=zeros))
+    assert np.array_equal(got, plain)
+    for site, value in plain_aux.items():
+        assert np.array_equal(aux[site], value), site

@@ -175,6 +175,10 @@ def test_the_fine_tune_reports_refuse_a_bad_remat_before_any_compute(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
+# slow (~8 s: two fine-tune compiles); in the suite, remat through a real family's ViT and
+# LM is `test_fixture_gradients_with_remat_equal_without`, and the checkpoint ID fine-tune
+# (`test_qwen2_vl_view`) runs with remat on
+@pytest.mark.slow
 def test_a_tiny_authors_fine_tune_is_the_same_with_remat_on_and_off():
     """Their fine-tune (one step with the ID loss, Qwen2-VL's 28-block fixture) with
     remat on and off: the LM loss equal to the bit (the same forward values), the ID

@@ -12,7 +12,8 @@ rows, 2 x 6 heads of 128) about the same either way.
 
 The same operations in the same dtypes as the batched core (scores in the operands'
 dtype with float32 accumulation, softmax in float32); XLA's kernels for the two product
-shapes may round apart (float32: ~1 ulp), so on a CPU every block runs this core. Where
+shapes may round apart (float32: ~1 ulp), so on a CPU every block of a shape runs one
+core: this one where a head's scores are many (`MIN_SCORES`: a 448 px ViT's). Where
 an edit or a capture names a block's `attn_scores` or `pattern`, the core runs in
 stages, each stage the same per-head map, the whole [B, H, N, K] array handed to the
 site between them: an edit acts on the arrays it names, and a no-op edit or a capture
@@ -35,9 +36,16 @@ STAGED_POINTS = ("attn_scores", "pattern")  # the core's sites inside it (z is i
 SCOPE = "attention_by_head"  # the name scope of the maps over heads (tests count scans)
 
 
-def by_head() -> bool:
-    """Whether blocks run their core one head at a time (`core_by_head`): on a CPU."""
-    return jax.default_backend() == "cpu"
+# the fewest scores a head (N K) for which a CPU runs the core by head: below it the
+# batched core is as fast (an LM block's 290 x 290 at 2B: 3.3 vs 3.5 ms, measured) and
+# compiles smaller (the tests' tiny fixtures: no loop per block)
+MIN_SCORES = 1 << 17
+
+
+def by_head(n_scores: int) -> bool:
+    """Whether a block whose heads each score `n_scores` = N K pairs runs its core one
+    head at a time (`core_by_head`): on a CPU, from `MIN_SCORES` on."""
+    return jax.default_backend() == "cpu" and n_scores >= MIN_SCORES
 
 
 def staged(site, part: str, i) -> bool:

@@ -158,7 +158,7 @@ def attention(block, x_in, angles, mask_BxNxN, site, part: str, i: int, cache=No
     B, N, H, E = q.shape
     C = k.shape[2]
     qg = q.reshape(B, N, C, H // C, E)
-    if by_head():  # on a CPU, one head at a time (`models.attention_core`)
+    if by_head(N * k.shape[1]):  # on a CPU, one head at a time (`models.attention_core`)
         z = core_by_head(qg, k, v, mask_BxNxN, E**-0.5, at if staged(site, part, i) else None)
     else:
         scores = einsum("bqcge,bkce->bcgqk", qg, k).reshape(B, H, N, k.shape[1])
