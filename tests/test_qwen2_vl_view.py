@@ -252,7 +252,8 @@ def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
     run = open_checkpoint(FOLDER, grid=(2, 2), size=112, questions=4, batch=64, log=lambda *_: None)
     with pytest.raises(ValueError, match="train_only = 'nope/\\*'"):
         idf.run_id_loss(run, str(tmp_path), train_only="nope/*", log=lambda *_: None)
-    out = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, log=lambda *_: None)
+    # remat off: its program is another compile (~5 s); remat's own checks: test_remat.py
+    out = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, remat="off", log=lambda *_: None)
     flat = lambda tree: dict(zip(param_paths(tree), jax.tree_util.tree_leaves(tree)))  # noqa: E731
     before = flat(jax.tree_util.tree_map(lambda x: x[0], run.params))
     for w, tuned in out["params"].items():
@@ -274,7 +275,7 @@ def test_id_loss_fine_tunes_a_checkpoint_with_the_lm_frozen(tmp_path):
     }
     assert os.path.exists(tmp_path / "id_loss" / "summary.json")
     lines = []  # a rerun reads each weight's finished fine-tune instead of redoing it
-    again = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, log=lines.append)
+    again = idf.run_id_loss(run, str(tmp_path), steps=2, lr=1e-2, remat="off", log=lines.append)
     assert sum("resumed" in line for line in lines) == 2
     assert again["table"] == out["table"] and again["curves"] == out["curves"]
     for w, tuned in out["params"].items():

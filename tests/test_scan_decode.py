@@ -80,7 +80,10 @@ def _two_steps(step, params, inputs, config):
     return out
 
 
-@pytest.mark.parametrize("held", ["float32", "bf16 rows", "bf16 stacked"])
+# bf16 stacked (the unrolled path, as the forward's) slow; the scan in float32 and on rows
+# in the suite
+@pytest.mark.parametrize("held", ["float32", "bf16 rows",
+                                  pytest.param("bf16 stacked", marks=pytest.mark.slow)])  # fmt: skip
 def test_the_scanned_decode_step_equals_the_unrolled(qwen_prompt, held):
     """The step's logits and written cache as the unrolled blocks', two steps on a
     left-padded batch: float32 (the scan), bf16 held as rows on a CPU (the scan through
@@ -175,7 +178,8 @@ def _mllama(c, p, inputs, edits=NO_EDITS, capture=True, last_row=False, scanned=
         return jax.jit(f)(p, inputs, edits)
 
 
-@pytest.mark.parametrize("last_row", [False, True])
+# the whole scan without `last_row` also in the edit and capture tests below: slow here
+@pytest.mark.parametrize("last_row", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_mllama_lm_scanned_equals_unrolled(mllama_case, last_row):
     """Logits and every site (both kinds' layers, the ViT's, `lm/final`) as unrolled, also
     under `last_row` (the last layer on its own, its last row)."""
