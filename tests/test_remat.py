@@ -77,6 +77,10 @@ def _rel_close(got, want, tol):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), atol=tol * scale, rtol=0)
 
 
+# slow (~8 s: two gradient compiles of a whole fixture); in the suite remat's values,
+# captures and gradients through `scan_blocks` are the toy stack's test below, and every
+# family's scans taking the policy the traced test above
+@pytest.mark.slow
 def test_fixture_gradients_with_remat_equal_without():
     """Qwen2-VL's fixture (ViT and LM both scanned): the gradient of a loss over the
     logits and a captured residual, for every parameter, with remat "full" (what "on"

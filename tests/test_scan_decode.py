@@ -80,10 +80,10 @@ def _two_steps(step, params, inputs, config):
     return out
 
 
-# bf16 stacked (the unrolled path, as the forward's) slow; the scan in float32 and on rows
-# in the suite
-@pytest.mark.parametrize("held", ["float32", "bf16 rows",
-                                  pytest.param("bf16 stacked", marks=pytest.mark.slow)])  # fmt: skip
+# bf16 (rows: the switch as `test_rows.py`'s scans; stacked: the unrolled path) slow; the
+# scan in float32 in the suite
+@pytest.mark.parametrize("held", ["float32"] + [pytest.param(h, marks=pytest.mark.slow)
+                                                for h in ("bf16 rows", "bf16 stacked")])  # fmt: skip
 def test_the_scanned_decode_step_equals_the_unrolled(qwen_prompt, held):
     """The step's logits and written cache as the unrolled blocks', two steps on a
     left-padded batch: float32 (the scan), bf16 held as rows on a CPU (the scan through
@@ -193,6 +193,10 @@ def test_mllama_lm_scanned_equals_unrolled(mllama_case, last_row):
         _close(aux[k], v)
 
 
+# slow (~8 s: unrolled references of three edited forwards); in the suite edits by layer
+# inside a scan are `test_scan.py`'s (the same `LayerSites`), and this scan's per-kind
+# slots the capture test below
+@pytest.mark.slow
 def test_mllama_an_edit_at_one_layer_acts_there_only(mllama_case):
     """An add at a cross layer's `resid_mid` and a replace at a self layer's `q`: scanned
     as unrolled; the layers before untouched, the edited site plain + delta, the layers
